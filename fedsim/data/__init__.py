@@ -1,0 +1,1 @@
+"""Datasets (synthetic and torchvision), partitioners and the federated view of a dataset."""
