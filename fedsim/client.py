@@ -1,0 +1,166 @@
+"""Client: an id, its data (indices into a shared dataset) and how it trains locally. It holds no model.
+
+A worker owns one model per device, loads the global weights into it and calls ``client.fit``.
+To customise local training, subclass ``Client`` and override :meth:`Client.loss` (e.g. a
+regulariser) or :meth:`Client.train_step` (e.g. gradient clipping, a second forward pass).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedsim.data.tensor_data import TensorData
+from fedsim.params import flatten
+from fedsim.types import ClientUpdate
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+def default_optimizer() -> OptimizerFactory:
+    """Plain SGD with learning rate 0.01, as in McMahan et al. 2017."""
+    return functools.partial(torch.optim.SGD, lr=0.01)
+
+
+class Client:
+    """One participant of the federation.
+
+    ``train_indices`` and ``test_indices`` index into the shared training dataset (the client's
+    local test split lives inside the training set, away from the centralized test set).
+    ``optimizer`` builds a fresh optimizer over the model's parameters for every ``fit`` call.
+    ``config`` keys from the strategy (``epochs``, ``batch_size``, ``lr``) override the defaults for
+    one round; a strategy may add its own keys and a matching client subclass may read them.
+    """
+
+    def __init__(
+        self,
+        client_id: int,
+        train_indices: Sequence[int] | np.ndarray,
+        test_indices: Sequence[int] | np.ndarray = (),
+        *,
+        epochs: int = 1,
+        batch_size: int = 10,
+        optimizer: OptimizerFactory | None = None,
+    ) -> None:
+        if epochs < 1:
+            raise ValueError(f"client.epochs must be >= 1 (got {epochs})")
+        if batch_size < 1:
+            raise ValueError(f"client.batch_size must be >= 1 (got {batch_size})")
+        self.client_id = int(client_id)
+        self.train_indices = torch.as_tensor(np.asarray(train_indices, dtype=np.int64))
+        self.test_indices = torch.as_tensor(np.asarray(test_indices, dtype=np.int64))
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.optimizer = optimizer or default_optimizer()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.client_id}, train={len(self.train_indices)}, test={len(self.test_indices)})"
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_indices.numel())
+
+    # --- overridable pieces -------------------------------------------------------------------
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Training loss of one batch (cross-entropy). Override to add terms."""
+        return nn.functional.cross_entropy(model(x), y)
+
+    def train_step(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+    ) -> float:
+        """One optimisation step on one batch; returns the batch loss."""
+        optimizer.zero_grad(set_to_none=True)
+        loss = self.loss(model, x, y)
+        loss.backward()
+        optimizer.step()
+        return float(loss.detach())
+
+    def make_optimizer(self, model: nn.Module, config: dict[str, Any]) -> torch.optim.Optimizer:
+        """Build this round's optimizer; a ``lr`` in the round config overrides the factory's."""
+        optimizer = self.optimizer(model.parameters())
+        if "lr" in config:
+            for group in optimizer.param_groups:
+                group["lr"] = float(config["lr"])
+        return optimizer
+
+    # --- the two entry points -----------------------------------------------------------------
+    def fit(
+        self,
+        model: nn.Module,
+        data: TensorData,
+        *,
+        config: dict[str, Any] | None = None,
+        generator: torch.Generator,
+        round_num: int = 0,
+    ) -> ClientUpdate:
+        """Train ``model`` in place on this client's data and return its weights as an update.
+
+        Every random choice (batch order) comes from ``generator``, never from the global RNG, so the
+        result depends only on the global weights, the data and the generator's seed.
+        """
+        config = dict(config or {})
+        epochs = int(config.get("epochs", self.epochs))
+        batch_size = int(config.get("batch_size", self.batch_size))
+        device = next(model.parameters()).device
+        optimizer = self.make_optimizer(model, config)
+        model.train()
+        epoch_losses = [self._run_epoch(model, optimizer, data, batch_size, generator, device) for _ in range(epochs)]
+        steps = epochs * math.ceil(self.num_train / batch_size)
+        return ClientUpdate(
+            client_id=self.client_id,
+            round_num=round_num,
+            params=flatten(model),
+            num_examples=self.num_train,
+            metrics={"train_loss": sum(epoch_losses) / max(len(epoch_losses), 1), "local_steps": float(steps)},
+            epoch_losses=tuple(epoch_losses),
+            device=str(device),
+        )
+
+    def _run_epoch(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data: TensorData,
+        batch_size: int,
+        generator: torch.Generator,
+        device: torch.device,
+    ) -> float:
+        """One pass over the client's shuffled training indices; returns the example-weighted mean loss."""
+        order = self.train_indices[torch.randperm(self.num_train, generator=generator)]
+        total, seen = 0.0, 0
+        for start in range(0, self.num_train, batch_size):
+            idx = order[start : start + batch_size]
+            x, y = data.x[idx].to(device, non_blocking=True), data.y[idx].to(device, non_blocking=True)
+            total += self.train_step(model, optimizer, x, y) * len(idx)
+            seen += len(idx)
+        return total / max(seen, 1)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, data: TensorData, *, batch_size: int = 256) -> dict[str, float]:
+        """Loss and accuracy of ``model`` on this client's local test split."""
+        return evaluate_indices(model, data, self.test_indices, batch_size=batch_size)
+
+
+@torch.no_grad()
+def evaluate_indices(
+    model: nn.Module, data: TensorData, indices: torch.Tensor | None = None, *, batch_size: int = 256
+) -> dict[str, float]:
+    """Mean cross-entropy and accuracy over ``data`` (or the given rows of it); ``num_examples`` too."""
+    model.eval()
+    device = next(model.parameters()).device
+    rows = torch.arange(len(data)) if indices is None else indices
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(rows), batch_size):
+        idx = rows[start : start + batch_size]
+        x, y = data.x[idx].to(device), data.y[idx].to(device)
+        logits = model(x)
+        loss_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == y).sum())
+    n = len(rows)
+    return {"loss": loss_sum / n if n else float("nan"), "accuracy": correct / n if n else float("nan"), "num_examples": float(n)}

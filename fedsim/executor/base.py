@@ -1,0 +1,80 @@
+"""Executor: "run these fit tasks on these global weights, give me their results".
+
+Every executor returns one result per task, sorted by client id, where a result is a
+:class:`~fedsim.types.ClientUpdate` or a :class:`~fedsim.types.ClientFailure`. The serial executor
+is the reference: every other executor must give the same answers.
+"""
+
+from __future__ import annotations
+
+import traceback as tb
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from types import TracebackType
+
+import torch
+from torch import nn
+
+from fedsim.client import Client
+from fedsim.data.tensor_data import TensorData
+from fedsim.params import load_flat
+from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every worker needs once per run: how to build a model, the clients and the training data."""
+
+    model_factory: Callable[[], nn.Module]
+    clients: Sequence[Client]
+    train_data: TensorData
+
+
+class Executor(ABC):
+    """Runs client tasks. Use as ``start(workload)`` … ``fit(...)`` per round … ``close()``."""
+
+    @abstractmethod
+    def start(self, workload: Workload) -> None:
+        """Prepare workers (models, data) once per run."""
+
+    @abstractmethod
+    def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
+        """Train every task from ``global_params``; results sorted by client id."""
+
+    def close(self) -> None:
+        """Release workers; safe to call twice."""
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def run_task(
+    model: nn.Module, client: Client, data: TensorData, global_params: torch.Tensor, task: FitTask, worker: str
+) -> TaskResult:
+    """Load the global weights into ``model``, train ``client`` with the task's own generator.
+
+    An exception inside client code becomes a :class:`ClientFailure` with the full traceback.
+    """
+    try:
+        load_flat(model, global_params)
+        generator = torch.Generator().manual_seed(task.seed)
+        update = client.fit(model, data, config=task.config, generator=generator, round_num=task.round_num)
+        return _with_worker(update, worker)
+    except Exception as error:  # noqa: BLE001 - client code may raise anything; it becomes data
+        return ClientFailure(
+            client_id=task.client_id,
+            round_num=task.round_num,
+            error=f"{type(error).__name__}: {error}",
+            traceback=tb.format_exc(),
+            worker=worker,
+        )
+
+
+def _with_worker(update: ClientUpdate, worker: str) -> ClientUpdate:
+    return replace(update, worker=worker)

@@ -1,0 +1,37 @@
+"""SerialExecutor: runs tasks one after another in this process. The reference implementation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fedsim.executor.base import Executor, Workload, run_task
+from fedsim.types import FitTask, TaskResult
+
+
+class SerialExecutor(Executor):
+    """Trains each task in the calling process on ``device``, reusing one model instance for the run."""
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = torch.device(device)
+        self._workload: Workload | None = None
+        self._model: torch.nn.Module | None = None
+
+    def start(self, workload: Workload) -> None:
+        self._workload = workload
+        self._model = workload.model_factory().to(self.device)
+
+    def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
+        if self._workload is None or self._model is None:
+            raise RuntimeError("SerialExecutor.fit called before start()")
+        clients, data = self._workload.clients, self._workload.train_data
+        results = [
+            run_task(self._model, clients[task.client_id], data, global_params, task, worker="serial")
+            for task in sorted(tasks, key=lambda t: t.client_id)
+        ]
+        return results
+
+    def close(self) -> None:
+        self._model = None
+        self._workload = None

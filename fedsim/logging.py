@@ -1,0 +1,104 @@
+"""Run observability: TensorBoard event files, ``metrics.jsonl``, a progress bar and one log line per evaluation.
+
+Scalars share their names across TensorBoard and ``metrics.jsonl`` (e.g. ``train/loss``,
+``eval/accuracy``, ``clients/num_sampled``, ``time/round_s``), grouped by prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+log = logging.getLogger("fedsim")
+
+
+class RunLogger:
+    """Writes one record per round to ``run_dir/metrics.jsonl`` and ``run_dir/tensorboard``.
+
+    With ``run_dir=None`` nothing is written to disk (the history is still kept in memory).
+    ``progress=None`` shows the bar only on a terminal.
+    """
+
+    def __init__(self, run_dir: str | Path | None = None, *, tensorboard: bool = True, progress: bool | None = None) -> None:
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.progress = progress
+        self.history: list[dict[str, Any]] = []
+        self._writer = None
+        self._jsonl = None
+        self._bar: tqdm | None = None
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._jsonl = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+            if tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+
+    def rounds(self, first: int, last: int) -> Iterator[int]:
+        """Iterate rounds ``first..last`` under a progress bar; log lines go above the bar."""
+        with logging_redirect_tqdm(loggers=[logging.getLogger()]):
+            disable = None if self.progress is None else not self.progress
+            self._bar = tqdm(range(first, last + 1), desc="rounds", unit="round", disable=disable)
+            yield from self._bar
+            self._bar.close()
+
+    def log_config(self, text: str) -> None:
+        """Record the resolved configuration as TensorBoard text."""
+        if self._writer is not None:
+            self._writer.add_text("config", f"```\n{text}\n```", 0)
+
+    def log_text(self, tag: str, text: str, round_num: int) -> None:
+        """Record free text (failures, warnings) in TensorBoard and the log file."""
+        log.warning("round %d %s: %s", round_num, tag, text.splitlines()[0] if text else "")
+        if self._writer is not None:
+            self._writer.add_text(tag, f"```\n{text}\n```", round_num)
+
+    def log_round(self, round_num: int, metrics: dict[str, float]) -> None:
+        """Record one round's scalars everywhere; print a line when the round was evaluated."""
+        record = {"round": round_num, **{k: _plain(v) for k, v in metrics.items()}}
+        self.history.append(record)
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.flush()
+        if self._writer is not None:
+            for name, value in metrics.items():
+                self._writer.add_scalar(name, value, round_num)
+        if "eval/accuracy" in metrics:
+            self._show_eval(round_num, metrics)
+
+    def _show_eval(self, round_num: int, metrics: dict[str, float]) -> None:
+        acc, loss = metrics["eval/accuracy"], metrics.get("eval/loss", math.nan)
+        log.info("round %d: test accuracy %.4f, test loss %.4f, train loss %.4f", round_num, acc, loss, metrics.get("train/loss", math.nan))
+        if self._bar is not None:
+            self._bar.set_postfix(acc=f"{acc:.4f}")
+
+    def close(self) -> None:
+        """Flush and close files; safe to call twice."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+
+    def __enter__(self) -> "RunLogger":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, trace: TracebackType | None) -> None:
+        self.close()
+
+
+def _plain(value: float) -> float | int | None:
+    """JSON-safe scalar: ints stay ints, NaN/inf become None."""
+    if isinstance(value, int):
+        return value
+    value = float(value)
+    return value if math.isfinite(value) else None

@@ -1,0 +1,35 @@
+"""Every random stream of a run, derived from the run seed alone (never from the global RNG).
+
+Each stream is a ``numpy.random.SeedSequence`` over ``(seed, domain, ...)``: a domain tag keeps the
+sampling, task and initialisation streams apart, so adding a client or a round changes no other stream.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_SAMPLING, _TASK, _INIT, _PARTITION = 0, 1, 2, 3
+
+
+def _derive(*entropy: int) -> int:
+    return int(np.random.SeedSequence([int(e) for e in entropy]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def sampling_rng(seed: int, round_num: int) -> np.random.Generator:
+    """The generator that picks round ``round_num``'s clients: a pure function of (seed, round)."""
+    return np.random.default_rng(np.random.SeedSequence([seed, _SAMPLING, round_num]))
+
+
+def task_seed(seed: int, round_num: int, client_id: int) -> int:
+    """Seed of one client's local training in one round (a non-negative 63-bit integer)."""
+    return _derive(seed, _TASK, round_num, client_id)
+
+
+def init_seed(seed: int) -> int:
+    """Seed for the global model's initial weights."""
+    return _derive(seed, _INIT)
+
+
+def partition_seed(seed: int) -> int:
+    """Seed for partitioning the data over clients."""
+    return _derive(seed, _PARTITION)

@@ -1,0 +1,134 @@
+"""Server: the round loop. Sample → per-client config → local training → aggregate → evaluate → log."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedsim.client import Client, evaluate_indices
+from fedsim.data.tensor_data import TensorData
+from fedsim.executor.base import Executor, Workload
+from fedsim.logging import RunLogger
+from fedsim.params import flatten, load_flat
+from fedsim.seeding import init_seed, sampling_rng, task_seed
+from fedsim.strategy.base import Strategy
+from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
+
+log = logging.getLogger("fedsim")
+
+
+class RoundFailedError(RuntimeError):
+    """Too few clients of a round succeeded for the failure policy to aggregate."""
+
+
+@dataclass
+class RunResult:
+    """The final global weights (flat), the model holding them and one metrics record per round."""
+
+    params: torch.Tensor
+    model: nn.Module
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Server:
+    """Runs ``num_rounds`` rounds of federated training.
+
+    ``model_factory()`` builds a fresh model (the server seeds its initialisation from ``seed``).
+    A round aggregates when at least ``min_success_fraction`` of its sampled clients succeeded;
+    otherwise the run stops with :class:`RoundFailedError` naming the failures. The centralized
+    ``test_data`` is evaluated every ``eval_every`` rounds and after the last one.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_factory: Callable[[], nn.Module],
+        clients: Sequence[Client],
+        train_data: TensorData,
+        test_data: TensorData | None,
+        strategy: Strategy,
+        executor: Executor,
+        num_rounds: int,
+        clients_per_round: int,
+        seed: int = 0,
+        eval_every: int = 1,
+        min_success_fraction: float = 1.0,
+        logger: RunLogger | None = None,
+    ) -> None:
+        if not 1 <= clients_per_round <= len(clients):
+            raise ValueError(f"clients_per_round must be between 1 and the {len(clients)} clients (got {clients_per_round})")
+        self.model_factory, self.clients, self.strategy, self.executor = model_factory, clients, strategy, executor
+        self.train_data, self.test_data = train_data, test_data
+        self.num_rounds, self.clients_per_round, self.seed = num_rounds, clients_per_round, seed
+        self.eval_every, self.min_success_fraction = eval_every, min_success_fraction
+        self.logger = logger or RunLogger(None)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(init_seed(seed))
+            self.model = model_factory()
+        self.params = flatten(self.model)
+
+    def run(self) -> RunResult:
+        """Run every round and return the final model; workers are released even on error."""
+        workload = Workload(self.model_factory, self.clients, self.train_data)
+        self.executor.start(workload)
+        try:
+            for round_num in self.logger.rounds(1, self.num_rounds):
+                self.logger.log_round(round_num, self.run_round(round_num))
+        finally:
+            self.executor.close()
+            self.logger.close()
+        load_flat(self.model, self.params)
+        return RunResult(params=self.params, model=self.model, history=self.logger.history)
+
+    def run_round(self, round_num: int) -> dict[str, float]:
+        """One round; returns its metrics. Updates ``self.params`` unless no client succeeded."""
+        start = time.perf_counter()
+        client_ids = self.strategy.sample(round_num, len(self.clients), self.clients_per_round, sampling_rng(self.seed, round_num))
+        tasks = [FitTask(cid, round_num, task_seed(self.seed, round_num, cid), self.strategy.client_config(round_num, cid)) for cid in client_ids]
+        results = sorted(self.executor.fit(self.params, tasks), key=lambda r: r.client_id)
+        updates = self._apply_failure_policy(round_num, results)
+        self.params = self.strategy.aggregate(round_num, self.params, updates)
+        metrics = _train_metrics(updates, len(results))
+        if round_num % self.eval_every == 0 or round_num == self.num_rounds:
+            metrics.update(self.evaluate())
+        metrics["time/round_s"] = time.perf_counter() - start
+        return metrics
+
+    def _apply_failure_policy(self, round_num: int, results: list[TaskResult]) -> list[ClientUpdate]:
+        updates = [r for r in results if isinstance(r, ClientUpdate)]
+        failures = [r for r in results if isinstance(r, ClientFailure)]
+        for failure in failures:
+            self.logger.log_text("failures", f"client {failure.client_id} (worker {failure.worker}):\n{failure.traceback}", round_num)
+        if not updates or len(updates) < self.min_success_fraction * len(results):
+            first = failures[0]
+            raise RoundFailedError(
+                f"round {round_num}: {len(failures)} of {len(results)} clients failed "
+                f"(min_success_fraction={self.min_success_fraction}); first: client {first.client_id}: {first.error}"
+            )
+        return updates
+
+    def evaluate(self) -> dict[str, float]:
+        """Loss and accuracy of the current global model on the centralized test set."""
+        if self.test_data is None or len(self.test_data) == 0:
+            return {}
+        load_flat(self.model, self.params)
+        result = evaluate_indices(self.model, self.test_data)
+        return {"eval/loss": result["loss"], "eval/accuracy": result["accuracy"]}
+
+
+def _train_metrics(updates: list[ClientUpdate], num_sampled: int) -> dict[str, float]:
+    """Example-weighted mean training loss and client counts of one round."""
+    examples = sum(u.num_examples for u in updates)
+    loss = sum(u.metrics.get("train_loss", 0.0) * u.num_examples for u in updates) / max(examples, 1)
+    return {
+        "train/loss": loss,
+        "clients/num_sampled": float(num_sampled),
+        "clients/num_failed": float(num_sampled - len(updates)),
+        "clients/num_examples": float(examples),
+    }

@@ -1,0 +1,46 @@
+"""Strategy: how the server turns client updates into the next global model.
+
+One method is required, :meth:`Strategy.aggregate`. The other hooks have sensible defaults:
+:meth:`sample` (uniform without replacement), :meth:`client_config` (a fresh dict per client) and
+:meth:`state_dict` / :meth:`load_state_dict` (for checkpoints; stateless strategies return ``{}``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedsim.types import ClientUpdate
+
+
+class Strategy:
+    """Base class for aggregation strategies. Subclass it and implement :meth:`aggregate`."""
+
+    def sample(self, round_num: int, num_clients: int, clients_per_round: int, rng: np.random.Generator) -> list[int]:
+        """Ids of the clients that train this round, sorted.
+
+        ``rng`` is seeded by the server from ``(seed, round)`` only, so sampling is a pure function of
+        the seed and the round: it costs O(clients_per_round), whatever ``num_clients`` is.
+        """
+        chosen = rng.choice(num_clients, size=clients_per_round, replace=False)
+        return sorted(int(c) for c in chosen)
+
+    def client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
+        """Per-client instructions for this round (e.g. ``{"epochs": 2}``); a fresh dict every call."""
+        return {}
+
+    def aggregate(
+        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
+    ) -> torch.Tensor:
+        """Return the new global parameters (flat). ``updates`` come sorted by client id and non-empty."""
+        raise NotImplementedError(f"{type(self).__name__} must implement aggregate()")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume this strategy (tensors and plain values only)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""

@@ -1,0 +1,24 @@
+"""FedAvg: the example-weighted mean of the clients' weights.
+
+McMahan, Moore, Ramage, Hampson, Agüera y Arcas. "Communication-Efficient Learning of Deep Networks
+from Decentralized Data." AISTATS 2017.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fedsim.strategy.base import Strategy
+from fedsim.strategy.functional import weighted_average
+from fedsim.types import ClientUpdate
+
+
+class FedAvg(Strategy):
+    """w ← Σₖ (nₖ / n) wₖ over the clients that reported this round."""
+
+    def aggregate(
+        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
+    ) -> torch.Tensor:
+        return weighted_average([u.params for u in updates], [u.num_examples for u in updates])

@@ -1,0 +1,60 @@
+"""Small frozen records that cross process boundaries: tasks out, updates and failures back.
+
+They hold only plain Python values and CPU tensors, so they pickle cheaply under every start
+method and never carry a model, a DataLoader or a Hydra object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import torch
+
+
+@dataclass(frozen=True)
+class FitTask:
+    """One client's local training in one round.
+
+    ``seed`` seeds the task's own ``torch.Generator`` (derived from ``(run seed, round, client id)``),
+    so a task gives the same result wherever and however often it runs. ``config`` is the fresh
+    per-client dict from ``Strategy.client_config``.
+    """
+
+    client_id: int
+    round_num: int
+    seed: int
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """What a client sends back: its trained weights as one flat CPU tensor and how many examples it used.
+
+    ``metrics`` holds scalars such as ``train_loss`` (mean over all local steps); ``epoch_losses`` the
+    mean loss of each local epoch. ``worker`` and ``device`` record where the task ran.
+    """
+
+    client_id: int
+    round_num: int
+    params: torch.Tensor
+    num_examples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    epoch_losses: tuple[float, ...] = ()
+    worker: str = "main"
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class ClientFailure:
+    """A client task that raised (or whose worker died or timed out), with the full traceback as text."""
+
+    client_id: int
+    round_num: int
+    error: str
+    traceback: str
+    worker: str = "main"
+    attempts: int = 1
+
+
+TaskResult = Union[ClientUpdate, ClientFailure]
