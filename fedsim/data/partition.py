@@ -19,6 +19,7 @@ Schemes and their sources:
   skew.
 * :func:`lognormal` — quantity skew: client sizes proportional to lognormal draws, labels IID (the
   "unbalanced" setting of NIID-Bench, Li et al. 2022).
+* :func:`auto` — :func:`natural` when the data has groups, else :func:`iid` (the default).
 * :func:`natural` — one client per natural group of the data (e.g. the devices of the FedProx
   Synthetic data, Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020).
 
@@ -272,6 +273,16 @@ def natural(labels: np.ndarray, *, seed: int, groups: np.ndarray | None) -> Part
         return []
     unique, client_of = np.unique(groups, return_inverse=True)
     return _group_by_client(client_of.ravel(), np.arange(n), len(unique))
+
+
+def auto(labels: np.ndarray, *, num_clients: int = 100, seed: int, groups: np.ndarray | None = None) -> Partition:
+    """The data's natural clients when it has groups (e.g. Synthetic's devices), else :func:`iid` over ``num_clients``.
+
+    The default of ``conf/``: ``data=synthetic`` keeps its devices, ``data=mnist`` gets 100 IID clients.
+    """
+    if groups is not None:
+        return natural(labels, seed=seed, groups=groups)
+    return iid(labels, num_clients=num_clients, seed=seed)
 
 
 # --------------------------------------------------------------------------------------------------
