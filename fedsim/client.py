@@ -53,8 +53,10 @@ class Client:
         if batch_size < 1:
             raise ValueError(f"client.batch_size must be >= 1 (got {batch_size})")
         self.client_id = int(client_id)
-        self.train_indices = torch.as_tensor(np.asarray(train_indices, dtype=np.int64))
-        self.test_indices = torch.as_tensor(np.asarray(test_indices, dtype=np.int64))
+        # numpy, not torch: a client pickles as plain bytes (a CPU tensor would claim a shared-memory
+        # segment per client when sent to worker processes)
+        self.train_indices = np.ascontiguousarray(train_indices, dtype=np.int64)
+        self.test_indices = np.ascontiguousarray(test_indices, dtype=np.int64)
         self.epochs = epochs
         self.batch_size = batch_size
         self.optimizer = optimizer or default_optimizer()
@@ -64,7 +66,7 @@ class Client:
 
     @property
     def num_train(self) -> int:
-        return int(self.train_indices.numel())
+        return int(self.train_indices.size)
 
     # --- overridable pieces -------------------------------------------------------------------
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -132,7 +134,7 @@ class Client:
         device: torch.device,
     ) -> float:
         """One pass over the client's shuffled training indices; returns the example-weighted mean loss."""
-        order = self.train_indices[torch.randperm(self.num_train, generator=generator)]
+        order = torch.from_numpy(self.train_indices)[torch.randperm(self.num_train, generator=generator)]
         total, seen = 0.0, 0
         for start in range(0, self.num_train, batch_size):
             idx = order[start : start + batch_size]
@@ -144,7 +146,7 @@ class Client:
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: TensorData, *, batch_size: int = 256) -> dict[str, float]:
         """Loss and accuracy of ``model`` on this client's local test split."""
-        return evaluate_indices(model, data, self.test_indices, batch_size=batch_size)
+        return evaluate_indices(model, data, torch.from_numpy(self.test_indices), batch_size=batch_size)
 
 
 @torch.no_grad()
