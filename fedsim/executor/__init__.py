@@ -1,6 +1,7 @@
-"""Executors run client tasks: serial (the reference) and, later, process, Ray and vmap."""
+"""Executors run client tasks: serial (the reference) and persistent worker processes."""
 
 from fedsim.executor.base import Executor, Workload
+from fedsim.executor.process import ProcessExecutor
 from fedsim.executor.serial import SerialExecutor
 
-__all__ = ["Executor", "SerialExecutor", "Workload"]
+__all__ = ["Executor", "ProcessExecutor", "SerialExecutor", "Workload"]

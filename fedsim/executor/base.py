@@ -11,6 +11,7 @@ import traceback as tb
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import TracebackType
 
 import torch
@@ -24,11 +25,15 @@ from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
 
 @dataclass(frozen=True)
 class Workload:
-    """What every worker needs once per run: how to build a model, the clients and the training data."""
+    """What every worker needs once per run: how to build a model, the clients and the training data.
+
+    ``log_dir``, when set, is where executors with worker processes write one log file per worker.
+    """
 
     model_factory: Callable[[], nn.Module]
     clients: Sequence[Client]
     train_data: TensorData
+    log_dir: Path | None = None
 
 
 class Executor(ABC):

@@ -1,0 +1,56 @@
+"""Where workers run: which device each one gets and how many CPU threads it may use."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (SMT siblings counted once); falls back to the CPU count."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()))
+        except OSError:
+            return len(cpus)
+    return max(len(cores), 1)
+
+
+def resolve_devices(devices: str | Sequence[str]) -> list[str]:
+    """``"auto"`` → every visible GPU, else ``["cpu"]``; ``"cpu"`` or ``"cuda:0"`` → one; a list as given."""
+    if isinstance(devices, str):
+        if devices == "auto":
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            return [f"cuda:{i}" for i in range(count)] or ["cpu"]
+        devices = [devices]
+    resolved = [str(torch.device(d)) for d in devices]
+    if not resolved:
+        raise ValueError("executor.devices must name at least one device (or be 'auto')")
+    for name in resolved:
+        if name.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"executor.devices asks for {name} but no CUDA device is visible; use executor.devices=cpu or auto")
+    return resolved
+
+
+def plan_workers(devices: Sequence[str], workers: int | None, workers_per_device: int | None, cores: int) -> list[tuple[str, int]]:
+    """(device, intra-op threads) of every worker, assigned round-robin over ``devices``.
+
+    Default: one worker per physical core when all devices are CPU, one per GPU otherwise. CPU workers
+    share the cores so that workers × threads ≤ cores (at least one thread each).
+    """
+    if workers is not None and workers < 1:
+        raise ValueError(f"executor.workers must be >= 1 (got {workers})")
+    if workers_per_device is not None and workers_per_device < 1:
+        raise ValueError(f"executor.workers_per_device must be >= 1 (got {workers_per_device})")
+    if workers is None:
+        all_cpu = all(d == "cpu" for d in devices)
+        per_device = workers_per_device or (cores if all_cpu else 1)
+        workers = per_device * len(devices)
+    threads = max(1, cores // workers)
+    return [(devices[i % len(devices)], threads) for i in range(workers)]

@@ -1,0 +1,142 @@
+"""ProcessExecutor: persistent worker processes, pinned to devices, that train clients in parallel.
+
+Workers are spawned once per run and build their model once. Each round the global weights are
+copied once into a shared-memory buffer that every worker reads; each worker writes its flat update
+into its own shared result buffer. Only small records (tasks, metrics) travel through pipes.
+A worker that dies or exceeds ``client_timeout_s`` is replaced and its client retried with the same
+seed (at most ``max_retries`` times), so a fault changes nothing in the results.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from multiprocessing.connection import wait
+
+import torch
+import torch.multiprocessing as mp
+
+from fedsim.executor.base import Executor, Workload
+from fedsim.executor.placement import physical_cores, plan_workers, resolve_devices
+from fedsim.executor.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker
+from fedsim.params import flatten
+from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
+
+log = logging.getLogger("fedsim")
+
+
+class ProcessExecutor(Executor):
+    """Runs client tasks in ``workers`` spawned processes.
+
+    ``devices``: ``"auto"`` (every GPU, else CPU), ``"cpu"``, ``"cuda:0"`` or a list; workers are
+    assigned round-robin. ``workers`` sets the total; otherwise ``workers_per_device`` (default: one per
+    physical core on CPU, one per GPU). ``client_timeout_s`` bounds one task; ``max_retries`` bounds
+    how often a task whose worker died or timed out is run again.
+    """
+
+    def __init__(
+        self,
+        *,
+        devices: str | Sequence[str] = "auto",
+        workers: int | None = None,
+        workers_per_device: int | None = None,
+        client_timeout_s: float | None = None,
+        max_retries: int = 2,
+        start_timeout_s: float = 300.0,
+    ) -> None:
+        if client_timeout_s is not None and client_timeout_s <= 0:
+            raise ValueError(f"executor.client_timeout_s must be > 0 or null (got {client_timeout_s})")
+        if max_retries < 0:
+            raise ValueError(f"executor.max_retries must be >= 0 (got {max_retries})")
+        self.plan = plan_workers(resolve_devices(devices), workers, workers_per_device, physical_cores())
+        self.client_timeout_s, self.max_retries, self.start_timeout_s = client_timeout_s, max_retries, start_timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._workers: list[WorkerHandle] = []
+        self._workload: Workload | None = None
+        self._global: torch.Tensor | None = None
+
+    @property
+    def workers(self) -> list[WorkerHandle]:
+        """The live workers (for inspection: pid, device, name)."""
+        return list(self._workers)
+
+    def start(self, workload: Workload) -> None:
+        check_sendable(workload)
+        numel = flatten(workload.model_factory()).numel()
+        workload.train_data.x.share_memory_()
+        workload.train_data.y.share_memory_()
+        self._workload = workload
+        self._global = torch.zeros(numel).share_memory_()
+        try:
+            self._workers = [self._launch(index) for index in range(len(self.plan))]
+            for worker in self._workers:
+                worker.await_ready(self.start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _launch(self, index: int) -> WorkerHandle:
+        assert self._workload is not None and self._global is not None
+        device, threads = self.plan[index]
+        return launch_worker(self._ctx, index, device, threads, self._workload, self._global)
+
+    def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
+        if self._global is None:
+            raise RuntimeError("ProcessExecutor.fit called before start()")
+        self._global.copy_(global_params)
+        pending = deque(sorted(tasks, key=lambda t: t.client_id))
+        attempts: dict[int, int] = {}
+        results: dict[int, TaskResult] = {}
+        while pending or any(w.task is not None for w in self._workers):
+            for worker in self._workers:
+                if worker.task is None and pending:
+                    worker.assign(pending.popleft())
+            self._collect(results, pending, attempts)
+        return [results[cid] for cid in sorted(results)]
+
+    def _collect(self, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int]) -> None:
+        """Wait briefly for results, deaths or timeouts of busy workers and handle each."""
+        busy = [w for w in self._workers if w.task is not None]
+        ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=0.2))
+        for worker in busy:
+            if worker.conn in ready and worker.poll_result():
+                result = worker.take_result()
+                results[result.client_id] = result
+            elif worker.conn in ready or worker.process.sentinel in ready or not worker.process.is_alive():
+                self._replace(worker, results, pending, attempts, f"worker {worker.name} died (exit code {worker.process.exitcode})")
+            elif self.client_timeout_s is not None and time.monotonic() - worker.started_at > self.client_timeout_s:
+                self._replace(worker, results, pending, attempts, f"client timed out after {self.client_timeout_s:g} s")
+
+    def _replace(self, worker: WorkerHandle, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int], reason: str) -> None:
+        """Kill ``worker``, start a fresh one in its slot, and retry or fail its task."""
+        task = worker.task
+        assert task is not None
+        worker.kill()
+        log.warning("round %d client %d: %s; replacing the worker", task.round_num, task.client_id, reason)
+        fresh = self._launch(worker.index)
+        self._workers[self._workers.index(worker)] = fresh
+        fresh.await_ready(self.start_timeout_s)
+        attempts[task.client_id] = attempts.get(task.client_id, 0) + 1
+        if attempts[task.client_id] <= self.max_retries:
+            pending.appendleft(task)
+        else:
+            results[task.client_id] = ClientFailure(
+                client_id=task.client_id, round_num=task.round_num, error=reason,
+                traceback=f"{reason} ({attempts[task.client_id]} attempts, max_retries={self.max_retries})",
+                worker=worker.name, attempts=attempts[task.client_id],
+            )
+
+    def close(self) -> None:
+        """Stop every worker (politely, then by force) and release shared memory; safe to call twice."""
+        for worker in self._workers:
+            worker.stop()
+        for worker in self._workers:
+            worker.join_or_kill(timeout=5.0)
+        self._workers = []
+        self._global = None
+        self._workload = None
+
+
+__all__ = ["ClientUpdate", "ProcessExecutor", "WorkerStartupError"]
