@@ -31,6 +31,7 @@ class RunLogger:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.progress = progress
         self.history: list[dict[str, Any]] = []
+        self._clients: list[dict[str, Any]] = []
         self._writer = None
         self._jsonl = None
         self._bar: tqdm | None = None
@@ -61,9 +62,24 @@ class RunLogger:
         if self._writer is not None:
             self._writer.add_text(tag, f"```\n{text}\n```", round_num)
 
+    def log_clients(self, round_num: int, rows: list[dict[str, Any]]) -> None:
+        """Per-client details of a round (id, examples, train loss, per-epoch losses, worker, device).
+
+        They go into the round's ``metrics.jsonl`` record under ``"clients"`` and, as a histogram of
+        client training losses, into TensorBoard (``client/train_loss``).
+        """
+        self._clients = rows
+        losses = [r["train_loss"] for r in rows if r.get("train_loss") is not None and math.isfinite(r["train_loss"])]
+        if self._writer is not None and losses:
+            import numpy as np
+
+            self._writer.add_histogram("client/train_loss", np.asarray(losses), round_num)
+
     def log_round(self, round_num: int, metrics: dict[str, float]) -> None:
         """Record one round's scalars everywhere; print a line when the round was evaluated."""
-        record = {"round": round_num, **{k: _plain(v) for k, v in metrics.items()}}
+        record: dict[str, Any] = {"round": round_num, **{k: _plain(v) for k, v in metrics.items()}}
+        if self._clients:
+            record["clients"], self._clients = self._clients, []
         self.history.append(record)
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(record) + "\n")

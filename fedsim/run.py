@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -118,15 +119,24 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(f"fedsim: error: {error}", file=sys.stderr)
         sys.exit(2)
     start = time.perf_counter()
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         result = server.run()
     except RoundFailedError as error:
         print(f"fedsim: error: {error}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:
+        print("fedsim: interrupted; workers stopped", file=sys.stderr)
+        sys.exit(130)
     summary = summarize(result, time.perf_counter() - start)
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(f"final test accuracy: {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f}, "
           f"{summary['rounds']} rounds, {summary['wall_time_s']:.1f} s) -> {run_dir}")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM takes the same path as Ctrl-C: unwind, stop the workers, exit."""
+    raise KeyboardInterrupt
 
 
 def main() -> None:

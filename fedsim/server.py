@@ -94,6 +94,7 @@ class Server:
         results = sorted(self.executor.fit(self.params, tasks), key=lambda r: r.client_id)
         updates = self._apply_failure_policy(round_num, results)
         self.params = self.strategy.aggregate(round_num, self.params, updates)
+        self.logger.log_clients(round_num, [_client_row(u) for u in updates])
         metrics = _train_metrics(updates, len(results))
         if round_num % self.eval_every == 0 or round_num == self.num_rounds:
             metrics.update(self.evaluate())
@@ -104,7 +105,7 @@ class Server:
         updates = [r for r in results if isinstance(r, ClientUpdate)]
         failures = [r for r in results if isinstance(r, ClientFailure)]
         for failure in failures:
-            self.logger.log_text("failures", f"client {failure.client_id} (worker {failure.worker}):\n{failure.traceback}", round_num)
+            self.logger.log_text("failures", f"client {failure.client_id} (worker {failure.worker}): {failure.error}\n{failure.traceback}", round_num)
         if not updates or len(updates) < self.min_success_fraction * len(results):
             first = failures[0]
             raise RoundFailedError(
@@ -120,6 +121,17 @@ class Server:
         load_flat(self.model, self.params)
         result = evaluate_indices(self.model, self.test_data)
         return {"eval/loss": result["loss"], "eval/accuracy": result["accuracy"]}
+
+
+def _client_row(update: ClientUpdate) -> dict[str, Any]:
+    return {
+        "client_id": update.client_id,
+        "num_examples": update.num_examples,
+        "train_loss": update.metrics.get("train_loss"),
+        "epoch_losses": list(update.epoch_losses),
+        "worker": update.worker,
+        "device": update.device,
+    }
 
 
 def _train_metrics(updates: list[ClientUpdate], num_sampled: int) -> dict[str, float]:

@@ -38,19 +38,25 @@ def resolve_devices(devices: str | Sequence[str]) -> list[str]:
     return resolved
 
 
-def plan_workers(devices: Sequence[str], workers: int | None, workers_per_device: int | None, cores: int) -> list[tuple[str, int]]:
+def plan_workers(
+    devices: Sequence[str], workers: int | None, workers_per_device: int | None, threads: int, cores: int
+) -> list[tuple[str, int]]:
     """(device, intra-op threads) of every worker, assigned round-robin over ``devices``.
 
-    Default: one worker per physical core when all devices are CPU, one per GPU otherwise. CPU workers
-    share the cores so that workers × threads ≤ cores (at least one thread each).
+    Default count: ``cores // threads`` workers when all devices are CPU, one per GPU otherwise.
+    Every worker trains with the same ``threads``: CPU kernels round differently with different thread
+    counts, so a fixed thread count is what keeps results bitwise identical for any number of workers.
     """
-    if workers is not None and workers < 1:
-        raise ValueError(f"executor.workers must be >= 1 (got {workers})")
-    if workers_per_device is not None and workers_per_device < 1:
-        raise ValueError(f"executor.workers_per_device must be >= 1 (got {workers_per_device})")
+    for name, value in (("workers", workers), ("workers_per_device", workers_per_device), ("threads", threads)):
+        if value is not None and value < 1:
+            raise ValueError(f"executor.{name} must be >= 1 (got {value})")
     if workers is None:
         all_cpu = all(d == "cpu" for d in devices)
-        per_device = workers_per_device or (cores if all_cpu else 1)
+        per_device = workers_per_device or (max(1, cores // threads) if all_cpu else 1)
         workers = per_device * len(devices)
-    threads = max(1, cores // workers)
+    if workers * threads > cores and threads > 1:
+        raise ValueError(
+            f"executor.threads={threads} x {workers} workers exceeds the {cores} physical cores; "
+            f"lower executor.threads or executor.workers"
+        )
     return [(devices[i % len(devices)], threads) for i in range(workers)]

@@ -32,8 +32,9 @@ class ProcessExecutor(Executor):
 
     ``devices``: ``"auto"`` (every GPU, else CPU), ``"cpu"``, ``"cuda:0"`` or a list; workers are
     assigned round-robin. ``workers`` sets the total; otherwise ``workers_per_device`` (default: one per
-    physical core on CPU, one per GPU). ``client_timeout_s`` bounds one task; ``max_retries`` bounds
-    how often a task whose worker died or timed out is run again.
+    ``threads`` physical cores on CPU, one per GPU). ``threads`` is every worker's intra-op thread count;
+    results equal the serial executor's with the same ``threads``. ``client_timeout_s`` bounds one task;
+    ``max_retries`` bounds how often a task whose worker died or timed out is run again.
     """
 
     def __init__(
@@ -43,6 +44,7 @@ class ProcessExecutor(Executor):
         workers: int | None = None,
         workers_per_device: int | None = None,
         client_timeout_s: float | None = None,
+        threads: int = 1,
         max_retries: int = 2,
         start_timeout_s: float = 300.0,
     ) -> None:
@@ -50,7 +52,7 @@ class ProcessExecutor(Executor):
             raise ValueError(f"executor.client_timeout_s must be > 0 or null (got {client_timeout_s})")
         if max_retries < 0:
             raise ValueError(f"executor.max_retries must be >= 0 (got {max_retries})")
-        self.plan = plan_workers(resolve_devices(devices), workers, workers_per_device, physical_cores())
+        self.plan = plan_workers(resolve_devices(devices), workers, workers_per_device, threads, physical_cores())
         self.client_timeout_s, self.max_retries, self.start_timeout_s = client_timeout_s, max_retries, start_timeout_s
         self._ctx = mp.get_context("spawn")
         self._workers: list[WorkerHandle] = []

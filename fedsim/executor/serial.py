@@ -11,10 +11,17 @@ from fedsim.types import FitTask, TaskResult
 
 
 class SerialExecutor(Executor):
-    """Trains each task in the calling process on ``device``, reusing one model instance for the run."""
+    """Trains each task in the calling process on ``device``, reusing one model instance for the run.
 
-    def __init__(self, device: str = "cpu") -> None:
+    Training runs with ``threads`` intra-op threads (restored afterwards). CPU kernels round
+    differently with different thread counts, so executors agree bitwise when their ``threads`` agree.
+    """
+
+    def __init__(self, device: str = "cpu", threads: int = 1) -> None:
+        if threads < 1:
+            raise ValueError(f"executor.threads must be >= 1 (got {threads})")
         self.device = torch.device(device)
+        self.threads = threads
         self._workload: Workload | None = None
         self._model: torch.nn.Module | None = None
 
@@ -26,11 +33,15 @@ class SerialExecutor(Executor):
         if self._workload is None or self._model is None:
             raise RuntimeError("SerialExecutor.fit called before start()")
         clients, data = self._workload.clients, self._workload.train_data
-        results = [
-            run_task(self._model, clients[task.client_id], data, global_params, task, worker="serial")
-            for task in sorted(tasks, key=lambda t: t.client_id)
-        ]
-        return results
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            return [
+                run_task(self._model, clients[task.client_id], data, global_params, task, worker="serial")
+                for task in sorted(tasks, key=lambda t: t.client_id)
+            ]
+        finally:
+            torch.set_num_threads(previous)
 
     def close(self) -> None:
         self._model = None

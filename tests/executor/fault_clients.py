@@ -1,0 +1,60 @@
+"""Client subclasses that misbehave on purpose, importable by spawned worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from fedsim.client import Client
+
+
+class RaisingClient(Client):
+    """Raises on every fit when its id is in ``bad_ids``."""
+
+    def __init__(self, *args: Any, bad_ids: tuple[int, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bad_ids = bad_ids
+
+    def fit(self, model, data, **kwargs):  # type: ignore[no-untyped-def]
+        if self.client_id in self.bad_ids:
+            raise ValueError(f"client {self.client_id} fails on purpose")
+        return super().fit(model, data, **kwargs)
+
+
+class KillOnceClient(Client):
+    """The first time client ``victim`` trains (tracked by a marker file), its worker SIGKILLs itself mid-task."""
+
+    def __init__(self, *args: Any, victim: int = -1, marker: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.victim, self.marker = victim, marker
+
+    def fit(self, model, data, **kwargs):  # type: ignore[no-untyped-def]
+        if self.client_id == self.victim and not Path(self.marker).exists():
+            Path(self.marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().fit(model, data, **kwargs)
+
+
+class HangClient(Client):
+    """Client ``victim`` hangs: once (``always=False``, tracked by a marker file) or every time."""
+
+    def __init__(self, *args: Any, victim: int = -1, marker: str = "", always: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.victim, self.marker, self.always = victim, marker, always
+
+    def fit(self, model, data, **kwargs):  # type: ignore[no-untyped-def]
+        if self.client_id == self.victim and (self.always or not Path(self.marker).exists()):
+            Path(self.marker).write_text(str(os.getpid()))
+            time.sleep(3600)
+        return super().fit(model, data, **kwargs)
+
+
+class PrintingClient(Client):
+    """Prints a line from client code (it must land in the worker's log, tagged)."""
+
+    def fit(self, model, data, **kwargs):  # type: ignore[no-untyped-def]
+        print(f"hello from client {self.client_id}")
+        return super().fit(model, data, **kwargs)

@@ -1,0 +1,226 @@
+"""ProcessExecutor: same answers as the serial reference, faults handled, nothing left behind.
+
+These tests start real spawned worker processes (a few seconds each), so they share small federations.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedsim.client import Client
+from fedsim.data.federated import federate, make_clients
+from fedsim.data.partition import natural
+from fedsim.data.synthetic import synthetic
+from fedsim.executor import ProcessExecutor, SerialExecutor
+from fedsim.logging import RunLogger
+from fedsim.models import MLP2NN
+from fedsim.server import RoundFailedError, RunResult, Server
+from fedsim.strategy import FedAvg
+
+sys.path.insert(0, str(Path(__file__).parent))
+import fault_clients  # noqa: E402  (workers import it by the same name: spawn copies sys.path)
+
+ROUNDS, PER_ROUND = 3, 4
+
+
+@functools.lru_cache(maxsize=1)
+def _data():
+    split = synthetic(num_devices=8, min_size=20, size_sigma_log=0.5, max_size=60, seed=3)
+    return federate(split, natural, client_test_fraction=0.2, seed=0)
+
+
+def run(executor, client_cls=Client, run_dir=None, min_success_fraction=1.0, **client_kwargs) -> RunResult:
+    data = _data()
+    clients = make_clients(data, functools.partial(client_cls, epochs=2, batch_size=8, **client_kwargs))
+    server = Server(
+        model_factory=functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32),
+        clients=clients, train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=executor,
+        num_rounds=ROUNDS, clients_per_round=PER_ROUND, seed=7, min_success_fraction=min_success_fraction,
+        logger=RunLogger(run_dir, tensorboard=run_dir is not None, progress=False),
+    )
+    return server.run()
+
+
+@functools.lru_cache(maxsize=1)
+def serial_reference() -> torch.Tensor:
+    return run(SerialExecutor()).params
+
+
+def worker_pids(run_dir: Path) -> set[int]:
+    text = "".join(p.read_text() for p in (run_dir / "workers").glob("*.log"))
+    return {int(pid) for pid in re.findall(r"\(pid (\d+),", text)}
+
+
+def assert_all_gone(pids: set[int]) -> None:
+    assert pids, "no worker pid was recorded"
+    alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    assert not alive, f"worker processes left behind: {alive}"
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_bitwise_equal_to_serial(workers: int, tmp_path: Path) -> None:
+    result = run(ProcessExecutor(devices="cpu", workers=workers), run_dir=tmp_path)
+    assert torch.equal(result.params, serial_reference())
+    used = {c["worker"] for r in result.history for c in r["clients"]}
+    assert used <= {f"w{i}" for i in range(workers)} and {c["device"] for r in result.history for c in r["clients"]} == {"cpu"}
+    if workers > 1:
+        assert len(used) > 1, "tasks should spread over workers"
+    assert_all_gone(worker_pids(tmp_path))
+
+
+def test_raising_client_is_reported_and_policy_applies(tmp_path: Path) -> None:
+    with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
+        run(ProcessExecutor(devices="cpu", workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))
+    result = run(ProcessExecutor(devices="cpu", workers=2), fault_clients.RaisingClient, run_dir=tmp_path,
+                 min_success_fraction=0.5, bad_ids=(1, 3, 5))
+    failed = sum(r["clients/num_failed"] for r in result.history)
+    assert failed >= 1
+    assert all(c["client_id"] not in (1, 3, 5) for r in result.history for c in r["clients"])
+    log = (tmp_path / "run.log").read_text() if (tmp_path / "run.log").exists() else ""
+    worker_logs = "".join(p.read_text() for p in (tmp_path / "workers").glob("*.log"))
+    assert "Traceback" in worker_logs and "fails on purpose" in worker_logs
+    del log
+
+
+def test_sigkilled_worker_is_replaced_and_result_unchanged(tmp_path: Path) -> None:
+    marker = tmp_path / "killed"
+    victim = _first_sampled_client()
+    result = run(ProcessExecutor(devices="cpu", workers=2), fault_clients.KillOnceClient, run_dir=tmp_path,
+                 victim=victim, marker=str(marker))
+    assert marker.exists(), "the victim never ran"
+    assert torch.equal(result.params, serial_reference())
+    pids = worker_pids(tmp_path)
+    assert int(marker.read_text()) in pids and len(pids) == 3  # two workers + one replacement
+    assert_all_gone(pids)
+
+
+def test_hanging_client_is_timed_out_and_retried(tmp_path: Path) -> None:
+    marker = tmp_path / "hung"
+    victim = _first_sampled_client()
+    executor = ProcessExecutor(devices="cpu", workers=2, client_timeout_s=3)
+    result = run(executor, fault_clients.HangClient, run_dir=tmp_path, victim=victim, marker=str(marker))
+    assert marker.exists()
+    assert torch.equal(result.params, serial_reference())
+    assert_all_gone(worker_pids(tmp_path))
+
+
+def test_client_that_always_hangs_fails_after_bounded_retries(tmp_path: Path) -> None:
+    victim = _first_sampled_client()
+    executor = ProcessExecutor(devices="cpu", workers=1, client_timeout_s=1, max_retries=1)
+    with pytest.raises(RoundFailedError, match="timed out"):
+        run(executor, fault_clients.HangClient, run_dir=tmp_path, victim=victim, marker=str(tmp_path / "m"), always=True)
+    assert_all_gone(worker_pids(tmp_path))
+
+
+def test_worker_logs_are_tagged_and_prints_stay_off_the_console(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    run(ProcessExecutor(devices="cpu", workers=2), fault_clients.PrintingClient, run_dir=tmp_path)
+    logs = "".join(p.read_text() for p in (tmp_path / "workers").glob("worker-*.log"))
+    assert re.search(r"\[round 1 client \d+\] hello from client \d+", logs)
+    assert re.search(r"\[round \d+ client \d+\] INFO trained", logs)
+    assert "hello from client" not in capfd.readouterr().err
+
+
+def test_unsendable_model_factory_fails_before_training() -> None:
+    data = _data()
+    server = Server(
+        model_factory=lambda: MLP2NN((60,), 10), clients=make_clients(data, Client), train_data=data.train,
+        test_data=data.test, strategy=FedAvg(), executor=ProcessExecutor(devices="cpu", workers=1),
+        num_rounds=1, clients_per_round=2,
+    )
+    with pytest.raises(TypeError, match="cannot send the model factory.*importable"):
+        server.run()
+
+
+SCRIPT = """
+import functools
+from fedsim import Client, FedAvg, Server, federate, make_clients
+from fedsim.data.partition import natural
+from fedsim.data.synthetic import synthetic
+from fedsim.executor import ProcessExecutor
+from fedsim.models import LogisticRegression
+
+class MyClient(Client):
+    def loss(self, model, x, y):
+        return super().loss(model, x, y) * 1.0
+
+def main():
+    data = federate(synthetic(num_devices=4, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.2, seed=0)
+    server = Server(model_factory=functools.partial(LogisticRegression, (60,), 10), clients=make_clients(data, MyClient),
+                    train_data=data.train, test_data=data.test, strategy=FedAvg(),
+                    executor=ProcessExecutor(devices="cpu", workers=2), num_rounds=2, clients_per_round=2)
+    print("accuracy", server.run().history[-1]["eval/accuracy"])
+"""
+
+
+def test_client_class_defined_in_a_script_works(tmp_path: Path) -> None:
+    script = tmp_path / "my_experiment.py"
+    script.write_text(SCRIPT + '\nif __name__ == "__main__":\n    main()\n')
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "accuracy" in done.stdout
+
+
+def test_script_without_main_guard_gets_a_clear_message(tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(SCRIPT + "\nmain()\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert 'if __name__ == "__main__":' in done.stderr
+    assert done.stderr.count("fedsim: a worker process was started while your script was being imported") <= 2
+
+
+def test_class_from_an_interactive_session_is_refused_clearly() -> None:
+    code = SCRIPT + "\nmain()\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "cannot send client class MyClient" in done.stderr and "importable .py file" in done.stderr
+
+
+def test_sigterm_stops_the_cli_and_leaves_no_worker(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "fedsim", "executor=process", "executor.devices=cpu", "executor.workers=2",
+           "num_rounds=100000", "logger=quiet", f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: (tmp_path / "metrics.jsonl").exists() and (tmp_path / "metrics.jsonl").stat().st_size > 0)
+        pids = worker_pids(tmp_path)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert_all_gone(pids)
+
+
+def _wait_for(condition, timeout: float = 90.0) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.2)
+
+
+def _first_sampled_client() -> int:
+    from fedsim.seeding import sampling_rng
+
+    return FedAvg().sample(1, _data().num_clients, PER_ROUND, sampling_rng(7, 1))[0]
+
+
+def test_no_shared_memory_files_left(tmp_path: Path) -> None:
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    run(ProcessExecutor(devices="cpu", workers=2), run_dir=tmp_path)
+    after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    assert not {f for f in after - before if "torch" in f}, after - before
+
+
