@@ -19,6 +19,7 @@ from fedsim.params import flatten, load_flat
 from fedsim.seeding import init_seed, sampling_rng, task_seed
 from fedsim.strategy.base import Strategy
 from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
+from fedsim.updates import rejection_reason
 
 log = logging.getLogger("fedsim")
 
@@ -92,10 +93,13 @@ class Server:
         client_ids = self.strategy.sample(round_num, len(self.clients), self.clients_per_round, sampling_rng(self.seed, round_num))
         tasks = [FitTask(cid, round_num, task_seed(self.seed, round_num, cid), self.strategy.client_config(round_num, cid)) for cid in client_ids]
         results = sorted(self.executor.fit(self.params, tasks), key=lambda r: r.client_id)
-        updates = self._apply_failure_policy(round_num, results)
-        self.params = self.strategy.aggregate(round_num, self.params, updates)
+        succeeded = self._apply_failure_policy(round_num, results)
+        updates = self._reject_bad_updates(round_num, succeeded)
+        if updates:  # otherwise nothing sound arrived: keep the previous model
+            self.params = self.strategy.aggregate(round_num, self.params, updates)
         self.logger.log_clients(round_num, [_client_row(u) for u in updates])
         metrics = _train_metrics(updates, len(results))
+        metrics["clients/num_rejected"] = float(len(succeeded) - len(updates))
         if round_num % self.eval_every == 0 or round_num == self.num_rounds:
             metrics.update(self.evaluate())
         metrics["time/round_s"] = time.perf_counter() - start
@@ -113,6 +117,17 @@ class Server:
                 f"(min_success_fraction={self.min_success_fraction}); first: client {first.client_id}: {first.error}"
             )
         return updates
+
+    def _reject_bad_updates(self, round_num: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        """Drop updates that do not fit the global model (shape, dtype, non-finite values, bad counts)."""
+        sound = []
+        for update in updates:
+            reason = rejection_reason(update, self.params)
+            if reason is None:
+                sound.append(update)
+            else:
+                self.logger.log_text("rejected", f"client {update.client_id}: {reason}", round_num)
+        return sound
 
     def evaluate(self) -> dict[str, float]:
         """Loss and accuracy of the current global model on the centralized test set."""
@@ -141,6 +156,6 @@ def _train_metrics(updates: list[ClientUpdate], num_sampled: int) -> dict[str, f
     return {
         "train/loss": loss,
         "clients/num_sampled": float(num_sampled),
-        "clients/num_failed": float(num_sampled - len(updates)),
+        "clients/num_failed": float(num_sampled - len(updates)),  # raised, died, timed out or rejected
         "clients/num_examples": float(examples),
     }

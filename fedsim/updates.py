@@ -1,0 +1,28 @@
+"""Checks every client update against the global model before it may touch aggregation."""
+
+from __future__ import annotations
+
+import torch
+
+from fedsim.types import ClientUpdate
+
+
+def rejection_reason(update: ClientUpdate, global_params: torch.Tensor) -> str | None:
+    """Why ``update`` must not be aggregated, or ``None`` when it is sound.
+
+    Flat vectors stand for the model's state in a fixed key order, so "same keys and shapes" reduces
+    to the same length; the dtype must match and every value be finite; the example count positive.
+    """
+    params = update.params
+    if not isinstance(params, torch.Tensor):
+        return f"params is a {type(params).__name__}, not a tensor"
+    if params.shape != global_params.shape:
+        return f"params has shape {tuple(params.shape)} but the global model has {tuple(global_params.shape)}"
+    if params.dtype != global_params.dtype:
+        return f"params has dtype {params.dtype} but the global model has {global_params.dtype}"
+    if not bool(torch.isfinite(params).all()):
+        bad = int((~torch.isfinite(params)).sum())
+        return f"params has {bad} non-finite values (NaN or inf)"
+    if not isinstance(update.num_examples, int) or update.num_examples <= 0:
+        return f"num_examples must be a positive integer (got {update.num_examples!r})"
+    return None

@@ -1,0 +1,77 @@
+"""Bad client updates are rejected with a reason and never reach the global model."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+
+import torch
+
+from fedsim.client import Client
+from fedsim.data.federated import federate, make_clients
+from fedsim.data.partition import natural
+from fedsim.data.synthetic import synthetic
+from fedsim.executor import SerialExecutor
+from fedsim.logging import RunLogger
+from fedsim.models import LogisticRegression
+from fedsim.server import Server
+from fedsim.strategy import FedAvg
+from fedsim.types import ClientUpdate
+from fedsim.updates import rejection_reason
+
+
+def _update(params: torch.Tensor, n: int = 3) -> ClientUpdate:
+    return ClientUpdate(client_id=0, round_num=1, params=params, num_examples=n)
+
+
+def test_rejection_reasons() -> None:
+    ref = torch.zeros(4)
+    assert rejection_reason(_update(torch.ones(4)), ref) is None
+    assert "shape (5,)" in rejection_reason(_update(torch.ones(5)), ref)
+    assert "dtype torch.float64" in rejection_reason(_update(torch.ones(4, dtype=torch.float64)), ref)
+    assert "2 non-finite" in rejection_reason(_update(torch.tensor([1.0, float("nan"), float("inf"), 0.0])), ref)
+    assert "num_examples" in rejection_reason(_update(torch.ones(4), n=0), ref)
+
+
+class NaNClient(Client):
+    """Returns NaN weights when its id is in ``bad``."""
+
+    def __init__(self, *args, bad=(), **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.bad = bad
+
+    def fit(self, model, data, **kwargs):  # type: ignore[no-untyped-def]
+        update = super().fit(model, data, **kwargs)
+        if self.client_id in self.bad:
+            update = dataclasses.replace(update, params=torch.full_like(update.params, float("nan")))
+        return update
+
+
+def _server(bad, run_dir=None) -> Server:  # type: ignore[no-untyped-def]
+    data = federate(synthetic(num_devices=6, min_size=20, max_size=40, seed=2), natural, client_test_fraction=0.2, seed=0)
+    return Server(
+        model_factory=functools.partial(LogisticRegression, (60,), 10), clients=make_clients(data, functools.partial(NaNClient, bad=bad)),
+        train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=SerialExecutor(), num_rounds=2,
+        clients_per_round=6, seed=0, logger=RunLogger(run_dir, progress=False),
+    )
+
+
+def test_a_nan_update_is_rejected_and_logged(tmp_path: Path) -> None:
+    result = _server(bad=(2,), run_dir=tmp_path).run()
+    assert torch.isfinite(result.params).all()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["clients/num_rejected"] for r in records] == [1.0, 1.0]
+    assert all(2 not in [c["client_id"] for c in r["clients"]] for r in records)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0}).Reload()
+    assert "rejected/text_summary" in events.Tags()["tensors"]
+
+
+def test_a_round_with_only_bad_updates_keeps_the_previous_model() -> None:
+    server = _server(bad=tuple(range(6)))
+    initial = server.params.clone()
+    result = server.run()
+    assert torch.equal(result.params, initial)
