@@ -66,7 +66,8 @@ class ProcessExecutor(Executor):
 
     def start(self, workload: Workload) -> None:
         check_sendable(workload)
-        numel = flatten(workload.model_factory()).numel()
+        with torch.random.fork_rng(devices=[]):  # a throwaway initialisation must not advance the caller's RNG
+            numel = flatten(workload.model_factory()).numel()
         workload.train_data.x.share_memory_()
         workload.train_data.y.share_memory_()
         self._workload = workload

@@ -27,7 +27,8 @@ class SerialExecutor(Executor):
 
     def start(self, workload: Workload) -> None:
         self._workload = workload
-        self._model = workload.model_factory().to(self.device)
+        with torch.random.fork_rng(devices=[]):  # a throwaway initialisation must not advance the caller's RNG
+            self._model = workload.model_factory().to(self.device)
 
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
         if self._workload is None or self._model is None:
