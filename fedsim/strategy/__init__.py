@@ -2,5 +2,9 @@
 
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.fedavg import FedAvg
+from fedsim.strategy.robust import Krum, Median, TrimmedMean
+from fedsim.strategy.server_opt import FedAdagrad, FedAdam, FedAvgM, FedOpt, FedYogi
 
-__all__ = ["FedAvg", "Strategy"]
+__all__ = [
+    "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedOpt", "FedYogi", "Krum", "Median", "Strategy", "TrimmedMean",
+]

@@ -1,8 +1,9 @@
 """Strategy: how the server turns client updates into the next global model.
 
 One method is required, :meth:`Strategy.aggregate`. The other hooks have sensible defaults:
-:meth:`sample` (uniform without replacement), :meth:`client_config` (a fresh dict per client) and
-:meth:`state_dict` / :meth:`load_state_dict` (for checkpoints; stateless strategies return ``{}``).
+:meth:`sample` (uniform without replacement), :meth:`client_config` (a fresh dict per client),
+:meth:`state_dict` / :meth:`load_state_dict` (for checkpoints; stateless strategies return ``{}``) and
+:meth:`check` (reject an unworkable number of clients per round before any training).
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class Strategy:
     def client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
         """Per-client instructions for this round (e.g. ``{"epochs": 2}``); a fresh dict every call."""
         return {}
+
+    def check(self, clients_per_round: int) -> None:
+        """Raise ValueError with one line if this strategy cannot work with that many clients per round;
+        called once before any training. The default accepts any number."""
 
     def aggregate(
         self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]

@@ -1,0 +1,103 @@
+"""Byzantine-robust aggregation: coordinate-wise median, trimmed mean, Krum and Multi-Krum.
+
+Yin, Chen, Ramchandran, Bartlett. "Byzantine-Robust Distributed Learning: Towards Optimal Statistical
+Rates." ICML 2018 (median, trimmed mean).
+Blanchard, El Mhamdi, Guerraoui, Stainer. "Machine Learning with Adversaries: Byzantine Tolerant Gradient
+Descent." NeurIPS 2017 (Krum, Multi-Krum).
+
+All three ignore ``num_examples``: a client that lies about its data size gains no extra weight.
+The math lives in :mod:`fedsim.strategy.functional`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fedsim.strategy.base import Strategy
+from fedsim.strategy.functional import coordinate_median, krum_select, trim_count, trimmed_mean, weighted_average
+from fedsim.types import ClientUpdate
+
+
+def _stack(updates: Sequence[ClientUpdate]) -> torch.Tensor:
+    if len(updates) == 0:
+        raise ValueError("robust aggregation needs at least one update")
+    return torch.stack([u.params for u in updates])
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class Median(Strategy):
+    """w ← the coordinate-wise median of the clients' weights (mean of the two middle values for even n)."""
+
+    def aggregate(
+        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
+    ) -> torch.Tensor:
+        return coordinate_median(_stack(updates))
+
+
+class TrimmedMean(Strategy):
+    """w ← per coordinate, the mean of the clients' values without the ⌊β·n⌋ largest and ⌊β·n⌋ smallest.
+
+    Tolerates up to ⌊β·n⌋ arbitrary clients per round. ``beta`` in [0, 0.5); 0 is the unweighted mean.
+    """
+
+    def __init__(self, beta: float = 0.1) -> None:
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < 0.5:
+            raise ValueError(f"strategy.beta must be in [0, 0.5) (got {beta!r})")
+        self.beta = beta
+
+    def check(self, clients_per_round: int) -> None:
+        """Reject a round size where β > 0 trims nothing (a silent plain mean) or keeps no value."""
+        n, k = clients_per_round, trim_count(clients_per_round, self.beta)
+        if n - 2 * k < 1:
+            raise ValueError(f"strategy=trimmed_mean with beta={self.beta} keeps no value of {n} clients per round; "
+                             "lower strategy.beta")
+        if self.beta > 0 and k == 0:
+            raise ValueError(f"strategy=trimmed_mean with beta={self.beta} trims floor(beta*{n}) = 0 of {n} clients "
+                             "per round; raise strategy.beta or clients_per_round, or set strategy.beta=0 for the mean")
+
+    def aggregate(
+        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
+    ) -> torch.Tensor:
+        return trimmed_mean(_stack(updates), self.beta)
+
+
+class Krum(Strategy):
+    """w ← the update with the best Krum score (m=1), or the unweighted mean of the m best (Multi-Krum).
+
+    A score is the sum of squared distances to the n − f − 2 nearest other updates; it needs
+    n ≥ 2f + 3 clients per round, and ``m ≤ n − f`` so that f attackers cannot be in the average. The
+    m selected updates are averaged without example weights, as in Blanchard et al. Equal scores go to
+    the lower client id (with n − f − 2 = 1 the two closest updates always tie), so the result does not
+    depend on the order of ``updates``.
+    """
+
+    def __init__(self, f: int = 1, m: int = 1) -> None:
+        if not _is_int(f) or f < 0:
+            raise ValueError(f"strategy.f must be an integer >= 0 (got {f!r})")
+        if not _is_int(m) or m < 1:
+            raise ValueError(f"strategy.m must be an integer >= 1 (got {m!r})")
+        self.f, self.m = f, m
+
+    def _require(self, n: int, where: str) -> None:
+        if n < 2 * self.f + 3:
+            raise ValueError(f"strategy=krum needs at least 2f+3 = {2 * self.f + 3} clients per round (f={self.f}) "
+                             f"but {where} {n}; lower strategy.f or raise clients_per_round")
+        if self.m > n - self.f:
+            raise ValueError(f"strategy=krum needs m <= n - f = {n - self.f} (m={self.m}, f={self.f}) but {where} {n}; "
+                             "lower strategy.m or raise clients_per_round")
+
+    def check(self, clients_per_round: int) -> None:
+        self._require(clients_per_round, "clients_per_round is")
+
+    def aggregate(
+        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
+    ) -> torch.Tensor:
+        self._require(len(updates), "the round has")
+        stack = _stack(sorted(updates, key=lambda u: u.client_id))  # ties and summation order by client id
+        chosen = sorted(krum_select(stack, self.f, self.m))
+        return weighted_average([stack[i] for i in chosen], [1.0] * len(chosen))
