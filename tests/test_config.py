@@ -1,0 +1,408 @@
+"""Configuration: every option of every conf group composes and builds; the command line runs, fails
+with one clear line on bad input, takes user classes by ``_target_`` and leaves readable logs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ holds the vision_files helpers
+
+import vision_files  # noqa: E402
+
+from fedsim.client import Client  # noqa: E402
+from fedsim.config import ConfigError  # noqa: E402
+from fedsim.data.tensor_data import DataSplit, TensorData  # noqa: E402
+from fedsim.executor import Executor, SerialExecutor, Workload  # noqa: E402
+from fedsim.logging import RunLogger  # noqa: E402
+from fedsim.models import LogisticRegression  # noqa: E402
+from fedsim.run import CONFIG_DIR, build_server, compose, run_config  # noqa: E402
+from fedsim.server import RunResult, Server  # noqa: E402
+from fedsim.strategy import Strategy  # noqa: E402
+from fedsim.types import ClientUpdate, FitTask  # noqa: E402
+
+CONF = Path(CONFIG_DIR)
+USER_PKG = Path(__file__).resolve().parent / "user_pkg"
+GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "logger", "experiment")
+SYNTHETIC = "fedsim.data.synthetic.synthetic"
+TIMEOUT_S = 300  # a guard against hangs, not a speed assertion
+
+# --- tiny real-format files for the torchvision datasets --------------------------------------------
+
+Writer = Callable[[Path, int, int, DictConfig], None]
+VISION_WRITERS: dict[str, Writer] = {
+    "fedsim.data.vision.mnist": lambda root, n, m, cfg: vision_files.write_mnist(root, n, m),
+    "fedsim.data.vision.fashion_mnist": lambda root, n, m, cfg: vision_files.write_mnist(root, n, m, folder="FashionMNIST"),
+    "fedsim.data.vision.emnist": lambda root, n, m, cfg: vision_files.write_emnist(root, cfg.data.get("split", "balanced"), n, m),
+    "fedsim.data.vision.cifar10": lambda root, n, m, cfg: vision_files.write_cifar10(root, n, m),
+}
+
+
+def _with_data(overrides: list[str], root: Path, n_train: int, n_test: int) -> list[str] | None:
+    """``overrides`` plus what makes their dataset loadable here (tiny files under ``root``);
+    ``None`` when the dataset is neither synthetic nor one we can write."""
+    cfg = compose(overrides)
+    target = cfg.data._target_
+    if target == SYNTHETIC:
+        return list(overrides)
+    if target not in VISION_WRITERS:
+        return None
+    VISION_WRITERS[target](root, n_train, n_test, cfg)
+    extra = [f"data.root={root}"]
+    if "verify_checksums" in cfg.data:
+        extra.append("data.verify_checksums=false")  # hand-made files cannot match the official md5s
+    return [*overrides, *extra]
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+ALL_OPTIONS = [(g, o) for g in GROUPS for o in _options(g)]
+
+
+def test_conf_has_exactly_the_documented_groups_each_with_options() -> None:
+    found = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+    assert found == sorted(GROUPS)
+    assert all(_options(g) for g in GROUPS)
+    assert (CONF / "config.yaml").is_file()
+
+
+# --- (a) every option of every group composes and instantiates ----------------------------------------
+
+
+def _check_data(cfg: DictConfig, option: str) -> None:
+    split = instantiate(cfg.data)
+    assert isinstance(split, DataSplit)
+    train, test = split.train, split.test
+    assert len(train) > 0 and len(test) > 0
+    assert train.input_shape == test.input_shape and train.num_classes == test.num_classes >= 2
+    assert train.x.dtype == torch.float32 and train.y.dtype == torch.int64
+    assert int(train.y.min()) >= 0 and int(train.y.max()) < train.num_classes
+    if cfg.data._target_ != SYNTHETIC:
+        assert len(train) == 60 and len(test) == 20  # the tiny files, not some other copy
+
+
+def _check_partition(cfg: DictConfig, option: str) -> None:
+    partition = instantiate(cfg.partition)
+    labels, groups = np.arange(20_000) % 10, np.arange(20_000) % 7
+    parts = partition(labels, seed=0, groups=groups)
+    assert len(parts) >= 2
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(20_000))  # each example exactly once
+    again = partition(labels, seed=0, groups=groups)
+    assert len(again) == len(parts) and all(np.array_equal(a, b) for a, b in zip(parts, again))  # pure in seed
+
+
+def _check_model(cfg: DictConfig, option: str) -> None:
+    factory = instantiate(cfg.model)
+    for shape in ((1, 28, 28), (3, 32, 32), (60,)):
+        try:
+            model = factory(input_shape=shape, num_classes=10)
+        except ValueError:
+            continue  # e.g. a CNN asked for a flat input
+        assert model(torch.zeros(2, *shape)).shape == (2, 10)
+        return
+    pytest.fail(f"model={option} builds for none of the usual input shapes")
+
+
+def _tiny_data() -> TensorData:
+    gen = torch.Generator().manual_seed(0)
+    return TensorData(torch.randn(30, 6, generator=gen), torch.arange(30) % 3, 3)
+
+
+def _check_client(cfg: DictConfig, option: str) -> None:
+    factory = instantiate(cfg.client)
+    client = factory(client_id=3, train_indices=np.arange(20), test_indices=np.arange(20, 30))
+    assert isinstance(client, Client) and client.client_id == 3 and client.num_train == 20
+    model = LogisticRegression((6,), 3)
+    assert isinstance(client.optimizer(model.parameters()), get_class(cfg.client.optimizer._target_))
+    update = client.fit(model, _tiny_data(), generator=torch.Generator().manual_seed(0))
+    assert len(update.epoch_losses) == cfg.client.epochs and math.isfinite(update.metrics["train_loss"])
+
+
+def _check_strategy(cfg: DictConfig, option: str) -> None:
+    strategy = instantiate(cfg.strategy)
+    assert isinstance(strategy, Strategy)
+    # seven clients: enough for the robust rules (Krum needs 2f + 3)
+    updates = [ClientUpdate(i, 1, torch.linspace(-1, 1, 5) * i, i + 1) for i in range(7)]
+    new = strategy.aggregate(1, torch.full((5,), 0.5), updates)
+    assert new.shape == (5,) and new.dtype == torch.float32 and torch.isfinite(new).all()
+    strategy.load_state_dict(strategy.state_dict())  # checkpoints round-trip
+    assert torch.isfinite(strategy.aggregate(2, new, updates)).all()
+
+
+def _check_executor(cfg: DictConfig, option: str) -> None:
+    executor = instantiate(cfg.executor)
+    assert isinstance(executor, Executor)
+    if isinstance(executor, SerialExecutor):  # the others start worker processes: tests/executor covers them
+        clients = [Client(0, np.arange(20), batch_size=5)]
+        executor.start(Workload(lambda: LogisticRegression((6,), 3), clients, _tiny_data()))
+        [result] = executor.fit(torch.zeros(21), [FitTask(client_id=0, round_num=1, seed=1)])
+        assert isinstance(result, ClientUpdate) and result.params.shape == (21,)
+    executor.close()
+
+
+def _check_logger(cfg: DictConfig, option: str) -> None:
+    assert {"tensorboard", "progress"} <= set(cfg.logger)
+    RunLogger(None, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress).close()
+
+
+CHECKS = {
+    "data": _check_data, "partition": _check_partition, "model": _check_model, "client": _check_client,
+    "strategy": _check_strategy, "executor": _check_executor, "logger": _check_logger,
+}
+
+
+@pytest.mark.parametrize(("group", "option"), [p for p in ALL_OPTIONS if p[0] != "experiment"])
+def test_every_group_option_composes_and_instantiates(group: str, option: str, tmp_path: Path) -> None:
+    overrides = [f"{group}={option}"]
+    if group == "data":
+        overrides = _with_data(overrides, tmp_path, 60, 20) or pytest.fail(f"no tiny files for data={option}")
+    cfg = compose(overrides)
+    assert cfg[group] is not None
+    CHECKS[group](cfg, option)
+
+
+@pytest.mark.parametrize("option", _options("experiment"))
+def test_every_experiment_composes_and_builds(option: str, tmp_path: Path) -> None:
+    base = compose([f"experiment={option}"])
+    overrides = _with_data([f"experiment={option}"], tmp_path, 1200, 100)
+    if overrides is None:
+        return  # composes; its dataset cannot be made here
+    cfg = compose(overrides)
+    server = build_server(cfg)
+    assert isinstance(server, Server)
+    assert server.num_rounds == base.num_rounds and server.clients_per_round == base.clients_per_round
+    assert all(c.epochs == cfg.client.epochs and c.batch_size == cfg.client.batch_size for c in server.clients)
+    assert type(server.strategy) is get_class(cfg.strategy._target_)
+
+
+def test_experiment_presets_set_their_groups() -> None:
+    cfg = compose(["experiment=mnist_cnn"])
+    assert cfg.data._target_.endswith(".mnist") and cfg.model._target_.endswith("McMahanCNN")
+    assert cfg.partition._target_.endswith(".shards") and cfg.client.epochs == 5
+    assert compose(["experiment=mnist_cnn", "num_rounds=7"]).num_rounds == 7  # the command line wins
+
+
+# --- validation in the Python API -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("client.optimizer.lr=-0.1", "client.optimizer.lr"),
+        ("clients_per_round=31", "clients_per_round"),
+        ("num_rounds=0", "num_rounds"),
+        ("data.alpha=-1", "data.alpha"),
+        ("min_success_fraction=0", "min_success_fraction"),
+        ("client.epochs=0", "client.epochs"),
+        ("seed=-1", "seed"),
+    ],
+)
+def test_build_server_rejects_bad_values_with_one_line_naming_the_field(override: str, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build_server(compose([override]))
+    message = str(info.value)
+    assert message.startswith(field + " ") and "\n" not in message
+
+
+def test_wrong_type_is_rejected_at_composition() -> None:
+    with pytest.raises(Exception, match="num_rounds"):
+        compose(["num_rounds=abc"])
+
+
+# --- (b) the command line ----------------------------------------------------------------------------------
+#
+# Every command-line case runs once, up to four at a time, in a module fixture (each is a fresh Python
+# process that imports torch: running them side by side keeps this file fast on a 2-core machine).
+# The tests below then look at one case each.
+
+
+@dataclass(frozen=True)
+class CliRun:
+    proc: subprocess.CompletedProcess[str]
+    cwd: Path
+    run_dir: Path
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("FEDSIM_DATA_ROOT", "HYDRA_FULL_ERROR")}
+    env.update(extra)
+    return env
+
+
+def _cli(args: list[str], cwd: Path, env: dict[str, str]) -> CliRun:
+    cwd.mkdir(parents=True, exist_ok=True)
+    run_dir = cwd / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedsim", *args, f"hydra.run.dir={run_dir}"],
+        cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    return CliRun(proc, cwd, run_dir)
+
+
+BAD_CONFIGS = {  # case -> (overrides, the field the error line must name)
+    "lr": (["client.optimizer.lr=-0.1"], "client.optimizer.lr"),
+    "clients_per_round": (["clients_per_round=31"], "clients_per_round"),
+    "dirichlet_alpha": (["data=mnist", "partition=dirichlet", "partition.alpha=0"], "partition.alpha"),
+    "data_alpha": (["data.alpha=-1"], "data.alpha"),
+    "num_rounds": (["num_rounds=0"], "num_rounds"),
+}
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CliRun]:
+    base = tmp_path_factory.mktemp("cli")
+    mnist_root, empty = base / "mnist_files", base / "empty"
+    vision_files.write_mnist(mnist_root, n_train=64, n_test=32)
+    empty.mkdir()
+    mnist = ["strategy=fedavg", "model=cnn", "data=mnist"]
+    user_path = os.pathsep.join(p for p in (str(USER_PKG), os.environ.get("PYTHONPATH", "")) if p)
+    cases: dict[str, tuple[list[str], dict[str, str]]] = {
+        "default": (["num_rounds=3"], {}),
+        "unknown_strategy": (["strategy=nonexistent"], {}),
+        "missing_mnist": ([*mnist, f"data.root={empty}"], {}),
+        "tiny_mnist": ([*mnist, f"data.root={mnist_root}", "partition.num_clients=4", "clients_per_round=2", "num_rounds=2"], {}),
+        "user_strategy": (["strategy._target_=my_strategy.KeepGlobal", f"+strategy.marker={base / 'marker.log'}",
+                           "+data.max_size=60", "num_rounds=3", "clients_per_round=5"], {"PYTHONPATH": user_path}),
+        **{name: (overrides, {}) for name, (overrides, _) in BAD_CONFIGS.items()},
+    }
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {name: pool.submit(_cli, args, base / name, env) for name, (args, env) in cases.items()}
+        runs = {name: future.result() for name, future in futures.items()}
+    runs["marker"] = CliRun(runs["user_strategy"].proc, base, base / "marker.log")
+    return runs
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("fedsim: error:"), stderr
+    return lines[0]
+
+
+def test_default_experiment_runs_from_the_command_line(cli: dict[str, CliRun]) -> None:
+    run = cli["default"]
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert "final test accuracy" in run.proc.stdout
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    assert summary["rounds"] == 3 and 0.0 <= summary["final_accuracy"] <= 1.0
+    assert f"{summary['final_accuracy']:.4f}" in run.proc.stdout
+    assert not (run.cwd / "outputs").exists()  # hydra.run.dir was honoured
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_cli_rejects_bad_config_with_one_line_naming_the_field(case: str, cli: dict[str, CliRun]) -> None:
+    run, field = cli[case], BAD_CONFIGS[case][1]
+    assert run.proc.returncode == 2, run.proc.stderr
+    assert field in _one_error_line(run.proc.stderr)
+    assert not (run.run_dir / "metrics.jsonl").exists()  # failed before any work
+    assert "final test accuracy" not in run.proc.stdout
+
+
+def test_cli_unknown_group_option_names_the_group(cli: dict[str, CliRun]) -> None:
+    proc = cli["unknown_strategy"].proc
+    assert proc.returncode != 0
+    assert "strategy" in proc.stderr and "nonexistent" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_missing_dataset_says_how_to_get_it(cli: dict[str, CliRun]) -> None:
+    run = cli["missing_mnist"]
+    assert run.proc.returncode == 2, run.proc.stderr
+    line = _one_error_line(run.proc.stderr)
+    assert "data.download" in line and "mnist" in line.lower() and "empty" in line
+    assert not (run.run_dir / "metrics.jsonl").exists()
+
+
+def test_cli_trains_on_tiny_mnist_files(cli: dict[str, CliRun]) -> None:
+    run = cli["tiny_mnist"]
+    assert run.proc.returncode == 0, run.proc.stderr
+    assert "final test accuracy" in run.proc.stdout
+    records = run.records()
+    assert [r["round"] for r in records] == [1, 2]
+    assert all(r["clients/num_sampled"] == 2 for r in records)
+    assert records[-1]["clients/num_examples"] > 0
+
+
+# --- (c) a user's strategy class from outside the package ---------------------------------------------------
+
+
+def test_user_strategy_from_outside_the_package_by_target(cli: dict[str, CliRun]) -> None:
+    run = cli["user_strategy"]
+    assert run.proc.returncode == 0, run.proc.stderr
+    calls = cli["marker"].run_dir.read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["round=1", "round=2", "round=3"]
+    assert all(len(c.split()[1].removeprefix("clients=").split(",")) == 5 for c in calls)
+    records = run.records()
+    # the global model never moves: every evaluation equals the first, though the clients trained
+    assert len({(r["eval/accuracy"], r["eval/loss"]) for r in records}) == 1
+    assert all(r["train/loss"] > 0 for r in records)
+
+
+# --- (d) observability: TensorBoard and metrics.jsonl agree ----------------------------------------------------
+
+SCALARS = ("train/loss", "eval/loss", "eval/accuracy", "clients/num_sampled", "time/round_s")
+
+
+def test_tensorboard_and_metrics_jsonl_record_every_round(cli: dict[str, CliRun]) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = cli["default"]
+    assert run.proc.returncode == 0, run.proc.stderr
+    events = EventAccumulator(str(run.run_dir / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    records = run.records()
+    assert [r["round"] for r in records] == [1, 2, 3]
+    for tag in SCALARS:
+        scalars = events.Scalars(tag)
+        assert [e.step for e in scalars] == [1, 2, 3], tag
+        for event, record in zip(scalars, records):
+            assert math.isclose(event.value, record[tag], rel_tol=1e-6, abs_tol=1e-9), (tag, event, record)
+    assert [r["clients/num_sampled"] for r in records] == [10.0, 10.0, 10.0]
+    assert all(0.0 <= r["eval/accuracy"] <= 1.0 and r["time/round_s"] >= 0 for r in records)
+
+    [config] = events.Tensors("config/text_summary")
+    text = config.tensor_proto.string_val[0].decode()
+    assert "num_rounds: 3" in text and "fedsim.data.synthetic.synthetic" in text
+
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    assert summary["final_accuracy"] == pytest.approx(records[-1]["eval/accuracy"])
+    assert summary["best_accuracy"] == pytest.approx(max(r["eval/accuracy"] for r in records))
+    assert summary["final_loss"] == pytest.approx(records[-1]["eval/loss"])
+
+
+# --- (e) the Python API ------------------------------------------------------------------------------------------
+
+
+def test_run_config_from_python(tmp_path: Path) -> None:
+    cfg = compose(["num_rounds=2", "+data.max_size=60", "clients_per_round=4", "logger=quiet"])
+    result = run_config(cfg, run_dir=tmp_path)
+    assert isinstance(result, RunResult)
+    assert [r["round"] for r in result.history] == [1, 2]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["final_accuracy"] == pytest.approx(result.history[-1]["eval/accuracy"])
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2]
+    assert not (tmp_path / "tensorboard").exists()  # logger=quiet: no event files
+
+    again = run_config(cfg)  # no run_dir: nothing written, same answer
+    assert torch.equal(again.params, result.params)
+
