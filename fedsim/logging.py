@@ -37,7 +37,7 @@ class RunLogger:
         self._bar: tqdm | None = None
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._jsonl = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+            self._jsonl = open(self.run_dir / "metrics.jsonl", "w", encoding="utf-8")
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -62,8 +63,11 @@ class Server:
         min_success_fraction: float = 1.0,
         logger: RunLogger | None = None,
     ) -> None:
+        if num_rounds < 1 or eval_every < 1:
+            raise ValueError(f"num_rounds and eval_every must be >= 1 (got {num_rounds}, {eval_every})")
         if not 1 <= clients_per_round <= len(clients):
             raise ValueError(f"clients_per_round must be between 1 and the {len(clients)} clients (got {clients_per_round})")
+        strategy.check(clients_per_round)
         self.model_factory, self.clients, self.strategy, self.executor = model_factory, clients, strategy, executor
         self.train_data, self.test_data = train_data, test_data
         self.num_rounds, self.clients_per_round, self.seed = num_rounds, clients_per_round, seed
@@ -152,7 +156,7 @@ def _client_row(update: ClientUpdate) -> dict[str, Any]:
 def _train_metrics(updates: list[ClientUpdate], num_sampled: int) -> dict[str, float]:
     """Example-weighted mean training loss and client counts of one round."""
     examples = sum(u.num_examples for u in updates)
-    loss = sum(u.metrics.get("train_loss", 0.0) * u.num_examples for u in updates) / max(examples, 1)
+    loss = sum(u.metrics.get("train_loss", 0.0) * u.num_examples for u in updates) / examples if examples else math.nan
     return {
         "train/loss": loss,
         "clients/num_sampled": float(num_sampled),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import traceback as tb
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -64,12 +65,16 @@ def run_task(
 ) -> TaskResult:
     """Load the global weights into ``model``, train ``client`` with the task's own generator.
 
+    Code that draws from torch's global RNG anyway (dropout, random augmentation) sees it seeded from
+    the task seed for the duration of the task, and the caller's RNG state is restored afterwards: the
+    result never depends on which tasks ran before on the same worker.
     An exception inside client code becomes a :class:`ClientFailure` with the full traceback.
     """
     try:
         load_flat(model, global_params)
         generator = torch.Generator().manual_seed(task.seed)
-        update = client.fit(model, data, config=task.config, generator=generator, round_num=task.round_num)
+        with _task_global_rng(task.seed, next(model.parameters()).device):
+            update = client.fit(model, data, config=task.config, generator=generator, round_num=task.round_num)
         return _with_worker(update, worker)
     except Exception as error:  # noqa: BLE001 - client code may raise anything; it becomes data
         return ClientFailure(
@@ -79,6 +84,15 @@ def run_task(
             traceback=tb.format_exc(),
             worker=worker,
         )
+
+
+@contextmanager
+def _task_global_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """Seed torch's global RNG (CPU, and the task's GPU) from the task seed; restore it on exit."""
+    gpus = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpus, device_type="cuda"):
+        torch.manual_seed(seed)
+        yield
 
 
 def _with_worker(update: ClientUpdate, worker: str) -> ClientUpdate:

@@ -76,6 +76,7 @@ def worker_main(spec: WorkerSpec, workload: Workload, global_params: torch.Tenso
     log = _redirect_output(spec)
     model = workload.model_factory().to(device)
     data = _to_device(workload.train_data, device)
+    _warm_up(model, data)
     log.info("worker %s ready on %s (pid %d, %d threads)", spec.name, device, os.getpid(), torch.get_num_threads())
     conn.send(("ready", {"pid": os.getpid(), "device": str(device)}))
     while True:
@@ -95,6 +96,17 @@ def worker_main(spec: WorkerSpec, workload: Workload, global_params: torch.Tenso
             log.error("failed:\n%s", result.traceback)
         _TaskTag.task = None
         conn.send(("result", result))
+
+
+def _warm_up(model: torch.nn.Module, data: TensorData) -> None:
+    """Pay one-time costs (lazy imports behind the first optimizer, first backward) before reporting ready,
+    so that they do not land in the first round. Weights are overwritten by every task anyway."""
+    with torch.random.fork_rng(devices=[]):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        loss = torch.nn.functional.cross_entropy(model(data.x[:2]), data.y[:2])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
 
 def _die_with_parent() -> None:
