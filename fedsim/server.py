@@ -100,7 +100,7 @@ class Server:
         succeeded = self._apply_failure_policy(round_num, results)
         updates = self._reject_bad_updates(round_num, succeeded)
         if updates:  # otherwise nothing sound arrived: keep the previous model
-            self.params = self.strategy.aggregate(round_num, self.params, updates)
+            self.params = self._aggregate(round_num, updates)
         self.logger.log_clients(round_num, [_client_row(u) for u in updates])
         metrics = _train_metrics(updates, len(results))
         metrics["clients/num_rejected"] = float(len(succeeded) - len(updates))
@@ -121,6 +121,12 @@ class Server:
                 f"(min_success_fraction={self.min_success_fraction}); first: client {first.client_id}: {first.error}"
             )
         return updates
+
+    def _aggregate(self, round_num: int, updates: list[ClientUpdate]) -> torch.Tensor:
+        try:
+            return self.strategy.aggregate(round_num, self.params, updates)
+        except ValueError as error:  # e.g. too few survivors for a robust rule
+            raise RoundFailedError(f"round {round_num}: {type(self.strategy).__name__} could not aggregate: {error}") from error
 
     def _reject_bad_updates(self, round_num: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
         """Drop updates that do not fit the global model (shape, dtype, non-finite values, bad counts)."""
