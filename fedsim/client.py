@@ -18,6 +18,7 @@ from torch import nn
 
 from fedsim.data.tensor_data import TensorData
 from fedsim.params import flatten
+from fedsim.strategy.base import LocalTraining
 from fedsim.types import ClientUpdate
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -60,6 +61,7 @@ class Client:
         self.epochs = epochs
         self.batch_size = batch_size
         self.optimizer = optimizer or default_optimizer()
+        self._local: LocalTraining | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self.client_id}, train={len(self.train_indices)}, test={len(self.test_indices)})"
@@ -73,12 +75,21 @@ class Client:
         """Training loss of one batch (cross-entropy). Override to add terms."""
         return nn.functional.cross_entropy(model(x), y)
 
+    def objective(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """What a step minimises: :meth:`loss` plus the strategy's client-side term (e.g. FedProx's).
+
+        An overridden :meth:`train_step` should call this rather than :meth:`loss`.
+        """
+        loss = self.loss(model, x, y)
+        term = self._local.loss_term(model) if self._local is not None else None
+        return loss if term is None else loss + term
+
     def train_step(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
     ) -> float:
-        """One optimisation step on one batch; returns the batch loss."""
+        """One optimisation step on one batch; returns the batch objective."""
         optimizer.zero_grad(set_to_none=True)
-        loss = self.loss(model, x, y)
+        loss = self.objective(model, x, y)
         loss.backward()
         optimizer.step()
         return float(loss.detach())
@@ -100,13 +111,18 @@ class Client:
         config: dict[str, Any] | None = None,
         generator: torch.Generator,
         round_num: int = 0,
+        local: LocalTraining | None = None,
     ) -> ClientUpdate:
         """Train ``model`` in place on this client's data and return its weights as an update.
 
         Every random choice (batch order) comes from ``generator``, never from the global RNG, so the
-        result depends only on the global weights, the data and the generator's seed.
+        result depends only on the global weights, the data and the generator's seed. ``local`` is the
+        strategy's client half (see :class:`~fedsim.strategy.base.LocalTraining`), if it has one.
         """
         config = dict(config or {})
+        self._local = local
+        if local is not None:
+            local.begin(model, config)
         epochs = int(config.get("epochs", self.epochs))
         batch_size = int(config.get("batch_size", self.batch_size))
         device = next(model.parameters()).device

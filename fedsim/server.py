@@ -80,7 +80,9 @@ class Server:
 
     def run(self) -> RunResult:
         """Run every round and return the final model; workers are released even on error."""
-        workload = Workload(self.model_factory, self.clients, self.train_data, log_dir=self.logger.run_dir)
+        workload = Workload(
+            self.model_factory, self.clients, self.train_data, log_dir=self.logger.run_dir, local=self.strategy.local_training()
+        )
         self.executor.start(workload)
         try:
             for round_num in self.logger.rounds(1, self.num_rounds):

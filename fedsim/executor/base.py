@@ -21,6 +21,7 @@ from torch import nn
 from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.params import load_flat
+from fedsim.strategy.base import LocalTraining
 from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
 
 
@@ -29,12 +30,14 @@ class Workload:
     """What every worker needs once per run: how to build a model, the clients and the training data.
 
     ``log_dir``, when set, is where executors with worker processes write one log file per worker.
+    ``local`` is the strategy's client half, used by every task.
     """
 
     model_factory: Callable[[], nn.Module]
     clients: Sequence[Client]
     train_data: TensorData
     log_dir: Path | None = None
+    local: LocalTraining | None = None
 
 
 class Executor(ABC):
@@ -61,7 +64,8 @@ class Executor(ABC):
 
 
 def run_task(
-    model: nn.Module, client: Client, data: TensorData, global_params: torch.Tensor, task: FitTask, worker: str
+    model: nn.Module, client: Client, data: TensorData, global_params: torch.Tensor, task: FitTask, worker: str,
+    local: LocalTraining | None = None,
 ) -> TaskResult:
     """Load the global weights into ``model``, train ``client`` with the task's own generator.
 
@@ -74,7 +78,7 @@ def run_task(
         load_flat(model, global_params)
         generator = torch.Generator().manual_seed(task.seed)
         with _task_global_rng(task.seed, next(model.parameters()).device):
-            update = client.fit(model, data, config=task.config, generator=generator, round_num=task.round_num)
+            update = client.fit(model, data, config=task.config, generator=generator, round_num=task.round_num, local=local)
         return _with_worker(update, worker)
     except Exception as error:  # noqa: BLE001 - client code may raise anything; it becomes data
         return ClientFailure(

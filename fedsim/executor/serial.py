@@ -38,7 +38,7 @@ class SerialExecutor(Executor):
         torch.set_num_threads(self.threads)
         try:
             return [
-                run_task(self._model, clients[task.client_id], data, global_params, task, worker="serial")
+                run_task(self._model, clients[task.client_id], data, global_params, task, "serial", self._workload.local)
                 for task in sorted(tasks, key=lambda t: t.client_id)
             ]
         finally:

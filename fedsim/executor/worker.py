@@ -87,7 +87,7 @@ def worker_main(spec: WorkerSpec, workload: Workload, global_params: torch.Tenso
         if task is None:
             break
         _TaskTag.task = task
-        result = run_task(model, workload.clients[task.client_id], data, global_params, task, worker=spec.name)
+        result = run_task(model, workload.clients[task.client_id], data, global_params, task, spec.name, workload.local)
         if isinstance(result, ClientUpdate):
             result_buffer.copy_(result.params)
             result = replace(result, params=torch.empty(0))

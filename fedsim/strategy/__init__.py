@@ -1,10 +1,12 @@
 """Aggregation strategies: the base class, pure aggregation math, and one file per algorithm."""
 
-from fedsim.strategy.base import Strategy
+from fedsim.strategy.base import LocalTraining, Strategy
 from fedsim.strategy.fedavg import FedAvg
+from fedsim.strategy.fedprox import FedProx, ProximalTerm
 from fedsim.strategy.robust import Krum, Median, TrimmedMean
 from fedsim.strategy.server_opt import FedAdagrad, FedAdam, FedAvgM, FedOpt, FedYogi
 
 __all__ = [
-    "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedOpt", "FedYogi", "Krum", "Median", "Strategy", "TrimmedMean",
+    "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedOpt", "FedProx", "FedYogi", "Krum", "LocalTraining", "Median",
+    "ProximalTerm", "Strategy", "TrimmedMean",
 ]

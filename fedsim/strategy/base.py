@@ -13,12 +13,34 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from fedsim.types import ClientUpdate
 
 
+class LocalTraining:
+    """The client half of an algorithm that changes local training (e.g. FedProx's proximal term).
+
+    One instance is sent to every worker once per run (it must pickle) and is used there by
+    :meth:`fedsim.client.Client.fit`: :meth:`begin` when a task starts (the model then holds the
+    global weights), :meth:`loss_term` added to every batch loss. Per-round values (such as μ) come
+    from the task's ``config``.
+    """
+
+    def begin(self, model: nn.Module, config: dict[str, Any]) -> None:
+        """Called once per task, before the first step."""
+
+    def loss_term(self, model: nn.Module) -> torch.Tensor | None:
+        """An extra term for the batch loss, or ``None``."""
+        return None
+
+
 class Strategy:
     """Base class for aggregation strategies. Subclass it and implement :meth:`aggregate`."""
+
+    def local_training(self) -> LocalTraining | None:
+        """The client half of this algorithm, or ``None`` when clients train plainly (the default)."""
+        return None
 
     def sample(self, round_num: int, num_clients: int, clients_per_round: int, rng: np.random.Generator) -> list[int]:
         """Ids of the clients that train this round, sorted.

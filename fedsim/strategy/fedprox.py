@@ -1,0 +1,62 @@
+"""FedProx: FedAvg aggregation plus a proximal term μ/2 ‖w − w_global‖² in every client's loss,
+keeping stragglers' partial work.
+
+Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith. "Federated Optimization in Heterogeneous Networks."
+MLSys 2020. Both halves live here: :class:`FedProx` (server) and :class:`ProximalTerm` (client).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedsim.strategy.base import LocalTraining, Strategy
+from fedsim.strategy.functional import weighted_average
+from fedsim.strategy.stragglers import Stragglers
+from fedsim.types import ClientUpdate
+
+
+class ProximalTerm(LocalTraining):
+    """Client half: remembers the global weights at the start of a task and adds μ/2 ‖w − w_global‖²."""
+
+    def __init__(self) -> None:
+        self.mu = 0.0
+        self.anchor: list[torch.Tensor] = []
+
+    def begin(self, model: nn.Module, config: dict[str, Any]) -> None:
+        self.mu = float(config.get("prox_mu", 0.0))
+        self.anchor = [p.detach().clone() for p in model.parameters()]
+
+    def loss_term(self, model: nn.Module) -> torch.Tensor | None:
+        if self.mu == 0.0:
+            return None
+        squared = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), self.anchor))
+        return 0.5 * self.mu * squared  # type: ignore[return-value]
+
+
+class FedProx(Strategy):
+    """Server half: example-weighted mean of all updates, stragglers included; sends μ to clients."""
+
+    def __init__(self, *, mu: float = 0.01, straggler_fraction: float = 0.0, local_epochs: int = 1, seed: int = 0) -> None:
+        if mu < 0:
+            raise ValueError(f"strategy.mu must be >= 0 (got {mu})")
+        self.mu = mu
+        self.stragglers = Stragglers(straggler_fraction, local_epochs, seed)
+
+    def local_training(self) -> LocalTraining:
+        return ProximalTerm()
+
+    def client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
+        config: dict[str, Any] = {"prox_mu": self.mu}
+        epochs = self.stragglers.epochs_for(round_num, client_id)
+        if epochs is not None:
+            config["epochs"] = epochs
+        return config
+
+    def aggregate(
+        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
+    ) -> torch.Tensor:
+        return weighted_average([u.params for u in updates], [u.num_examples for u in updates])

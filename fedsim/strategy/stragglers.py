@@ -1,0 +1,40 @@
+"""Simulated stragglers (system heterogeneity), as in the FedProx paper.
+
+Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith. "Federated Optimization in Heterogeneous Networks."
+MLSys 2020, Section 5.2: in every round a fraction of the sampled devices are stragglers that manage
+only a random number of local epochs, drawn uniformly from 1 to E.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """Decides, as a pure function of ``(seed, round, client)``, who straggles and how many epochs it manages.
+
+    ``fraction`` is each sampled client's chance of straggling in a round; ``epochs`` is the full
+    number of local epochs E (a straggler does between 1 and E − 1).
+    """
+
+    fraction: float = 0.0
+    epochs: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.fraction <= 1.0:
+            raise ValueError(f"strategy.straggler_fraction must be in [0, 1] (got {self.fraction})")
+        if self.epochs < 1:
+            raise ValueError(f"strategy.local_epochs must be >= 1 (got {self.epochs})")
+
+    def epochs_for(self, round_num: int, client_id: int) -> int | None:
+        """The epochs a straggler manages this round, or ``None`` when the client is not a straggler."""
+        if self.fraction == 0.0 or self.epochs < 2:
+            return None
+        rng = np.random.default_rng([self.seed, round_num, client_id, 0x57])
+        if rng.random() >= self.fraction:
+            return None
+        return int(rng.integers(1, self.epochs))  # 1 .. E-1
