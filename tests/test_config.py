@@ -346,6 +346,8 @@ def test_cli_trains_on_tiny_mnist_files(cli: dict[str, CliRun]) -> None:
 
 
 def test_user_strategy_from_outside_the_package_by_target(cli: dict[str, CliRun]) -> None:
+    # KeepGlobal takes only its own argument (no **kwargs): swapping ``strategy._target_`` must not
+    # hand it the default strategy's parameters.
     run = cli["user_strategy"]
     assert run.proc.returncode == 0, run.proc.stderr
     calls = cli["marker"].run_dir.read_text().splitlines()
