@@ -152,6 +152,7 @@ class RecordingFedAvg(FedAvg):
     """FedAvg that remembers which clients reported in which round."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.seen: dict[int, list[int]] = {}
 
     def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
