@@ -18,6 +18,14 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class StragglerSchema:
+    """Simulated stragglers (FedProx paper): this share of sampled clients does 1..epochs-1 epochs."""
+
+    fraction: float = 0.0
+    epochs: int = 1
+
+
+@dataclass
 class RunSchema:
     """Types of the run-level fields. Group sections stay free-form: their ``_target_`` decides."""
 
@@ -34,6 +42,7 @@ class RunSchema:
     strategy: Any = field(default_factory=dict)
     executor: Any = field(default_factory=dict)
     logger: Any = field(default_factory=dict)
+    stragglers: StragglerSchema = field(default_factory=lambda: StragglerSchema())
 
 
 def register_schema() -> None:
@@ -55,6 +64,8 @@ def validate(cfg: DictConfig) -> None:
     """Check ranges and cross-field rules of a composed config; raise :class:`ConfigError` on the first problem."""
     _validate_run(cfg)
     _validate_client(cfg.client)
+    _require(0 <= cfg.stragglers.fraction <= 1, "stragglers.fraction", "must be in [0, 1]", cfg.stragglers.fraction)
+    _require(cfg.stragglers.epochs >= 1, "stragglers.epochs", "must be >= 1", cfg.stragglers.epochs)
     _validate_data_and_partition(cfg)
 
 

@@ -27,6 +27,7 @@ from fedsim.data.federated import FederatedData, federate, make_clients
 from fedsim.logging import RunLogger
 from fedsim.seeding import partition_seed
 from fedsim.server import RoundFailedError, RunResult, Server
+from fedsim.stragglers import Stragglers
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("fedsim")
@@ -83,6 +84,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         seed=cfg.seed,
         eval_every=cfg.eval_every,
         min_success_fraction=cfg.min_success_fraction,
+        stragglers=Stragglers(fraction=cfg.stragglers.fraction, epochs=cfg.stragglers.epochs, seed=cfg.seed),
         logger=logger,
     )
 

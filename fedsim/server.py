@@ -18,6 +18,7 @@ from fedsim.executor.base import Executor, Workload
 from fedsim.logging import RunLogger
 from fedsim.params import flatten, load_flat
 from fedsim.seeding import init_seed, sampling_rng, task_seed
+from fedsim.stragglers import Stragglers
 from fedsim.strategy.base import Strategy
 from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
 from fedsim.updates import rejection_reason
@@ -44,7 +45,8 @@ class Server:
     ``model_factory()`` builds a fresh model (the server seeds its initialisation from ``seed``).
     A round aggregates when at least ``min_success_fraction`` of its sampled clients succeeded;
     otherwise the run stops with :class:`RoundFailedError` naming the failures. The centralized
-    ``test_data`` is evaluated every ``eval_every`` rounds and after the last one.
+    ``test_data`` is evaluated every ``eval_every`` rounds and after the last one. ``stragglers``
+    simulates clients that manage fewer local epochs; the strategy decides whether their work counts.
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class Server:
         seed: int = 0,
         eval_every: int = 1,
         min_success_fraction: float = 1.0,
+        stragglers: Stragglers | None = None,
         logger: RunLogger | None = None,
     ) -> None:
         if num_rounds < 1 or eval_every < 1:
@@ -72,6 +75,7 @@ class Server:
         self.train_data, self.test_data = train_data, test_data
         self.num_rounds, self.clients_per_round, self.seed = num_rounds, clients_per_round, seed
         self.eval_every, self.min_success_fraction = eval_every, min_success_fraction
+        self.stragglers = stragglers or Stragglers()
         self.logger = logger or RunLogger(None)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(init_seed(seed))
@@ -97,19 +101,27 @@ class Server:
         """One round; returns its metrics. Updates ``self.params`` unless no client succeeded."""
         start = time.perf_counter()
         client_ids = self.strategy.sample(round_num, len(self.clients), self.clients_per_round, sampling_rng(self.seed, round_num))
-        tasks = [FitTask(cid, round_num, task_seed(self.seed, round_num, cid), self.strategy.client_config(round_num, cid)) for cid in client_ids]
+        tasks = [FitTask(cid, round_num, task_seed(self.seed, round_num, cid), self._client_config(round_num, cid)) for cid in client_ids]
         results = sorted(self.executor.fit(self.params, tasks), key=lambda r: r.client_id)
         succeeded = self._apply_failure_policy(round_num, results)
         updates = self._reject_bad_updates(round_num, succeeded)
-        if updates:  # otherwise nothing sound arrived: keep the previous model
-            self.params = self._aggregate(round_num, updates)
+        kept = [u for u in updates if self.strategy.keeps_stragglers or self.stragglers.epochs_for(round_num, u.client_id) is None]
+        if kept:  # otherwise nothing sound (or only dropped stragglers) arrived: keep the previous model
+            self.params = self._aggregate(round_num, kept)
         self.logger.log_clients(round_num, [_client_row(u) for u in updates])
         metrics = _train_metrics(updates, len(results))
         metrics["clients/num_rejected"] = float(len(succeeded) - len(updates))
+        metrics["clients/num_aggregated"] = float(len(kept))
         if round_num % self.eval_every == 0 or round_num == self.num_rounds:
             metrics.update(self.evaluate())
         metrics["time/round_s"] = time.perf_counter() - start
         return metrics
+
+    def _client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
+        """The strategy's per-client config, with fewer epochs for a simulated straggler."""
+        config = self.strategy.client_config(round_num, client_id)
+        epochs = self.stragglers.epochs_for(round_num, client_id)
+        return config if epochs is None else {**config, "epochs": epochs}
 
     def _apply_failure_policy(self, round_num: int, results: list[TaskResult]) -> list[ClientUpdate]:
         updates = [r for r in results if isinstance(r, ClientUpdate)]

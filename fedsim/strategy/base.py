@@ -36,7 +36,13 @@ class LocalTraining:
 
 
 class Strategy:
-    """Base class for aggregation strategies. Subclass it and implement :meth:`aggregate`."""
+    """Base class for aggregation strategies. Subclass it and implement :meth:`aggregate`.
+
+    ``keeps_stragglers``: whether updates of simulated stragglers (clients told to do fewer local
+    epochs, see :mod:`fedsim.stragglers`) reach :meth:`aggregate`; the server drops them otherwise.
+    """
+
+    keeps_stragglers: bool = True
 
     def local_training(self) -> LocalTraining | None:
         """The client half of this algorithm, or ``None`` when clients train plainly (the default)."""

@@ -15,7 +15,6 @@ from torch import nn
 
 from fedsim.strategy.base import LocalTraining, Strategy
 from fedsim.strategy.functional import weighted_average
-from fedsim.strategy.stragglers import Stragglers
 from fedsim.types import ClientUpdate
 
 
@@ -40,21 +39,18 @@ class ProximalTerm(LocalTraining):
 class FedProx(Strategy):
     """Server half: example-weighted mean of all updates, stragglers included; sends μ to clients."""
 
-    def __init__(self, *, mu: float = 0.01, straggler_fraction: float = 0.0, local_epochs: int = 1, seed: int = 0) -> None:
+    keeps_stragglers = True
+
+    def __init__(self, *, mu: float = 0.01) -> None:
         if mu < 0:
             raise ValueError(f"strategy.mu must be >= 0 (got {mu})")
         self.mu = mu
-        self.stragglers = Stragglers(straggler_fraction, local_epochs, seed)
 
     def local_training(self) -> LocalTraining:
         return ProximalTerm()
 
     def client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
-        config: dict[str, Any] = {"prox_mu": self.mu}
-        epochs = self.stragglers.epochs_for(round_num, client_id)
-        if epochs is not None:
-            config["epochs"] = epochs
-        return config
+        return {"prox_mu": self.mu}
 
     def aggregate(
         self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]

@@ -16,9 +16,7 @@ from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.models import LogisticRegression
 from fedsim.server import Server
 from fedsim.strategy import FedAvg, FedProx, ProximalTerm
-from fedsim.strategy.functional import weighted_average
-from fedsim.strategy.stragglers import Stragglers
-from fedsim.types import ClientUpdate
+from fedsim.stragglers import Stragglers
 
 
 def test_proximal_term_known_answer_and_gradient() -> None:
@@ -32,7 +30,7 @@ def test_proximal_term_known_answer_and_gradient() -> None:
     with torch.no_grad():
         model.weight.add_(torch.tensor([[1.0, -2.0]]))  # w - w_g = (1, -2), bias unchanged
     value = term.loss_term(model)
-    assert float(value) == pytest.approx(0.5 * 2.0 * (1.0 + 4.0))  # mu/2 * ||d||^2 = 5
+    assert float(value.detach()) == pytest.approx(0.5 * 2.0 * (1.0 + 4.0))  # mu/2 * ||d||^2 = 5
     value.backward()
     assert torch.equal(model.weight.grad, torch.tensor([[2.0, -4.0]]))  # mu * d
 
@@ -57,43 +55,60 @@ def test_stragglers_are_a_pure_function_of_seed_round_client() -> None:
 
 @pytest.mark.parametrize("bad", [{"fraction": -0.1}, {"fraction": 1.5}, {"epochs": 0}])
 def test_straggler_parameters_are_checked(bad: dict) -> None:
-    with pytest.raises(ValueError, match="strategy."):
+    with pytest.raises(ValueError, match="stragglers."):
         Stragglers(**{"fraction": 0.5, "epochs": 2, **bad})
 
 
-def _updates(n: int) -> list[ClientUpdate]:
-    return [ClientUpdate(client_id=i, round_num=1, params=torch.full((3,), float(i)), num_examples=i + 1) for i in range(n)]
-
-
-def test_fedavg_drops_stragglers_and_fedprox_keeps_them() -> None:
-    updates = _updates(10)
-    fedavg = FedAvg(straggler_fraction=0.5, local_epochs=3, seed=0)
-    slow = {u.client_id for u in updates if fedavg.stragglers.epochs_for(1, u.client_id) is not None}
-    assert 0 < len(slow) < 10
-    assert all(fedavg.client_config(1, c)["epochs"] in (1, 2) for c in slow)
-    kept = [u for u in updates if u.client_id not in slow]
-    expected = weighted_average([u.params for u in kept], [u.num_examples for u in kept])
-    assert torch.equal(fedavg.aggregate(1, torch.zeros(3), updates), expected)
-    fedprox = FedProx(mu=1.0, straggler_fraction=0.5, local_epochs=3, seed=0)
-    assert fedprox.client_config(1, min(slow))["prox_mu"] == 1.0
-    everyone = weighted_average([u.params for u in updates], [u.num_examples for u in updates])
-    assert torch.equal(fedprox.aggregate(1, torch.zeros(3), updates), everyone)
-
-
-def test_fedavg_keeps_the_model_when_everyone_straggles() -> None:
-    fedavg = FedAvg(straggler_fraction=1.0, local_epochs=3)
-    global_params = torch.tensor([7.0, 8.0, 9.0])
-    assert torch.equal(fedavg.aggregate(1, global_params, _updates(4)), global_params)
-
-
-def _run(strategy, executor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def _server(strategy, executor, stragglers=None, clients=None) -> Server:  # type: ignore[no-untyped-def]
     data = federate(synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
-    server = Server(
+    return Server(
         model_factory=functools.partial(LogisticRegression, (60,), 10),
-        clients=make_clients(data, functools.partial(Client, epochs=3, batch_size=8)), train_data=data.train,
+        clients=clients or make_clients(data, functools.partial(Client, epochs=3, batch_size=8)), train_data=data.train,
         test_data=data.test, strategy=strategy, executor=executor, num_rounds=3, clients_per_round=4, seed=5,
+        stragglers=stragglers,
     )
-    return server.run().params
+
+
+def _run(strategy, executor, stragglers=None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return _server(strategy, executor, stragglers).run().params
+
+
+class RecordingFedAvg(FedAvg):
+    """FedAvg that records which clients reached aggregate."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, list[int]] = {}
+
+    def aggregate(self, round_num, global_params, updates):  # type: ignore[no-untyped-def]
+        self.seen[round_num] = [u.client_id for u in updates]
+        return super().aggregate(round_num, global_params, updates)
+
+
+def test_server_tells_stragglers_to_do_fewer_epochs_and_fedavg_drops_them() -> None:
+    stragglers = Stragglers(fraction=0.5, epochs=3, seed=5)
+    strategy = RecordingFedAvg()
+    server = _server(strategy, SerialExecutor(), stragglers)
+    result = server.run()
+    rows = {(r["round"], c["client_id"]): c for r in result.history for c in r["clients"]}
+    slow = {(rnd, cid) for rnd, cid in rows if stragglers.epochs_for(rnd, cid) is not None}
+    assert slow and len(slow) < len(rows)
+    for rnd, cid in rows:
+        expected = stragglers.epochs_for(rnd, cid) or 3
+        assert len(rows[rnd, cid]["epoch_losses"]) == expected
+    for rnd, seen in strategy.seen.items():
+        assert all((rnd, cid) not in slow for cid in seen)
+    assert sum(r["clients/num_aggregated"] for r in result.history) == len(rows) - len(slow)
+
+
+def test_fedprox_keeps_stragglers() -> None:
+    result = _server(FedProx(mu=1.0), SerialExecutor(), Stragglers(fraction=0.5, epochs=3, seed=5)).run()
+    assert all(r["clients/num_aggregated"] == 4 for r in result.history)
+
+
+def test_a_round_of_only_dropped_stragglers_keeps_the_model() -> None:
+    server = _server(FedAvg(), SerialExecutor(), Stragglers(fraction=1.0, epochs=3))
+    initial = server.params.clone()
+    assert torch.equal(server.run().params, initial)
 
 
 def test_fedprox_with_mu_zero_equals_fedavg() -> None:
@@ -101,7 +116,8 @@ def test_fedprox_with_mu_zero_equals_fedavg() -> None:
 
 
 def test_fedprox_changes_training_and_is_bitwise_equal_in_worker_processes() -> None:
-    serial = _run(FedProx(mu=1.0, straggler_fraction=0.5, local_epochs=3), SerialExecutor())
+    stragglers = Stragglers(fraction=0.5, epochs=3)
+    serial = _run(FedProx(mu=1.0), SerialExecutor(), stragglers)
     assert not torch.equal(serial, _run(FedAvg(), SerialExecutor()))
-    parallel = _run(FedProx(mu=1.0, straggler_fraction=0.5, local_epochs=3), ProcessExecutor(devices="cpu", workers=2))
+    parallel = _run(FedProx(mu=1.0), ProcessExecutor(devices="cpu", workers=2), stragglers)
     assert torch.equal(serial, parallel)

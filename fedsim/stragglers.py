@@ -2,7 +2,9 @@
 
 Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith. "Federated Optimization in Heterogeneous Networks."
 MLSys 2020, Section 5.2: in every round a fraction of the sampled devices are stragglers that manage
-only a random number of local epochs, drawn uniformly from 1 to E.
+only a random number of local epochs. Stragglers are a property of the simulated system, so the
+server decides them; a strategy only says whether it keeps their partial work
+(``Strategy.keeps_stragglers``: FedAvg drops it, FedProx keeps it).
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ class Stragglers:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fraction <= 1.0:
-            raise ValueError(f"strategy.straggler_fraction must be in [0, 1] (got {self.fraction})")
+            raise ValueError(f"stragglers.fraction must be in [0, 1] (got {self.fraction})")
         if self.epochs < 1:
-            raise ValueError(f"strategy.local_epochs must be >= 1 (got {self.epochs})")
+            raise ValueError(f"stragglers.epochs must be >= 1 (got {self.epochs})")
 
     def epochs_for(self, round_num: int, client_id: int) -> int | None:
         """The epochs a straggler manages this round, or ``None`` when the client is not a straggler."""
