@@ -135,7 +135,11 @@ class Client:
             round_num=round_num,
             params=flatten(model),
             num_examples=self.num_train,
-            metrics={"train_loss": sum(epoch_losses) / max(len(epoch_losses), 1), "local_steps": float(steps)},
+            metrics={
+                "train_loss": sum(epoch_losses) / max(len(epoch_losses), 1),
+                "local_steps": float(steps),
+                "lr": float(optimizer.param_groups[0]["lr"]),
+            },
             epoch_losses=tuple(epoch_losses),
             device=str(device),
         )

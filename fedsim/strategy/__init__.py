@@ -3,10 +3,11 @@
 from fedsim.strategy.base import LocalTraining, Strategy
 from fedsim.strategy.fedavg import FedAvg
 from fedsim.strategy.fedprox import FedProx, ProximalTerm
+from fedsim.strategy.scaffold import ControlCorrection, Scaffold
 from fedsim.strategy.robust import Krum, Median, TrimmedMean
 from fedsim.strategy.server_opt import FedAdagrad, FedAdam, FedAvgM, FedOpt, FedYogi
 
 __all__ = [
     "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedOpt", "FedProx", "FedYogi", "Krum", "LocalTraining", "Median",
-    "ProximalTerm", "Strategy", "TrimmedMean",
+    "ProximalTerm", "Scaffold", "ControlCorrection", "Strategy", "TrimmedMean",
 ]

@@ -1,0 +1,105 @@
+"""SCAFFOLD: stochastic controlled averaging, with server and client control variates.
+
+Karimireddy, Kale, Mohri, Reddi, Stich, Suresh. "SCAFFOLD: Stochastic Controlled Averaging for
+Federated Learning." ICML 2020. Algorithm 1 with option II for the client control update:
+
+    client i:  y ← x;  K steps of  y ← y − η_l (g_i(y) − c_i + c)
+               c_i⁺ = c_i − c + (x − y) / (K η_l)
+    server:    x ← x + η_g · mean_i (y_i − x);   c ← c + (|S| / N) · mean_i (c_i⁺ − c_i)
+
+Both halves live here. The gradient correction (c − c_i) enters local training as the linear loss
+term ⟨c − c_i, y⟩, whose gradient is exactly c − c_i. Client control variates live in a client-state
+store (memory or disk) touched only for sampled clients; c_i⁺ is computed on the server from the
+returned weights, the client's step count and learning rate, so nothing but the correction travels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedsim.state import ClientStateStore, make_store
+from fedsim.strategy.base import LocalTraining, Strategy
+from fedsim.types import ClientUpdate
+
+
+class ControlCorrection(LocalTraining):
+    """Client half: adds ⟨c − c_i, w⟩ to the loss so every gradient is corrected by c − c_i."""
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[nn.Parameter, torch.Tensor]] = []
+
+    def begin(self, model: nn.Module, config: dict[str, Any]) -> None:
+        correction = torch.from_numpy(np.asarray(config["scaffold_correction"], dtype=np.float32))
+        self.pieces = []
+        if correction.numel() == 0:  # first round: c = c_i = 0, nothing to correct
+            return
+        device = next(model.parameters()).device
+        offsets, offset = {}, 0
+        for name, value in model.state_dict().items():
+            if value.is_floating_point():
+                offsets[name] = (offset, value.shape)
+                offset += value.numel()
+        for name, param in model.named_parameters():
+            start, shape = offsets[name]
+            piece = correction[start : start + param.numel()].view(shape).to(device)
+            self.pieces.append((param, piece))
+
+    def loss_term(self, model: nn.Module) -> torch.Tensor | None:
+        if not self.pieces:
+            return None
+        return sum((param * piece).sum() for param, piece in self.pieces)  # type: ignore[return-value]
+
+
+class Scaffold(Strategy):
+    """Server half. ``server_lr`` is η_g; ``state_store`` is ``"memory"`` or ``"disk"`` (``state_dir``)."""
+
+    def __init__(self, *, server_lr: float = 1.0, state_store: str = "memory", state_dir: str | Path | None = None) -> None:
+        if server_lr <= 0:
+            raise ValueError(f"strategy.server_lr must be > 0 (got {server_lr})")
+        self.server_lr = server_lr
+        self.store: ClientStateStore = make_store(state_store, state_dir)
+        self.control: torch.Tensor | None = None  # c, created on first use
+        self.num_clients = 0
+
+    def local_training(self) -> LocalTraining:
+        return ControlCorrection()
+
+    def sample(self, round_num: int, num_clients: int, clients_per_round: int, rng: np.random.Generator) -> list[int]:
+        self.num_clients = num_clients  # N in the server's control update
+        return super().sample(round_num, num_clients, clients_per_round, rng)
+
+    def client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
+        if self.control is None:
+            return {"scaffold_correction": np.zeros(0, dtype=np.float32)}
+        client_control = self.store.get(client_id)
+        correction = self.control if client_control is None else self.control - client_control
+        return {"scaffold_correction": correction.numpy()}
+
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
+        control = self.control if self.control is not None else torch.zeros_like(global_params)
+        control_deltas = torch.zeros_like(global_params, dtype=torch.float64)
+        weight_deltas = torch.zeros_like(global_params, dtype=torch.float64)
+        for update in updates:
+            old = self.store.get(update.client_id)
+            old = torch.zeros_like(global_params) if old is None else old
+            steps_times_lr = update.metrics["local_steps"] * update.metrics["lr"]
+            new = old - control + (global_params - update.params) / steps_times_lr
+            self.store.put(update.client_id, new)
+            control_deltas += (new - old).double()
+            weight_deltas += (update.params - global_params).double()
+        n = len(updates)
+        self.control = (control.double() + control_deltas / max(self.num_clients, n)).float()
+        return (global_params.double() + self.server_lr * weight_deltas / n).float()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Server control variate c (client controls are in the store)."""
+        return {"control": self.control, "num_clients": self.num_clients}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.control, self.num_clients = state["control"], int(state["num_clients"])

@@ -1,0 +1,89 @@
+"""SCAFFOLD: known answers for both halves; client states persist across rounds; memory == disk."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedsim.client import Client
+from fedsim.data.federated import federate, make_clients
+from fedsim.data.partition import natural
+from fedsim.data.synthetic import synthetic
+from fedsim.executor import ProcessExecutor, SerialExecutor
+from fedsim.models import LogisticRegression
+from fedsim.server import Server
+from fedsim.strategy import ControlCorrection, FedAvg, Scaffold
+from fedsim.types import ClientUpdate
+
+
+def _update(cid: int, params: list[float], steps: float = 1.0, lr: float = 1.0) -> ClientUpdate:
+    return ClientUpdate(client_id=cid, round_num=1, params=torch.tensor(params), num_examples=1,
+                        metrics={"local_steps": steps, "lr": lr})
+
+
+def test_server_half_known_answer_over_two_rounds() -> None:
+    s = Scaffold()
+    s.sample(1, 4, 2, np.random.default_rng(0))  # N = 4 clients in the federation
+    x = torch.zeros(2)
+    # c = c_i = 0; K·lr = 1:  c1+ = (x - y1) = (-1, 0), c2+ = (0, -2)
+    x = s.aggregate(1, x, [_update(1, [1.0, 0.0]), _update(2, [0.0, 2.0])])
+    assert torch.equal(x, torch.tensor([0.5, 1.0]))  # x + mean(y - x)
+    assert torch.equal(s.store.get(1), torch.tensor([-1.0, 0.0]))
+    assert torch.equal(s.store.get(2), torch.tensor([0.0, -2.0]))
+    assert torch.equal(s.control, torch.tensor([-0.25, -0.5]))  # c + (1/N) Σ Δc_i
+    # round 2: client 1 is told c - c1 = (0.75, -0.5); a new client 3 gets c itself
+    assert np.array_equal(s.client_config(2, 1)["scaffold_correction"], np.array([0.75, -0.5], dtype=np.float32))
+    assert np.array_equal(s.client_config(2, 3)["scaffold_correction"], np.array([-0.25, -0.5], dtype=np.float32))
+    # client 1 again, K=2, lr=0.5 (K·lr = 1): c1+ = c1 - c + (x - y) = (-1,0) - (-0.25,-0.5) + (0.5-1.5, 1-1)
+    s.aggregate(2, x, [_update(1, [1.5, 1.0], steps=2, lr=0.5)])
+    assert torch.allclose(s.store.get(1), torch.tensor([-1.75, 0.5]))
+    assert s.store.get(4) is None  # never sampled, never touched
+
+
+def test_client_half_corrects_the_gradient_by_c_minus_ci() -> None:
+    model = nn.Linear(2, 1)
+    correction = np.array([1.0, -2.0, 3.0], dtype=np.float32)  # state_dict order: weight (1x2), bias (1)
+    half = ControlCorrection()
+    half.begin(model, {"scaffold_correction": correction})
+    half.loss_term(model).backward()
+    assert torch.equal(model.weight.grad, torch.tensor([[1.0, -2.0]]))
+    assert torch.equal(model.bias.grad, torch.tensor([3.0]))
+    half.begin(model, {"scaffold_correction": np.zeros(0, dtype=np.float32)})
+    assert half.loss_term(model) is None  # first round: nothing to correct
+
+
+def _run(strategy, executor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    data = federate(synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+    server = Server(
+        model_factory=functools.partial(LogisticRegression, (60,), 10),
+        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)), train_data=data.train,
+        test_data=data.test, strategy=strategy, executor=executor, num_rounds=4, clients_per_round=4, seed=5,
+    )
+    return server.run().params
+
+
+def test_client_states_persist_and_memory_equals_disk(tmp_path: Path) -> None:
+    memory = Scaffold()
+    in_memory = _run(memory, SerialExecutor())
+    disk = Scaffold(state_store="disk", state_dir=tmp_path)
+    on_disk = _run(disk, SerialExecutor())
+    assert torch.equal(in_memory, on_disk)
+    assert len(memory.store) == len(disk.store) >= 4  # every sampled client has a persisted control variate
+    assert len(list(tmp_path.glob("client-*.pt"))) == len(memory.store)
+    assert not torch.equal(in_memory, _run(FedAvg(), SerialExecutor()))  # the corrections matter
+
+
+def test_scaffold_in_worker_processes_equals_serial() -> None:
+    assert torch.equal(_run(Scaffold(), SerialExecutor()), _run(Scaffold(), ProcessExecutor(devices="cpu", workers=2)))
+
+
+def test_bad_parameters_name_the_field() -> None:
+    with pytest.raises(ValueError, match="strategy.server_lr"):
+        Scaffold(server_lr=0)
+    with pytest.raises(ValueError, match="strategy.state_store"):
+        Scaffold(state_store="cloud")
