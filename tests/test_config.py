@@ -138,7 +138,8 @@ def _check_strategy(cfg: DictConfig, option: str) -> None:
     strategy = instantiate(cfg.strategy)
     assert isinstance(strategy, Strategy)
     # seven clients: enough for the robust rules (Krum needs 2f + 3)
-    updates = [ClientUpdate(i, 1, torch.linspace(-1, 1, 5) * i, i + 1) for i in range(7)]
+    metrics = {"local_steps": 2.0, "lr": 0.1}  # what Client.fit reports (SCAFFOLD needs them)
+    updates = [ClientUpdate(i, 1, torch.linspace(-1, 1, 5) * i, i + 1, metrics=metrics) for i in range(7)]
     new = strategy.aggregate(1, torch.full((5,), 0.5), updates)
     assert new.shape == (5,) and new.dtype == torch.float32 and torch.isfinite(new).all()
     strategy.load_state_dict(strategy.state_dict())  # checkpoints round-trip

@@ -56,6 +56,20 @@ class ControlCorrection(LocalTraining):
         return sum((param * piece).sum() for param, piece in self.pieces)  # type: ignore[return-value]
 
 
+def _steps_times_lr(update: ClientUpdate) -> float:
+    """K · η_l of one client, from the metrics that :meth:`fedsim.client.Client.fit` reports."""
+    try:
+        value = float(update.metrics["local_steps"]) * float(update.metrics["lr"])
+    except KeyError as missing:
+        raise ValueError(
+            f"SCAFFOLD needs the metric {missing} in every update (fedsim.Client.fit reports local_steps and lr; "
+            "a custom fit must report them too)"
+        ) from None
+    if not value > 0:
+        raise ValueError(f"SCAFFOLD needs local_steps * lr > 0 (client {update.client_id} reported {value})")
+    return value
+
+
 class Scaffold(Strategy):
     """Server half. ``server_lr`` is η_g; ``state_store`` is ``"memory"`` or ``"disk"`` (``state_dir``)."""
 
@@ -88,7 +102,7 @@ class Scaffold(Strategy):
         for update in updates:
             old = self.store.get(update.client_id)
             old = torch.zeros_like(global_params) if old is None else old
-            steps_times_lr = update.metrics["local_steps"] * update.metrics["lr"]
+            steps_times_lr = _steps_times_lr(update)
             new = old - control + (global_params - update.params) / steps_times_lr
             self.store.put(update.client_id, new)
             control_deltas += (new - old).double()
