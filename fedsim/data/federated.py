@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedsim.client import Client
-from fedsim.data.partition import split_train_test
+from fedsim.data.local_split import split_train_test
 from fedsim.data.tensor_data import DataSplit, TensorData
 
 Partitioner = Callable[..., list[np.ndarray]]

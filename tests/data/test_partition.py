@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedsim.data import partition as P
+from fedsim.data.local_split import split_train_test
 
 
 def balanced_labels(n: int, num_classes: int = 10, seed: int = 0) -> np.ndarray:
@@ -258,7 +259,7 @@ def test_alpha_message_matches_spec():
 def test_split_train_test_partitions_each_client(sizes, test_fraction, seed):
     indices = P.iid(np.zeros(sum(sizes)), num_clients=1, seed=seed)[0] if sum(sizes) else []
     parts = np.split(np.asarray(indices, dtype=np.int64), np.cumsum(sizes)[:-1]) if sizes else []
-    train, test = P.split_train_test(parts, test_fraction, seed=seed)
+    train, test = split_train_test(parts, test_fraction, seed=seed)
     assert len(train) == len(test) == len(parts)
     for part, tr, te in zip(parts, train, test):
         assert tr.dtype == te.dtype == np.int64
@@ -271,9 +272,9 @@ def test_split_train_test_partitions_each_client(sizes, test_fraction, seed):
 
 def test_split_train_test_deterministic_and_seeded():
     parts = P.iid(np.zeros(1000), num_clients=10, seed=0)
-    a = P.split_train_test(parts, 0.25, seed=1)
-    b = P.split_train_test(parts, 0.25, seed=1)
-    c = P.split_train_test(parts, 0.25, seed=2)
+    a = split_train_test(parts, 0.25, seed=1)
+    b = split_train_test(parts, 0.25, seed=1)
+    c = split_train_test(parts, 0.25, seed=2)
     assert same(a[0], b[0]) and same(a[1], b[1])
     assert not same(a[1], c[1])
     assert [len(t) for t in a[1]] == [25] * 10
@@ -284,12 +285,12 @@ def test_split_train_test_is_fast_for_100k_clients():
 
     parts = P.iid(np.zeros(500_000), num_clients=100_000, seed=0)
     start = time.perf_counter()
-    train, test = P.split_train_test(parts, 0.2, seed=0)
+    train, test = split_train_test(parts, 0.2, seed=0)
     assert time.perf_counter() - start < 3.0
     assert sum(map(len, test)) == 100_000 and sum(map(len, train)) == 400_000
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5, float("nan")])
 def test_split_train_test_rejects_bad_fraction(bad):
-    with pytest.raises(ValueError, match="partition.test_fraction"):
-        P.split_train_test([np.arange(10)], bad, seed=0)
+    with pytest.raises(ValueError, match="client_test_fraction"):
+        split_train_test([np.arange(10)], bad, seed=0)
