@@ -114,6 +114,7 @@ class Server:
         metrics["clients/num_aggregated"] = float(len(kept))
         if round_num % self.eval_every == 0 or round_num == self.num_rounds:
             metrics.update(self.evaluate())
+            metrics.update(self.evaluate_clients(client_ids))
         metrics["time/round_s"] = time.perf_counter() - start
         return metrics
 
@@ -160,6 +161,21 @@ class Server:
         load_flat(self.model, self.params)
         result = evaluate_indices(self.model, self.test_data)
         return {"eval/loss": result["loss"], "eval/accuracy": result["accuracy"]}
+
+
+    def evaluate_clients(self, client_ids: Sequence[int]) -> dict[str, float]:
+        """Federated evaluation: the global model on the local test splits of ``client_ids``
+        (this round's sampled clients), example-weighted; empty when they hold no test data."""
+        load_flat(self.model, self.params)
+        loss_sum, correct_sum, total = 0.0, 0.0, 0
+        for cid in client_ids:
+            result = self.clients[cid].evaluate(self.model, self.train_data)
+            n = int(result["num_examples"])
+            if n:
+                loss_sum, correct_sum, total = loss_sum + result["loss"] * n, correct_sum + result["accuracy"] * n, total + n
+        if total == 0:
+            return {}
+        return {"eval/client_loss": loss_sum / total, "eval/client_accuracy": correct_sum / total}
 
 
 def _client_row(update: ClientUpdate) -> dict[str, Any]:
