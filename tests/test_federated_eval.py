@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 
 from fedsim.client import Client, evaluate_indices
 from fedsim.data.federated import federate, make_clients
@@ -32,7 +33,7 @@ def test_client_metrics_are_the_example_weighted_mean_over_sampled_clients() -> 
     sampled = [0, 2, 5]
     expected_correct = expected_n = 0.0
     for cid in sampled:
-        result = evaluate_indices(server.model, server.train_data, __import__("torch").from_numpy(server.clients[cid].test_indices))
+        result = evaluate_indices(server.model, server.train_data, torch.from_numpy(server.clients[cid].test_indices))
         expected_correct += result["accuracy"] * result["num_examples"]
         expected_n += result["num_examples"]
     assert expected_n > 0
