@@ -138,10 +138,14 @@ class Server:
         return updates
 
     def _aggregate(self, round_num: int, updates: list[ClientUpdate]) -> torch.Tensor:
+        name = type(self.strategy).__name__
         try:
-            return self.strategy.aggregate(round_num, self.params, updates)
+            new = self.strategy.aggregate(round_num, self.params, updates)
         except ValueError as error:  # e.g. too few survivors for a robust rule
-            raise RoundFailedError(f"round {round_num}: {type(self.strategy).__name__} could not aggregate: {error}") from error
+            raise RoundFailedError(f"round {round_num}: {name} could not aggregate: {error}") from error
+        if not isinstance(new, torch.Tensor) or new.shape != self.params.shape:
+            raise RoundFailedError(f"round {round_num}: {name}.aggregate must return a tensor of shape {tuple(self.params.shape)}")
+        return new.to(self.params.dtype)
 
     def _reject_bad_updates(self, round_num: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
         """Drop updates that do not fit the global model (shape, dtype, non-finite values, bad counts)."""

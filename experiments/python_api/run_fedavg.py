@@ -47,7 +47,7 @@ class SmoothedClippedClient(Client):
 
     def train_step(self, model, optimizer, x, y) -> float:
         optimizer.zero_grad(set_to_none=True)
-        loss = self.loss(model, x, y)
+        loss = self.objective(model, x, y)  # loss + the strategy's client-side term, if any
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
         optimizer.step()

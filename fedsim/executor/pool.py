@@ -122,6 +122,8 @@ def launch_worker(ctx: SpawnContext, index: int, device: str, threads: int, work
 def check_sendable(workload: Workload) -> None:
     """Fail before any training if a piece of the workload cannot reach a spawned worker."""
     pieces: dict[str, object] = {"the model factory": workload.model_factory}
+    if workload.local is not None:
+        pieces[f"the strategy's client half {type(workload.local).__qualname__}"] = workload.local
     for client in workload.clients:
         pieces.setdefault(f"client class {type(client).__qualname__}", client)
         if len(pieces) > 8:

@@ -71,7 +71,11 @@ def _steps_times_lr(update: ClientUpdate) -> float:
 
 
 class Scaffold(Strategy):
-    """Server half. ``server_lr`` is η_g; ``state_store`` is ``"memory"`` or ``"disk"`` (``state_dir``)."""
+    """Server half. ``server_lr`` is η_g; ``state_store`` is ``"memory"`` or ``"disk"`` (``state_dir``).
+
+    Option II assumes plain SGD on the clients (K steps of learning rate η_l); with momentum or an
+    adaptive client optimizer the control update is only an approximation.
+    """
 
     def __init__(self, *, server_lr: float = 1.0, state_store: str = "memory", state_dir: str | Path | None = None) -> None:
         if server_lr <= 0:
@@ -113,7 +117,8 @@ class Scaffold(Strategy):
 
     def state_dict(self) -> dict[str, Any]:
         """Server control variate c (client controls are in the store)."""
-        return {"control": self.control, "num_clients": self.num_clients}
+        control = None if self.control is None else self.control.clone()
+        return {"control": control, "num_clients": self.num_clients}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.control, self.num_clients = state["control"], int(state["num_clients"])
