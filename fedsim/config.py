@@ -35,6 +35,9 @@ class RunSchema:
     eval_every: int = 1
     client_test_fraction: float = 0.2
     min_success_fraction: float = 1.0
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 3
+    resume: Any = None
     data: Any = field(default_factory=dict)
     partition: Any = field(default_factory=dict)
     model: Any = field(default_factory=dict)
@@ -76,6 +79,9 @@ def _validate_run(cfg: DictConfig) -> None:
     _require(cfg.eval_every >= 1, "eval_every", "must be >= 1", cfg.eval_every)
     _require(0 <= cfg.client_test_fraction < 1, "client_test_fraction", "must be in [0, 1)", cfg.client_test_fraction)
     _require(0 < cfg.min_success_fraction <= 1, "min_success_fraction", "must be in (0, 1]", cfg.min_success_fraction)
+    _require(cfg.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0: only at the end)", cfg.checkpoint_every)
+    _require(cfg.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1", cfg.keep_checkpoints)
+    _require(cfg.resume is None or isinstance(cfg.resume, (bool, str)), "resume", "must be true, false or a path", cfg.resume)
 
 
 def _validate_client(client: DictConfig) -> None:

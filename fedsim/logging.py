@@ -43,6 +43,23 @@ class RunLogger:
 
                 self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
 
+    def restore(self, history: list[dict[str, Any]], next_round: int) -> None:
+        """Continue a resumed run: ``metrics.jsonl`` is rewritten to exactly ``history``, and TensorBoard
+        drops whatever an interrupted run had logged from ``next_round`` on (``purge_step``), so every
+        tag keeps exactly one value per round."""
+        self.history = [dict(record) for record in history]
+        if self._jsonl is not None:
+            self._jsonl.seek(0)
+            self._jsonl.truncate()
+            for record in self.history:
+                self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.flush()
+        if self._writer is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer.close()
+            self._writer = SummaryWriter(log_dir=self._writer.log_dir, purge_step=next_round)
+
     def rounds(self, first: int, last: int) -> Iterator[int]:
         """Iterate rounds ``first..last`` under a progress bar; log lines go above the bar."""
         with logging_redirect_tqdm(loggers=[logging.getLogger()]):

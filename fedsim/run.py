@@ -22,6 +22,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from fedsim.checkpoint import CheckpointError
 from fedsim.config import ConfigError, register_schema, to_yaml, validate
 from fedsim.data.federated import FederatedData, federate, make_clients
 from fedsim.logging import RunLogger
@@ -71,8 +72,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         _instantiate(cfg.model), input_shape=data.train.input_shape, num_classes=data.train.num_classes
     )
     logger = RunLogger(run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress)
-    logger.log_config(to_yaml(cfg))
-    return Server(
+    server = Server(
         model_factory=model_factory,
         clients=clients,
         train_data=data.train,
@@ -86,7 +86,17 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         min_success_fraction=cfg.min_success_fraction,
         stragglers=Stragglers(fraction=cfg.stragglers.fraction, epochs=cfg.stragglers.epochs, seed=cfg.seed),
         logger=logger,
+        checkpoint_dir=Path(run_dir) / "checkpoints" if run_dir is not None else None,
+        checkpoint_every=cfg.checkpoint_every,
+        keep_checkpoints=cfg.keep_checkpoints,
     )
+    if cfg.resume not in (None, False):
+        if cfg.resume is True and run_dir is None:
+            raise ConfigError("resume=true needs a run directory; pass resume=<checkpoint or run directory>")
+        server.resume(run_dir if cfg.resume is True else cfg.resume)
+    else:
+        logger.log_config(to_yaml(cfg))
+    return server
 
 
 def run_config(cfg: DictConfig, run_dir: str | Path | None = None) -> RunResult:
@@ -117,28 +127,40 @@ def _hydra_main(cfg: DictConfig) -> None:
     run_dir = HydraConfig.get().runtime.output_dir
     try:
         server = build_server(cfg, run_dir)
-    except (ValueError, FileNotFoundError) as error:  # ConfigError is a ValueError
+    except (ValueError, FileNotFoundError, CheckpointError) as error:  # ConfigError is a ValueError
         print(f"fedsim: error: {error}", file=sys.stderr)
         sys.exit(2)
     start = time.perf_counter()
-    signal.signal(signal.SIGTERM, _interrupt)
+    _stop_on_signals(server)
     try:
         result = server.run()
     except RoundFailedError as error:
         print(f"fedsim: error: {error}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
-        print("fedsim: interrupted; workers stopped", file=sys.stderr)
+        print("fedsim: interrupted; workers stopped (no checkpoint for the unfinished round)", file=sys.stderr)
         sys.exit(130)
-    summary = summarize(result, time.perf_counter() - start)
+    summary = {**summarize(result, time.perf_counter() - start), "finished": not result.stopped_early}
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    if result.stopped_early:
+        print(f"fedsim: interrupted: stopped after round {summary['rounds']}, checkpoint in {run_dir}/checkpoints; "
+              f"continue with resume={run_dir}", file=sys.stderr)
+        sys.exit(130)
     print(f"final test accuracy: {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f}, "
           f"{summary['rounds']} rounds, {summary['wall_time_s']:.1f} s) -> {run_dir}")
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    """SIGTERM takes the same path as Ctrl-C: unwind, stop the workers, exit."""
-    raise KeyboardInterrupt
+def _stop_on_signals(server: Server) -> None:
+    """First Ctrl-C / SIGTERM: finish the round, checkpoint, exit. A second one: abort at once."""
+
+    def handle(signum: int, frame: object) -> None:
+        if server.stop_requested:
+            raise KeyboardInterrupt
+        print("fedsim: stopping after the current round (signal again to abort now)", file=sys.stderr)
+        server.request_stop()
+
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
 
 
 def main() -> None:

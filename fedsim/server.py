@@ -7,11 +7,14 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from fedsim.checkpoint import CheckpointError, save_checkpoint
+from fedsim.checkpoint import resolve as resolve_checkpoint
 from fedsim.client import Client, evaluate_indices
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
@@ -37,6 +40,7 @@ class RunResult:
     params: torch.Tensor
     model: nn.Module
     history: list[dict[str, Any]] = field(default_factory=list)
+    stopped_early: bool = False
 
 
 class Server:
@@ -65,6 +69,9 @@ class Server:
         min_success_fraction: float = 1.0,
         stragglers: Stragglers | None = None,
         logger: RunLogger | None = None,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int = 0,
+        keep_checkpoints: int = 3,
     ) -> None:
         if num_rounds < 1 or eval_every < 1:
             raise ValueError(f"num_rounds and eval_every must be >= 1 (got {num_rounds}, {eval_every})")
@@ -81,21 +88,80 @@ class Server:
             torch.manual_seed(init_seed(seed))
             self.model = model_factory()
         self.params = flatten(self.model)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.checkpoint_every, self.keep_checkpoints = checkpoint_every, keep_checkpoints
+        self.start_round, self.stopped_early = 1, False
+        self._stop_requested = False
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
+    def request_stop(self) -> None:
+        """Finish the current round, write a checkpoint and return from :meth:`run` (safe from a signal handler)."""
+        self._stop_requested = True
 
     def run(self) -> RunResult:
-        """Run every round and return the final model; workers are released even on error."""
+        """Run the remaining rounds and return the final model; workers are released even on error.
+
+        A checkpoint is written every ``checkpoint_every`` rounds (0: never in between), at the end,
+        and when a stop was requested.
+        """
         workload = Workload(
             self.model_factory, self.clients, self.train_data, log_dir=self.logger.run_dir, local=self.strategy.local_training()
         )
         self.executor.start(workload)
         try:
-            for round_num in self.logger.rounds(1, self.num_rounds):
+            for round_num in self.logger.rounds(self.start_round, self.num_rounds):
                 self.logger.log_round(round_num, self.run_round(round_num))
+                self.stopped_early = self._stop_requested and round_num < self.num_rounds
+                if self._checkpoint_due(round_num):
+                    self.save_checkpoint(round_num)
+                if self.stopped_early:
+                    break
         finally:
             self.executor.close()
             self.logger.close()
         load_flat(self.model, self.params)
-        return RunResult(params=self.params, model=self.model, history=self.logger.history)
+        return RunResult(params=self.params, model=self.model, history=self.logger.history, stopped_early=self.stopped_early)
+
+    def _checkpoint_due(self, round_num: int) -> bool:
+        if self.checkpoint_dir is None:
+            return False
+        periodic = self.checkpoint_every > 0 and round_num % self.checkpoint_every == 0
+        return periodic or round_num == self.num_rounds or self.stopped_early
+
+    def state_dict(self, round_num: int) -> dict[str, Any]:
+        """Everything a resumed run needs after ``round_num``. Sampling, task seeds and stragglers are
+        pure functions of (seed, round), so the round number stands for every random state."""
+        return {
+            "round": round_num,
+            "params": self.params.clone(),
+            "strategy": self.strategy.state_dict(),
+            "history": self.logger.history,
+            "fingerprint": self._fingerprint(),
+        }
+
+    def _fingerprint(self) -> dict[str, int]:
+        return {"seed": self.seed, "num_clients": len(self.clients), "clients_per_round": self.clients_per_round, "num_params": self.params.numel()}
+
+    def save_checkpoint(self, round_num: int) -> Path:
+        assert self.checkpoint_dir is not None
+        path = save_checkpoint(self.checkpoint_dir, round_num, self.state_dict(round_num), keep=self.keep_checkpoints)
+        log.info("round %d: checkpoint %s", round_num, path)
+        return path
+
+    def resume(self, target: str | Path) -> Path:
+        """Continue from a checkpoint file, a checkpoints directory or a run directory (newest good checkpoint)."""
+        path, state = resolve_checkpoint(target)
+        if state.get("fingerprint") != self._fingerprint():
+            raise CheckpointError(f"{path} belongs to another run setup: {state.get('fingerprint')} != {self._fingerprint()}")
+        self.params = state["params"].to(self.params.dtype)
+        self.strategy.load_state_dict(state["strategy"])
+        self.start_round = int(state["round"]) + 1
+        self.logger.restore(state["history"], self.start_round)
+        log.info("resumed from %s: continuing at round %d", path, self.start_round)
+        return path
 
     def run_round(self, round_num: int) -> dict[str, float]:
         """One round; returns its metrics. Updates ``self.params`` unless no client succeeded."""

@@ -31,6 +31,14 @@ class MemoryStateStore:
     def __len__(self) -> int:
         return len(self._states)
 
+    def snapshot(self) -> dict[int, torch.Tensor]:
+        """Every stored state (for checkpoints)."""
+        return {cid: state.clone() for cid, state in self._states.items()}
+
+    def restore(self, states: dict[int, torch.Tensor]) -> None:
+        """Replace the whole store with ``states`` (from a checkpoint)."""
+        self._states = {int(cid): state.clone() for cid, state in states.items()}
+
 
 class DiskStateStore:
     """Client states as ``<directory>/client-<id>.pt`` files; ``directory=None`` uses a fresh temporary one."""
@@ -64,6 +72,19 @@ class DiskStateStore:
 
     def __len__(self) -> int:
         return sum(1 for _ in self.directory.glob("client-*.pt"))
+
+    def snapshot(self) -> dict[int, torch.Tensor]:
+        """Every stored state (for checkpoints; this reads every file)."""
+        return {int(p.stem.split("-")[1]): torch.load(p, map_location="cpu", weights_only=True) for p in self.directory.glob("client-*.pt")}
+
+    def restore(self, states: dict[int, torch.Tensor]) -> None:
+        """Replace the whole store with ``states``: files of clients not in ``states`` are removed, so a
+        resumed run does not see states written after its checkpoint."""
+        for path in self.directory.glob("client-*.pt"):
+            if int(path.stem.split("-")[1]) not in states:
+                path.unlink()
+        for cid, state in states.items():
+            self.put(int(cid), state)
 
 
 ClientStateStore = MemoryStateStore | DiskStateStore

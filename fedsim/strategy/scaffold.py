@@ -116,9 +116,10 @@ class Scaffold(Strategy):
         return (global_params.double() + self.server_lr * weight_deltas / n).float()
 
     def state_dict(self) -> dict[str, Any]:
-        """Server control variate c (client controls are in the store)."""
+        """Server control variate c, N, and every client's control variate (from the store)."""
         control = None if self.control is None else self.control.clone()
-        return {"control": control, "num_clients": self.num_clients}
+        return {"control": control, "num_clients": self.num_clients, "client_states": self.store.snapshot()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.control, self.num_clients = state["control"], int(state["num_clients"])
+        self.store.restore(state.get("client_states", {}))

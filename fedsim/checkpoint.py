@@ -1,0 +1,118 @@
+"""Checkpoints: atomic writes, verified loads, fallback to the last good one.
+
+A checkpoint file is ``MAGIC | sha256(body) | body`` where ``body`` is a ``torch.save`` of a dict of
+tensors and plain values. Writing goes to a temporary file in the same directory, is fsynced and
+renamed into place, so a crash leaves either the old set of checkpoints or the new one, never a half
+file under a checkpoint's name. Loading verifies the checksum first and then unpickles with
+``weights_only=True``, so a corrupt file is detected and a tampered one can never run code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MAGIC = b"FEDSIMCK1\n"
+_DIGEST = 32
+log = logging.getLogger("fedsim")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used (missing, corrupt, tampered or from another run)."""
+
+
+def checkpoint_path(directory: Path, round_num: int) -> Path:
+    return directory / f"round-{round_num:06d}.ckpt"
+
+
+def save_checkpoint(directory: str | Path, round_num: int, state: dict[str, Any], *, keep: int = 3) -> Path:
+    """Write ``state`` as the checkpoint of ``round_num`` and keep only the newest ``keep`` checkpoints."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    body = buffer.getvalue()
+    path = checkpoint_path(directory, round_num)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(MAGIC + hashlib.sha256(body).digest() + body)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        _fsync_directory(directory)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Verify and load one checkpoint; :class:`CheckpointError` names the file and the problem."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror}") from None
+    if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _DIGEST:
+        raise CheckpointError(f"{path} is not a fedsim checkpoint (or is truncated)")
+    digest, body = data[len(MAGIC) : len(MAGIC) + _DIGEST], data[len(MAGIC) + _DIGEST :]
+    if hashlib.sha256(body).digest() != digest:
+        raise CheckpointError(f"{path} is corrupt: its checksum does not match its contents")
+    try:
+        return torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, AttributeError, EOFError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"refusing to load {path}: it holds something other than tensors and plain values ({first_line})") from None
+
+
+def list_checkpoints(directory: str | Path) -> list[Path]:
+    """Checkpoint files in ``directory``, oldest round first."""
+    directory = Path(directory)
+    return sorted(directory.glob("round-*.ckpt")) if directory.is_dir() else []
+
+
+def load_latest(directory: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint that verifies; a bad newer one is skipped with a warning."""
+    candidates = list_checkpoints(directory)
+    if not candidates:
+        raise CheckpointError(f"no checkpoint (round-*.ckpt) under {directory}")
+    problems = []
+    for path in reversed(candidates):
+        try:
+            return path, load_checkpoint(path)
+        except CheckpointError as error:
+            log.warning("skipping checkpoint: %s", error)
+            problems.append(str(error))
+    raise CheckpointError(f"no usable checkpoint under {directory}: {problems[0]}")
+
+
+def resolve(target: str | Path) -> tuple[Path, dict[str, Any]]:
+    """A checkpoint file, a checkpoints directory or a run directory (holding ``checkpoints/``)."""
+    target = Path(target)
+    if target.is_file():
+        return target, load_checkpoint(target)
+    if (target / "checkpoints").is_dir():
+        target = target / "checkpoints"
+    return load_latest(target)
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

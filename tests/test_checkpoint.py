@@ -1,0 +1,152 @@
+"""Checkpoints: atomic, verified, tamper-proof; a killed run resumes to exactly the uninterrupted result."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedsim.checkpoint import MAGIC, CheckpointError, list_checkpoints, load_checkpoint, load_latest, save_checkpoint
+
+TIME_KEYS = {"time/round_s"}
+
+
+def test_round_trip_keeps_the_newest_and_leaves_no_temporaries(tmp_path: Path) -> None:
+    for r in range(1, 6):
+        save_checkpoint(tmp_path, r, {"round": r, "params": torch.full((3,), float(r)), "history": [{"a": 1.0, "b": None}]}, keep=2)
+    assert [p.name for p in tmp_path.iterdir()] and sorted(p.name for p in tmp_path.iterdir()) == ["round-000004.ckpt", "round-000005.ckpt"]
+    path, state = load_latest(tmp_path)
+    assert path.name == "round-000005.ckpt" and torch.equal(state["params"], torch.full((3,), 5.0))
+    assert state["history"] == [{"a": 1.0, "b": None}]
+
+
+def test_a_truncated_latest_checkpoint_falls_back_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    for r in (1, 2):
+        save_checkpoint(tmp_path, r, {"round": r})
+    latest = list_checkpoints(tmp_path)[-1]
+    latest.write_bytes(latest.read_bytes()[:-7])
+    with caplog.at_level(logging.WARNING, logger="fedsim"):
+        path, state = load_latest(tmp_path)
+    assert state["round"] == 1 and "corrupt" in caplog.text
+
+
+class Payload:
+    """An arbitrary object: a checkpoint holding one must never be unpickled."""
+
+
+def test_a_tampered_checkpoint_is_refused(tmp_path: Path) -> None:
+    import hashlib
+
+    body = io.BytesIO()
+    torch.save({"round": 1, "evil": Payload()}, body)
+    data = body.getvalue()
+    forged = tmp_path / "round-000001.ckpt"
+    forged.write_bytes(MAGIC + hashlib.sha256(data).digest() + data)  # a valid checksum over a pickled object
+    with pytest.raises(CheckpointError, match="refusing to load .* other than tensors"):
+        load_checkpoint(forged)
+    good = save_checkpoint(tmp_path, 2, {"round": 2})
+    raw = bytearray(good.read_bytes())
+    raw[-3] ^= 0xFF
+    good.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="checksum"):
+        load_checkpoint(good)
+    (tmp_path / "x.ckpt").write_text("hello")
+    with pytest.raises(CheckpointError, match="not a fedsim checkpoint"):
+        load_checkpoint(tmp_path / "x.ckpt")
+
+
+# --- end to end through the CLI ----------------------------------------------------------------
+
+ROUNDS = 30
+
+
+def _cli(run_dir: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "fedsim", f"num_rounds={ROUNDS}", "checkpoint_every=1", "logger.progress=false",
+            f"hydra.run.dir={run_dir}", *overrides]
+
+
+def _final_params(run_dir: Path) -> torch.Tensor:
+    return load_latest(run_dir / "checkpoints")[1]["params"]
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIME_KEYS} for r in records]
+
+
+def _wait_for_rounds(run_dir: Path, rounds: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    path = run_dir / "metrics.jsonl"
+    while not (path.exists() and len(path.read_text().splitlines()) >= rounds):
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        assert time.monotonic() < deadline, "timed out waiting for rounds"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    runs = {}
+    for strategy in ("scaffold", "fedadam"):
+        run_dir = tmp_path_factory.mktemp(f"full-{strategy}")
+        subprocess.run(_cli(run_dir, f"strategy={strategy}"), check=True, capture_output=True, timeout=300)
+        runs[strategy] = run_dir
+    return runs
+
+
+@pytest.mark.parametrize(("strategy", "kill_after"), [("scaffold", 3), ("fedadam", 11)])
+def test_sigkilled_run_resumes_bitwise(strategy: str, kill_after: int, tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
+    proc = subprocess.Popen(_cli(tmp_path, f"strategy={strategy}"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_rounds(tmp_path, kill_after, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert len(_metrics(tmp_path)) < ROUNDS
+    done = subprocess.run(_cli(tmp_path, f"strategy={strategy}", "resume=true"), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    full = uninterrupted[strategy]
+    assert torch.equal(_final_params(tmp_path), _final_params(full))
+    assert _metrics(tmp_path) == _metrics(full)
+    _assert_one_value_per_round(tmp_path)
+
+
+def _assert_one_value_per_round(run_dir: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0}).Reload()
+    for tag in ("train/loss", "eval/accuracy", "clients/num_sampled"):
+        steps = [e.step for e in events.Scalars(tag)]
+        assert steps == list(range(1, ROUNDS + 1)), (tag, steps)
+
+
+def test_sigint_stops_at_a_safe_point_and_resume_finishes(tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
+    proc = subprocess.Popen(_cli(tmp_path, "strategy=scaffold", "checkpoint_every=0"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for_rounds(tmp_path, 4, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "resume=" in err
+    stopped_at = len(_metrics(tmp_path))
+    assert load_latest(tmp_path / "checkpoints")[1]["round"] == stopped_at < ROUNDS
+    done = subprocess.run(_cli(tmp_path, "strategy=scaffold", f"resume={tmp_path}"), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert torch.equal(_final_params(tmp_path), _final_params(uninterrupted["scaffold"]))
+
+
+def test_resume_errors_are_one_line(tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
+    nothing = subprocess.run(_cli(tmp_path, "resume=true"), capture_output=True, text=True, timeout=120)
+    assert nothing.returncode == 2 and nothing.stderr.strip().startswith("fedsim: error: no checkpoint")
+    assert len(nothing.stderr.strip().splitlines()) == 1
+    other = subprocess.run(_cli(tmp_path / "b", "strategy=scaffold", "clients_per_round=5", f"resume={uninterrupted['scaffold']}"),
+                           capture_output=True, text=True, timeout=120)
+    assert other.returncode == 2 and "belongs to another run setup" in other.stderr
