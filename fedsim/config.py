@@ -7,7 +7,7 @@ and raises :class:`ConfigError` with one line that names the field and what to d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -23,6 +23,14 @@ class StragglerSchema:
 
     fraction: float = 0.0
     epochs: int = 1
+
+
+@dataclass
+class EarlyStopSchema:
+    """Optional early stop on the centralized test accuracy."""
+
+    target_accuracy: Optional[float] = None
+    patience: Optional[int] = None
 
 
 @dataclass
@@ -46,6 +54,7 @@ class RunSchema:
     executor: Any = field(default_factory=dict)
     logger: Any = field(default_factory=dict)
     stragglers: StragglerSchema = field(default_factory=lambda: StragglerSchema())
+    early_stop: EarlyStopSchema = field(default_factory=lambda: EarlyStopSchema())
 
 
 def register_schema() -> None:
@@ -69,6 +78,9 @@ def validate(cfg: DictConfig) -> None:
     _validate_client(cfg.client)
     _require(0 <= cfg.stragglers.fraction <= 1, "stragglers.fraction", "must be in [0, 1]", cfg.stragglers.fraction)
     _require(cfg.stragglers.epochs >= 1, "stragglers.epochs", "must be >= 1", cfg.stragglers.epochs)
+    target, patience = cfg.early_stop.target_accuracy, cfg.early_stop.patience
+    _require(target is None or 0 < target <= 1, "early_stop.target_accuracy", "must be in (0, 1] or null", target)
+    _require(patience is None or patience >= 1, "early_stop.patience", "must be >= 1 or null", patience)
     _validate_data_and_partition(cfg)
 
 

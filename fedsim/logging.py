@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -30,6 +31,7 @@ class RunLogger:
     def __init__(self, run_dir: str | Path | None = None, *, tensorboard: bool = True, progress: bool | None = None) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.progress = progress
+        self._tensorboard = tensorboard
         self.history: list[dict[str, Any]] = []
         self._clients: list[dict[str, Any]] = []
         self._writer = None
@@ -86,11 +88,32 @@ class RunLogger:
         client training losses, into TensorBoard (``client/train_loss``).
         """
         self._clients = rows
-        losses = [r["train_loss"] for r in rows if r.get("train_loss") is not None and math.isfinite(r["train_loss"])]
-        if self._writer is not None and losses:
-            import numpy as np
+        if self._writer is None:
+            return
+        for key in ("train_loss", "update_norm"):
+            values = [r[key] for r in rows if r.get(key) is not None and math.isfinite(r[key])]
+            if values:
+                self._writer.add_histogram(f"client/{key}", np.asarray(values), round_num)
 
-            self._writer.add_histogram("client/train_loss", np.asarray(losses), round_num)
+    def log_label_distribution(self, label_counts: np.ndarray) -> None:
+        """The partition at round 0 as an image: one row per client (at most 200), one column per class,
+        brightness = share of the client's examples in that class."""
+        if self._writer is None or label_counts.size == 0:
+            return
+        counts = label_counts[:200].astype(np.float64)
+        shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
+        image = np.kron(shares, np.ones((4, 8)))  # enlarge each cell to 4x8 pixels
+        self._writer.add_image("data/label_distribution", image[None].astype(np.float32), 0, dataformats="CHW")
+
+    def log_hparams(self, hparams: dict[str, Any], results: dict[str, Any]) -> None:
+        """Fill TensorBoard's HParams dashboard with this run's settings and final metrics."""
+        if self.run_dir is None or self._tensorboard is False:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        metrics = {f"hparam/{k}": float(v) for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        with SummaryWriter(log_dir=str(self.run_dir / "tensorboard")) as writer:
+            writer.add_hparams(_scalar_hparams(hparams), metrics, run_name="hparams")
 
     def log_round(self, round_num: int, metrics: dict[str, float]) -> None:
         """Record one round's scalars everywhere; print a line when the round was evaluated."""
@@ -127,6 +150,22 @@ class RunLogger:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, trace: TracebackType | None) -> None:
         self.close()
+
+
+def process_rss_mb() -> float:
+    """Resident memory of this process in MiB (Linux ``/proc``; NaN elsewhere)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.nan
+
+
+def _scalar_hparams(hparams: dict[str, Any]) -> dict[str, Any]:
+    """Keep what the HParams plugin can show: numbers, booleans and strings."""
+    return {k: v for k, v in hparams.items() if isinstance(v, (int, float, bool, str))}
 
 
 def _plain(value: float) -> float | int | None:

@@ -16,7 +16,7 @@ import math
 import re
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,9 +54,6 @@ class ConfigStats:
     wall_time_s: float | None
 
 
-# ---------------------------------------------------------------- loading
-
-
 def find_run_dirs(root: Path) -> list[Path]:
     """Every directory at or under ``root`` holding ``metrics.jsonl``, in job order (``2_`` before ``10_``)."""
     if not root.is_dir():
@@ -81,19 +78,12 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _read_yaml(path: Path) -> Any:
+def _read(path: Path, load: Callable[[str], Any]) -> Any:
+    """``load`` of the file's text; ``None`` if it is missing or unreadable."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+        return load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):  # JSONDecodeError is a ValueError
         return None
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def split_seed(overrides: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
@@ -111,7 +101,7 @@ def split_seed(overrides: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
 def run_overrides(run_dir: Path, root: Path) -> list[str]:
     """The run's Hydra overrides; without ``.hydra/overrides.yaml``, parsed from a sweep subdir name
     (``3_seed=1,strategy=fedprox``); a name without ``=`` (a timestamp) stands for itself."""
-    overrides = _read_yaml(run_dir / ".hydra" / "overrides.yaml")
+    overrides = _read(run_dir / ".hydra" / "overrides.yaml", yaml.safe_load)
     if isinstance(overrides, list):
         return [str(o) for o in overrides]
     name = re.sub(r"^\d+_", "", run_dir.name)
@@ -124,11 +114,12 @@ def load_run(run_dir: Path, root: Path) -> Run:
     """Read one run directory (``metrics.jsonl``, optional ``summary.json`` and ``.hydra/``)."""
     records = read_metrics(run_dir / "metrics.jsonl")
     config, seed = split_seed(run_overrides(run_dir, root))
-    hydra_cfg = _read_yaml(run_dir / ".hydra" / "config.yaml")
+    hydra_cfg = _read(run_dir / ".hydra" / "config.yaml", yaml.safe_load)
     hydra_cfg = hydra_cfg if isinstance(hydra_cfg, dict) else {}
     if seed is None and "seed" in hydra_cfg:
         seed = str(hydra_cfg["seed"])
-    summary = _read_json(run_dir / "summary.json")
+    summary = _read(run_dir / "summary.json", json.loads)
+    summary = summary if isinstance(summary, dict) else None
     rounds = max((int(r["round"]) for r in records), default=0)
     expected = hydra_cfg.get("num_rounds")
     finished = summary is not None and (not isinstance(expected, int) or rounds >= expected)
@@ -143,9 +134,6 @@ def load_run(run_dir: Path, root: Path) -> Run:
 def load_runs(root: Path) -> list[Run]:
     """Every run under ``root`` (see :func:`find_run_dirs`)."""
     return [load_run(path, root) for path in find_run_dirs(root)]
-
-
-# ---------------------------------------------------------------- aggregation
 
 
 def group_runs(runs: Sequence[Run]) -> dict[tuple[str, ...], list[Run]]:
@@ -199,9 +187,6 @@ def labels(configs: Sequence[tuple[str, ...]]) -> tuple[dict[tuple[str, ...], st
     common = sorted(set.intersection(*(set(c) for c in configs))) if len(configs) > 1 else []
     short = {c: ",".join(o for o in c if o not in common) or ",".join(c) or "(defaults)" for c in configs}
     return short, common
-
-
-# ---------------------------------------------------------------- output
 
 
 def _pm(pair: tuple[float | None, float | None]) -> str:
@@ -291,9 +276,6 @@ def unfinished_lines(runs: Sequence[Run], root: Path) -> list[str]:
     """One line per run that has not finished."""
     return [f"unfinished: {r.path.relative_to(root) if r.path != root else r.path} ({r.rounds} rounds logged"
             f"{'' if (r.path / 'summary.json').exists() else ', no summary.json'})" for r in runs if not r.finished]
-
-
-# ---------------------------------------------------------------- command line
 
 
 def _fraction(text: str) -> float:

@@ -20,10 +20,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
 
 from fedsim.checkpoint import CheckpointError
 from fedsim.config import ConfigError, register_schema, to_yaml, validate
+from fedsim.early_stop import EarlyStop
 from fedsim.data.federated import FederatedData, federate, make_clients
 from fedsim.logging import RunLogger
 from fedsim.seeding import partition_seed
@@ -72,6 +74,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         _instantiate(cfg.model), input_shape=data.train.input_shape, num_classes=data.train.num_classes
     )
     logger = RunLogger(run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress)
+    logger.log_label_distribution(label_counts(data))
     server = Server(
         model_factory=model_factory,
         clients=clients,
@@ -89,6 +92,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         checkpoint_dir=Path(run_dir) / "checkpoints" if run_dir is not None else None,
         checkpoint_every=cfg.checkpoint_every,
         keep_checkpoints=cfg.keep_checkpoints,
+        early_stop=EarlyStop(cfg.early_stop.target_accuracy, cfg.early_stop.patience),
     )
     if cfg.resume not in (None, False):
         if cfg.resume is True and run_dir is None:
@@ -99,15 +103,46 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
     return server
 
 
+def label_counts(data: FederatedData, max_clients: int = 200) -> np.ndarray:
+    """Examples per class of the first ``max_clients`` clients' training parts (clients × classes)."""
+    labels = data.train.labels
+    return np.stack([
+        np.bincount(labels[idx], minlength=data.train.num_classes) for idx in data.client_train[:max_clients]
+    ]) if data.num_clients else np.zeros((0, data.train.num_classes))
+
+
+def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
+    """The run's settings as dotted keys (e.g. ``client.optimizer.lr``) for TensorBoard's HParams dashboard."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return flat
+
+
 def run_config(cfg: DictConfig, run_dir: str | Path | None = None) -> RunResult:
     """Build and run one configuration; writes ``summary.json`` into ``run_dir`` when given."""
     start = time.perf_counter()
-    result = build_server(cfg, run_dir).run()
-    summary = summarize(result, time.perf_counter() - start)
-    if run_dir is not None:
-        (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    server = build_server(cfg, run_dir)
+    result = server.run()
+    summary = record_summary(server, result, cfg, run_dir, time.perf_counter() - start)
     log.info("final test accuracy %.4f after %d rounds (%.1f s)", summary["final_accuracy"] or float("nan"), summary["rounds"], summary["wall_time_s"])
     return result
+
+
+def record_summary(server: Server, result: RunResult, cfg: DictConfig, run_dir: str | Path | None, wall_time_s: float) -> dict[str, Any]:
+    """Write ``summary.json`` and the HParams entry of a run that ended (completed, stopped early or interrupted)."""
+    summary = {**summarize(result, wall_time_s), "finished": not result.stopped_early, "stop_reason": result.stop_reason}
+    if run_dir is not None:
+        (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        server.logger.log_hparams(flat_hparams(cfg), summary)
+    return summary
 
 
 def summarize(result: RunResult, wall_time_s: float) -> dict[str, float | int | None]:
@@ -140,8 +175,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     except KeyboardInterrupt:
         print("fedsim: interrupted; workers stopped (no checkpoint for the unfinished round)", file=sys.stderr)
         sys.exit(130)
-    summary = {**summarize(result, time.perf_counter() - start), "finished": not result.stopped_early}
-    (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    summary = record_summary(server, result, cfg, run_dir, time.perf_counter() - start)
     if result.stopped_early:
         print(f"fedsim: interrupted: stopped after round {summary['rounds']}, checkpoint in {run_dir}/checkpoints; "
               f"continue with resume={run_dir}", file=sys.stderr)

@@ -18,7 +18,8 @@ from fedsim.checkpoint import resolve as resolve_checkpoint
 from fedsim.client import Client, evaluate_indices
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
-from fedsim.logging import RunLogger
+from fedsim.early_stop import EarlyStop
+from fedsim.logging import RunLogger, process_rss_mb
 from fedsim.params import flatten, load_flat
 from fedsim.seeding import init_seed, sampling_rng, task_seed
 from fedsim.stragglers import Stragglers
@@ -41,6 +42,7 @@ class RunResult:
     model: nn.Module
     history: list[dict[str, Any]] = field(default_factory=list)
     stopped_early: bool = False
+    stop_reason: str = "completed"
 
 
 class Server:
@@ -72,6 +74,7 @@ class Server:
         checkpoint_dir: str | Path | None = None,
         checkpoint_every: int = 0,
         keep_checkpoints: int = 3,
+        early_stop: EarlyStop | None = None,
     ) -> None:
         if num_rounds < 1 or eval_every < 1:
             raise ValueError(f"num_rounds and eval_every must be >= 1 (got {num_rounds}, {eval_every})")
@@ -90,8 +93,9 @@ class Server:
         self.params = flatten(self.model)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_every, self.keep_checkpoints = checkpoint_every, keep_checkpoints
-        self.start_round, self.stopped_early = 1, False
+        self.start_round, self.stopped_early, self.stop_reason = 1, False, "completed"
         self._stop_requested = False
+        self.early_stop = early_stop or EarlyStop()
 
     @property
     def stop_requested(self) -> bool:
@@ -114,22 +118,32 @@ class Server:
         try:
             for round_num in self.logger.rounds(self.start_round, self.num_rounds):
                 self.logger.log_round(round_num, self.run_round(round_num))
-                self.stopped_early = self._stop_requested and round_num < self.num_rounds
+                self._decide_stop(round_num)
                 if self._checkpoint_due(round_num):
                     self.save_checkpoint(round_num)
-                if self.stopped_early:
+                if self.stop_reason != "completed":
                     break
         finally:
             self.executor.close()
             self.logger.close()
         load_flat(self.model, self.params)
-        return RunResult(params=self.params, model=self.model, history=self.logger.history, stopped_early=self.stopped_early)
+        return RunResult(self.params, self.model, self.logger.history, self.stopped_early, self.stop_reason)
+
+    def _decide_stop(self, round_num: int) -> None:
+        """After a round: a signal interrupts the run (``stopped_early``); early stopping ends it."""
+        if self._stop_requested and round_num < self.num_rounds:
+            self.stopped_early, self.stop_reason = True, f"interrupted after round {round_num}"
+            return
+        reason = self.early_stop.check(self.logger.history[-1])
+        if reason is not None and round_num < self.num_rounds:
+            self.stop_reason = f"early stop: {reason}"
+            log.info("%s", self.stop_reason)
 
     def _checkpoint_due(self, round_num: int) -> bool:
         if self.checkpoint_dir is None:
             return False
         periodic = self.checkpoint_every > 0 and round_num % self.checkpoint_every == 0
-        return periodic or round_num == self.num_rounds or self.stopped_early
+        return periodic or round_num == self.num_rounds or self.stop_reason != "completed"
 
     def state_dict(self, round_num: int) -> dict[str, Any]:
         """Everything a resumed run needs after ``round_num``. Sampling, task seeds and stragglers are
@@ -160,6 +174,7 @@ class Server:
         self.strategy.load_state_dict(state["strategy"])
         self.start_round = int(state["round"]) + 1
         self.logger.restore(state["history"], self.start_round)
+        self.early_stop.replay(state["history"])
         log.info("resumed from %s: continuing at round %d", path, self.start_round)
         return path
 
@@ -171,10 +186,11 @@ class Server:
         results = sorted(self.executor.fit(self.params, tasks), key=lambda r: r.client_id)
         succeeded = self._apply_failure_policy(round_num, results)
         updates = self._reject_bad_updates(round_num, succeeded)
+        rows = [_client_row(u, self.params) for u in updates]
         kept = [u for u in updates if self.strategy.keeps_stragglers or self.stragglers.epochs_for(round_num, u.client_id) is None]
         if kept:  # otherwise nothing sound (or only dropped stragglers) arrived: keep the previous model
             self.params = self._aggregate(round_num, kept)
-        self.logger.log_clients(round_num, [_client_row(u) for u in updates])
+        self.logger.log_clients(round_num, rows)
         metrics = _train_metrics(updates, len(results))
         metrics["clients/num_rejected"] = float(len(succeeded) - len(updates))
         metrics["clients/num_aggregated"] = float(len(kept))
@@ -182,6 +198,7 @@ class Server:
             metrics.update(self.evaluate())
             metrics.update(self.evaluate_clients(client_ids))
         metrics["time/round_s"] = time.perf_counter() - start
+        metrics["system/rss_mb"] = process_rss_mb()
         return metrics
 
     def _client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
@@ -248,11 +265,12 @@ class Server:
         return {"eval/client_loss": loss_sum / total, "eval/client_accuracy": correct_sum / total}
 
 
-def _client_row(update: ClientUpdate) -> dict[str, Any]:
+def _client_row(update: ClientUpdate, global_params: torch.Tensor) -> dict[str, Any]:
     return {
         "client_id": update.client_id,
         "num_examples": update.num_examples,
         "train_loss": update.metrics.get("train_loss"),
+        "update_norm": float(torch.linalg.vector_norm(update.params - global_params)),
         "epoch_losses": list(update.epoch_losses),
         "worker": update.worker,
         "device": update.device,
