@@ -37,6 +37,8 @@ def save_checkpoint(directory: str | Path, round_num: int, state: dict[str, Any]
     """Write ``state`` as the checkpoint of ``round_num`` and keep only the newest ``keep`` checkpoints."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("round-*.ckpt*.tmp"):  # left by a write that a crash interrupted
+        stale.unlink(missing_ok=True)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     body = buffer.getvalue()

@@ -63,6 +63,26 @@ def test_a_tampered_checkpoint_is_refused(tmp_path: Path) -> None:
         load_checkpoint(tmp_path / "x.ckpt")
 
 
+KILL_DURING_WRITE = """
+import os, signal, sys, torch
+from fedsim.checkpoint import save_checkpoint
+save_checkpoint(sys.argv[1], 1, {"round": 1, "params": torch.ones(1000)})
+os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)  # die in the middle of the next write
+save_checkpoint(sys.argv[1], 2, {"round": 2, "params": torch.zeros(1000)})
+"""
+
+
+def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one_usable(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", KILL_DURING_WRITE, str(tmp_path)], timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["round-000001.ckpt"]  # no half file under a real name
+    assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # the interrupted write stayed a temporary
+    path, state = load_latest(tmp_path)
+    assert state["round"] == 1 and torch.equal(state["params"], torch.ones(1000))
+    save_checkpoint(tmp_path, 2, {"round": 2})  # the next write clears the leftover
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["round-000001.ckpt", "round-000002.ckpt"]
+
+
 # --- end to end through the CLI ----------------------------------------------------------------
 
 ROUNDS = 30
@@ -94,14 +114,14 @@ def _wait_for_rounds(run_dir: Path, rounds: int, proc: subprocess.Popen, timeout
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     runs = {}
-    for strategy in ("scaffold", "fedadam"):
+    for strategy in ("fedavg", "scaffold", "fedadam"):
         run_dir = tmp_path_factory.mktemp(f"full-{strategy}")
         subprocess.run(_cli(run_dir, f"strategy={strategy}"), check=True, capture_output=True, timeout=300)
         runs[strategy] = run_dir
     return runs
 
 
-@pytest.mark.parametrize(("strategy", "kill_after"), [("scaffold", 3), ("fedadam", 11)])
+@pytest.mark.parametrize(("strategy", "kill_after"), [("fedavg", 2), ("scaffold", 3), ("fedadam", 11)])
 def test_sigkilled_run_resumes_bitwise(strategy: str, kill_after: int, tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
     proc = subprocess.Popen(_cli(tmp_path, f"strategy={strategy}"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
