@@ -35,7 +35,7 @@ class Run:
     seed: str | None
     rounds: int  # last round logged
     curve: tuple[tuple[int, float], ...]
-    finished: bool  # summary.json written and every configured round logged
+    finished: bool  # ended for good (see _finished)
     wall_time_s: float
 
 
@@ -121,14 +121,23 @@ def load_run(run_dir: Path, root: Path) -> Run:
     summary = _read(run_dir / "summary.json", json.loads)
     summary = summary if isinstance(summary, dict) else None
     rounds = max((int(r["round"]) for r in records), default=0)
-    expected = hydra_cfg.get("num_rounds")
-    finished = summary is not None and (not isinstance(expected, int) or rounds >= expected)
+    finished = _finished(summary, rounds, hydra_cfg.get("num_rounds"))
     curve = tuple((int(r["round"]), float(r["eval/accuracy"])) for r in records if r.get("eval/accuracy") is not None)
     if summary is not None and summary.get("wall_time_s") is not None:
         wall = float(summary["wall_time_s"])
     else:
         wall = sum(float(r["time/round_s"]) for r in records if r.get("time/round_s") is not None)
     return Run(run_dir, config, seed, rounds, curve, finished, wall)
+
+
+def _finished(summary: dict[str, Any] | None, rounds: int, num_rounds: Any) -> bool:
+    """Ended for good: ``summary.json`` says so (an early stop is finished, an interrupt is not); an older
+    ``summary.json`` without ``finished`` counts when every configured round was logged."""
+    if summary is None:
+        return False
+    if isinstance(summary.get("finished"), bool):
+        return summary["finished"]
+    return not isinstance(num_rounds, int) or rounds >= num_rounds
 
 
 def load_runs(root: Path) -> list[Run]:
