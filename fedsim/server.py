@@ -86,6 +86,8 @@ class Server:
         self.num_rounds, self.clients_per_round, self.seed = num_rounds, clients_per_round, seed
         self.eval_every, self.min_success_fraction = eval_every, min_success_fraction
         self.stragglers = stragglers or Stragglers()
+        if self.stragglers.fraction > 0 and self.stragglers.epochs < 2:
+            log.warning("stragglers.fraction=%s has no effect: with %d local epoch(s) there is nothing to cut", self.stragglers.fraction, self.stragglers.epochs)
         self.logger = logger or RunLogger(None)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(init_seed(seed))
