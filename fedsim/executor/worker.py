@@ -136,8 +136,9 @@ def _redirect_output(spec: WorkerSpec) -> logging.Logger:
         stream = open(spec.log_path, "a", encoding="utf-8", buffering=1)
         sys.stdout = sys.stderr = _TaggedStream(stream)  # type: ignore[assignment]
         handler = logging.StreamHandler(stream)
-    else:
+    else:  # no run directory: only warnings and failures reach the console
         handler = logging.StreamHandler(sys.__stderr__)
+        handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter(f"%(asctime)s [{spec.name}] [%(task)s] %(levelname)s %(message)s"))
     handler.addFilter(_TaskTag())
     root = logging.getLogger()
