@@ -1,16 +1,43 @@
-"""fedsim: federated-learning simulation in PyTorch. Public API re-exports only."""
+"""fedsim: federated-learning simulation in PyTorch. Public API re-exports only.
 
-from fedsim.client import Client
-from fedsim.data.federated import FederatedData, federate, make_clients
-from fedsim.data.tensor_data import DataSplit, TensorData
-from fedsim.executor import Executor, SerialExecutor, Workload
-from fedsim.logging import RunLogger
-from fedsim.server import RoundFailedError, RunResult, Server
-from fedsim.strategy import FedAvg, Strategy
-from fedsim.types import ClientFailure, ClientUpdate, FitTask
+Names are imported on first use, so light tools (``python -m fedsim.report``) do not pay for torch.
+"""
 
-__all__ = [
-    "Client", "ClientFailure", "ClientUpdate", "DataSplit", "Executor", "FedAvg", "FederatedData", "FitTask",
-    "RoundFailedError", "RunLogger", "RunResult", "SerialExecutor", "Server", "Strategy", "TensorData",
-    "Workload", "federate", "make_clients",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Client": "fedsim.client",
+    "ClientFailure": "fedsim.types",
+    "ClientUpdate": "fedsim.types",
+    "DataSplit": "fedsim.data.tensor_data",
+    "Executor": "fedsim.executor",
+    "FedAvg": "fedsim.strategy",
+    "FederatedData": "fedsim.data.federated",
+    "FitTask": "fedsim.types",
+    "ProcessExecutor": "fedsim.executor",
+    "RoundFailedError": "fedsim.server",
+    "RunLogger": "fedsim.logging",
+    "RunResult": "fedsim.server",
+    "SerialExecutor": "fedsim.executor",
+    "Server": "fedsim.server",
+    "Strategy": "fedsim.strategy",
+    "TensorData": "fedsim.data.tensor_data",
+    "Workload": "fedsim.executor",
+    "federate": "fedsim.data.federated",
+    "make_clients": "fedsim.data.federated",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'fedsim' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return __all__
