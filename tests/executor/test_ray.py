@@ -1,0 +1,169 @@
+"""RayExecutor: same answers as the serial reference, faults handled, Ray left as it was found.
+
+One local Ray instance serves the whole module (it takes seconds to start); every executor joins it,
+so none of them owns it and the module's fixture shuts it down at the end.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from ray import cloudpickle  # noqa: E402
+
+from fedsim.data.federated import make_clients  # noqa: E402
+from fedsim.executor import RayExecutor  # noqa: E402
+from fedsim.executor.base import Workload  # noqa: E402
+from fedsim.executor.ray_executor import MISSING_RAY  # noqa: E402
+from fedsim.models import MLP2NN  # noqa: E402
+from fedsim.server import RoundFailedError  # noqa: E402
+from fedsim.types import ClientFailure, FitTask  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+import fault_clients  # noqa: E402
+from test_process import _data, _first_sampled_client, run, serial_reference  # noqa: E402
+
+cloudpickle.register_pickle_by_value(fault_clients)  # Ray workers do not share this test's sys.path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():  # type: ignore[no-untyped-def]
+    """One local Ray for the module; executors join it (address=None reuses an initialised Ray)."""
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_bitwise_equal_to_serial(workers: int) -> None:
+    reference = serial_reference()
+    result = run(RayExecutor(workers=workers))
+    assert torch.equal(result.params, reference)
+    used = {c["worker"] for r in result.history for c in r["clients"]}
+    assert used <= {f"r{i}" for i in range(workers)}
+    if workers > 1:
+        assert len(used) > 1, "tasks should spread over actors"
+    assert ray.is_initialized(), "an executor that joined Ray must not shut it down"
+
+
+def test_raising_client_is_reported_with_traceback_and_policy_applies() -> None:
+    with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
+        run(RayExecutor(workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))
+    result = run(RayExecutor(workers=2), fault_clients.RaisingClient, min_success_fraction=0.5, bad_ids=(1, 3, 5))
+    assert sum(r["clients/num_failed"] for r in result.history) >= 1
+    assert all(c["client_id"] not in (1, 3, 5) for r in result.history for c in r["clients"])
+
+
+def test_failure_carries_the_traceback() -> None:
+    data = _data()
+    clients = make_clients(data, functools.partial(fault_clients.RaisingClient, bad_ids=(1,), epochs=1, batch_size=8))
+    factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)
+    params = torch.cat([p.detach().flatten() for p in factory().parameters()])
+    with RayExecutor(workers=1) as executor:
+        executor.start(Workload(factory, clients, data.train))
+        results = executor.fit(params, [FitTask(1, 1, 11), FitTask(0, 1, 10)])
+    assert [r.client_id for r in results] == [0, 1]
+    failure = results[1]
+    assert isinstance(failure, ClientFailure) and failure.worker == "r0"
+    assert "Traceback" in failure.traceback and "fails on purpose" in failure.traceback
+
+
+def test_sigkilled_actor_is_replaced_and_result_unchanged(tmp_path: Path) -> None:
+    marker = tmp_path / "killed"
+    result = run(RayExecutor(workers=2), fault_clients.KillOnceClient, victim=_first_sampled_client(), marker=str(marker))
+    assert marker.exists(), "the victim never ran"
+    assert not Path(f"/proc/{int(marker.read_text())}").exists()
+    assert torch.equal(result.params, serial_reference())
+
+
+def test_client_that_hangs_once_is_timed_out_retried_and_result_unchanged(tmp_path: Path) -> None:
+    marker = tmp_path / "hung"
+    executor = RayExecutor(workers=2, client_timeout_s=3)
+    result = run(executor, fault_clients.HangClient, victim=_first_sampled_client(), marker=str(marker))
+    assert marker.exists(), "the victim never ran"
+    assert torch.equal(result.params, serial_reference())
+
+
+def test_always_hanging_client_times_out_after_bounded_retries(tmp_path: Path) -> None:
+    executor = RayExecutor(workers=1, client_timeout_s=1, max_retries=1)
+    with pytest.raises(RoundFailedError, match=r"1 of 4 clients failed .*timed out"):
+        run(executor, fault_clients.HangClient, victim=_first_sampled_client(), marker=str(tmp_path / "m"), always=True)
+
+
+MISSING = f"""
+import sys
+sys.modules["ray"] = None  # as if Ray were not installed
+from fedsim.executor import RayExecutor
+try:
+    RayExecutor()
+except ImportError as error:
+    print(str(error))
+    sys.exit(3)
+"""
+
+
+def test_missing_ray_gives_one_clear_line() -> None:
+    done = subprocess.run([sys.executable, "-c", MISSING], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.strip() == MISSING_RAY == "executor=ray needs Ray: pip install 'fedsim[ray]'"
+
+
+OWNED = """
+import functools, os, sys, time
+from pathlib import Path
+import ray, torch
+from fedsim.data.synthetic import synthetic
+from fedsim.data.federated import federate, make_clients
+from fedsim.data.partition import natural
+from fedsim.client import Client
+from fedsim.executor import RayExecutor
+from fedsim.executor.base import Workload
+from fedsim.models import LogisticRegression
+from fedsim.types import ClientUpdate, FitTask
+
+def descendants(root):
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+if __name__ == "__main__":
+    data = federate(synthetic(num_devices=4, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.2, seed=0)
+    factory = functools.partial(LogisticRegression, (60,), 10)
+    executor = RayExecutor(workers=1)  # address=None and no Ray yet: this executor starts (and owns) one
+    executor.start(Workload(factory, make_clients(data, Client), data.train))
+    [result] = executor.fit(torch.zeros(610), [FitTask(0, 1, 5)])
+    assert isinstance(result, ClientUpdate), result
+    started = descendants(os.getpid())
+    assert ray.is_initialized() and started
+    executor.close()
+    executor.close()  # safe twice
+    assert not ray.is_initialized()
+    deadline = time.monotonic() + 20
+    while (alive := {p for p in started if Path(f"/proc/{p}").exists()}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    print("left behind:", sorted(alive))
+"""
+
+
+def test_executor_that_starts_ray_shuts_it_down_and_leaves_nothing(tmp_path: Path) -> None:
+    script = tmp_path / "owned.py"
+    script.write_text(OWNED)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "left behind: []" in done.stdout, done.stdout
