@@ -92,11 +92,16 @@ class ProcessExecutor(Executor):
         pending = deque(sorted(tasks, key=lambda t: t.client_id))
         attempts: dict[int, int] = {}
         results: dict[int, TaskResult] = {}
-        while pending or any(w.task is not None for w in self._workers):
-            for worker in self._workers:
-                if worker.task is None and pending:
-                    worker.assign(pending.popleft())
-            self._collect(results, pending, attempts)
+        previous = torch.get_num_threads()
+        torch.set_num_threads(1)  # the workers own the cores while they train; the parent only copies results
+        try:
+            while pending or any(w.task is not None for w in self._workers):
+                for worker in self._workers:
+                    if worker.task is None and pending:
+                        worker.assign(pending.popleft())
+                self._collect(results, pending, attempts)
+        finally:
+            torch.set_num_threads(previous)
         return [results[cid] for cid in sorted(results)]
 
     def _collect(self, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int]) -> None:
