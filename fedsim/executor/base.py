@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import traceback as tb
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -88,6 +89,23 @@ def run_task(
             traceback=tb.format_exc(),
             worker=worker,
         )
+
+
+def retry_or_fail(
+    task: FitTask, reason: str, worker: str, max_retries: int,
+    attempts: dict[int, int], pending: "deque[FitTask]", results: dict[int, TaskResult],
+) -> None:
+    """After a worker died or timed out on ``task``: queue it again (same seed) while retries remain,
+    else record a :class:`ClientFailure` saying why. Shared by the process and Ray executors."""
+    attempts[task.client_id] = attempts.get(task.client_id, 0) + 1
+    if attempts[task.client_id] <= max_retries:
+        pending.appendleft(task)
+        return
+    results[task.client_id] = ClientFailure(
+        client_id=task.client_id, round_num=task.round_num, error=reason,
+        traceback=f"{reason} ({attempts[task.client_id]} attempts, max_retries={max_retries})",
+        worker=worker, attempts=attempts[task.client_id],
+    )
 
 
 @contextmanager

@@ -18,11 +18,11 @@ from multiprocessing.connection import wait
 import torch
 import torch.multiprocessing as mp
 
-from fedsim.executor.base import Executor, Workload
+from fedsim.executor.base import Executor, Workload, retry_or_fail
 from fedsim.executor.placement import physical_cores, plan_workers, resolve_devices
 from fedsim.executor.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker
 from fedsim.params import flatten
-from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
+from fedsim.types import ClientUpdate, FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
 
@@ -126,15 +126,7 @@ class ProcessExecutor(Executor):
         fresh = self._launch(worker.index)
         self._workers[self._workers.index(worker)] = fresh
         fresh.await_ready(self.start_timeout_s)
-        attempts[task.client_id] = attempts.get(task.client_id, 0) + 1
-        if attempts[task.client_id] <= self.max_retries:
-            pending.appendleft(task)
-        else:
-            results[task.client_id] = ClientFailure(
-                client_id=task.client_id, round_num=task.round_num, error=reason,
-                traceback=f"{reason} ({attempts[task.client_id]} attempts, max_retries={self.max_retries})",
-                worker=worker.name, attempts=attempts[task.client_id],
-            )
+        retry_or_fail(task, reason, worker.name, self.max_retries, attempts, pending, results)
 
     def close(self) -> None:
         """Stop every worker (politely, then by force) and release shared memory; safe to call twice."""

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from fedsim.executor.base import Executor, Workload, run_task
+from fedsim.executor.base import Executor, Workload, retry_or_fail, run_task
 from fedsim.executor.placement import physical_cores
-from fedsim.types import ClientFailure, FitTask, TaskResult
+from fedsim.types import FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
 
@@ -231,15 +231,7 @@ class RayExecutor(Executor):
         fresh = self._launch(slot.index)
         self._slots[self._slots.index(slot)] = fresh
         self._await_ready([fresh])
-        attempts[task.client_id] = attempts.get(task.client_id, 0) + 1
-        if attempts[task.client_id] <= self.max_retries:
-            pending.appendleft(task)
-        else:
-            results[task.client_id] = ClientFailure(
-                client_id=task.client_id, round_num=task.round_num, error=reason,
-                traceback=f"{reason} ({attempts[task.client_id]} attempts, max_retries={self.max_retries})",
-                worker=slot.name, attempts=attempts[task.client_id],
-            )
+        retry_or_fail(task, reason, slot.name, self.max_retries, attempts, pending, results)
 
     def close(self) -> None:
         """Kill every actor; shut Ray down only if this executor started it. Safe to call twice."""
