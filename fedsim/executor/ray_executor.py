@@ -21,12 +21,14 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from fedsim.executor.base import Executor, Workload, retry_or_fail, run_task
 from fedsim.executor.placement import physical_cores
+from fedsim.executor.worker_log import log_result, redirect_output, tagged
 from fedsim.types import FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
@@ -46,7 +48,8 @@ def _import_ray() -> Any:
 class _RayWorker:
     """The body of one actor: builds its model once, then trains one task per call."""
 
-    def __init__(self, name: str, workload: Workload, threads: int, use_gpu: bool) -> None:
+    def __init__(self, name: str, workload: Workload, threads: int, use_gpu: bool, log_path: Path | None) -> None:
+        self.log = redirect_output(name, log_path)  # before anything prints: the actor's own file, tagged
         torch.set_num_threads(threads)
         try:
             torch.set_num_interop_threads(1)
@@ -64,6 +67,7 @@ class _RayWorker:
         self._round_ref: Any = None
         self._global: torch.Tensor | None = None
         self._warm_up()
+        self.log.info("worker %s ready on %s (pid %d, %d threads)", name, self.device, os.getpid(), torch.get_num_threads())
 
     def _warm_up(self) -> None:
         """Pay one-time costs (lazy imports behind the first optimizer step, first backward) now, so that
@@ -85,7 +89,10 @@ class _RayWorker:
         if global_ref[0] != self._round_ref:  # first task of this round on this actor
             self._round_ref, self._global = global_ref[0], ray.get(global_ref[0])
         assert self._global is not None
-        return run_task(self.model, self.clients[task.client_id], self.data, self._global, task, self.name, self.workload.local)
+        with tagged(task):
+            result = run_task(self.model, self.clients[task.client_id], self.data, self._global, task, self.name, self.workload.local)
+            log_result(self.log, result)
+        return result
 
 
 @dataclass
@@ -136,6 +143,7 @@ class RayExecutor(Executor):
         self._owns_ray = False
         self._slots: list[_Slot] = []
         self._workload_ref: Any = None
+        self._log_dir: Path | None = None
         self._actor_cls: Any = None
 
     def start(self, workload: Workload) -> None:
@@ -146,7 +154,7 @@ class RayExecutor(Executor):
             self._actor_cls = ray.remote(_RayWorker).options(
                 num_cpus=self.threads, num_gpus=self.num_gpus_per_worker, max_restarts=0, max_task_retries=0
             )
-            self._workload_ref = ray.put(workload)
+            self._workload_ref, self._log_dir = ray.put(workload), workload.log_dir
             self._slots = [self._launch(index) for index in range(self.workers)]
             self._await_ready(self._slots)
         except BaseException:
@@ -173,8 +181,10 @@ class RayExecutor(Executor):
         return max(1, int(resources.get("CPU", 1)) // self.threads)
 
     def _launch(self, index: int) -> _Slot:
+        """Start actor ``r<index>``; it logs to ``<run dir>/workers/ray-worker-<index>.log`` (on its own node)."""
         name = f"r{index}"
-        actor = self._actor_cls.remote(name, self._workload_ref, self.threads, self.num_gpus_per_worker > 0)
+        log_path = self._log_dir / "workers" / f"ray-worker-{index}.log" if self._log_dir is not None else None
+        actor = self._actor_cls.remote(name, self._workload_ref, self.threads, self.num_gpus_per_worker > 0, log_path)
         return _Slot(index, actor, name)
 
     def _await_ready(self, slots: list[_Slot]) -> None:

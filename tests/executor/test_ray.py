@@ -7,6 +7,7 @@ so none of them owns it and the module's fixture shuts it down at the end.
 from __future__ import annotations
 
 import functools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,7 @@ from fedsim.types import ClientFailure, FitTask  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fault_clients  # noqa: E402
-from test_process import _data, _first_sampled_client, run, serial_reference  # noqa: E402
+from test_process import _data, _first_sampled_client, run, serial_reference, worker_pids  # noqa: E402
 
 cloudpickle.register_pickle_by_value(fault_clients)  # Ray workers do not share this test's sys.path
 
@@ -57,7 +58,7 @@ def test_raising_client_is_reported_with_traceback_and_policy_applies() -> None:
     with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
         run(RayExecutor(workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))
     result = run(RayExecutor(workers=2), fault_clients.RaisingClient, min_success_fraction=0.5, bad_ids=(1, 3, 5))
-    assert sum(r["clients/num_failed"] for r in result.history) >= 1
+    assert sum(r["client/num_failed"] for r in result.history) >= 1
     assert all(c["client_id"] not in (1, 3, 5) for r in result.history for c in r["clients"])
 
 
@@ -95,6 +96,21 @@ def test_always_hanging_client_times_out_after_bounded_retries(tmp_path: Path) -
     executor = RayExecutor(workers=1, client_timeout_s=1, max_retries=1)
     with pytest.raises(RoundFailedError, match=r"1 of 4 clients failed .*timed out"):
         run(executor, fault_clients.HangClient, victim=_first_sampled_client(), marker=str(tmp_path / "m"), always=True)
+
+
+def test_actor_logs_are_tagged_and_prints_stay_out_of_ray_output(tmp_path: Path) -> None:
+    run(RayExecutor(workers=2), fault_clients.PrintingClient, run_dir=tmp_path)
+    files = sorted((tmp_path / "workers").glob("ray-worker-*.log"))
+    assert [f.name for f in files] == ["ray-worker-0.log", "ray-worker-1.log"]
+    logs = "".join(f.read_text() for f in files)
+    assert re.search(r"\[round 1 client \d+\] hello from client \d+", logs)
+    assert re.search(r"\[r\d\] \[round \d+ client \d+\] INFO trained: \d+ examples", logs)
+    assert len(worker_pids(tmp_path)) == 2, "each actor logs its own ready line with its pid"
+    # What an actor prints to its own stdout/stderr lands in Ray's worker-*.out/.err files, which
+    # log_to_driver streams to the driver's console: none of the clients' prints may be there.
+    ray_logs = Path(ray._private.worker._global_node.get_logs_dir_path())
+    streamed = "".join(p.read_text(errors="replace") for p in ray_logs.glob("worker-*.*") if p.suffix in (".out", ".err"))
+    assert "hello from client" not in streamed
 
 
 MISSING = f"""

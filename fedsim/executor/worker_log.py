@@ -1,0 +1,90 @@
+"""Per-worker log files, shared by the process workers and the Ray actors.
+
+A worker calls :func:`redirect_output` once: from then on its prints and log records go to its own
+file (``<run dir>/workers/...``), every line tagged with the round and client of the task it is
+training (``[round R client C]``, or ``[idle]`` between tasks), so nothing interleaves on the console.
+Without a run directory only warnings and failures reach the console.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+from fedsim.types import ClientUpdate, FitTask, TaskResult
+
+
+class _TaskTag(logging.Filter):
+    """Adds ``round R client C`` (or ``idle``) as ``%(task)s`` to every record of the worker's log."""
+
+    task: FitTask | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        task = _TaskTag.task
+        record.task = f"round {task.round_num} client {task.client_id}" if task else "idle"
+        return True
+
+
+class _TaggedStream:
+    """A text stream that prefixes every line printed by client code with the current task."""
+
+    def __init__(self, sink: TextIO) -> None:
+        self.sink, self._at_line_start = sink, True
+
+    def write(self, text: str) -> int:
+        for piece in text.splitlines(keepends=True):
+            if self._at_line_start:
+                task = _TaskTag.task
+                self.sink.write(f"[round {task.round_num} client {task.client_id}] " if task else "[idle] ")
+            self.sink.write(piece)
+            self._at_line_start = piece.endswith("\n")
+        self.sink.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def redirect_output(name: str, log_path: Path | None) -> logging.Logger:
+    """Route this process's prints and log records into ``log_path`` (appended), tagged with round and
+    client; ``None`` keeps the console but lets only warnings and failures through. Returns the worker's logger."""
+    handler: logging.Handler
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        stream = open(log_path, "a", encoding="utf-8", buffering=1)
+        sys.stdout = sys.stderr = _TaggedStream(stream)  # type: ignore[assignment]
+        handler = logging.StreamHandler(stream)
+    else:  # no run directory: only warnings and failures reach the console
+        handler = logging.StreamHandler(sys.__stderr__)
+        handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [{name}] [%(task)s] %(levelname)s %(message)s"))
+    handler.addFilter(_TaskTag())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    return logging.getLogger(f"fedsim.worker.{name}")
+
+
+@contextmanager
+def tagged(task: FitTask) -> Iterator[None]:
+    """Tag everything printed or logged inside the block with ``task``'s round and client."""
+    _TaskTag.task = task
+    try:
+        yield
+    finally:
+        _TaskTag.task = None
+
+
+def log_result(log: logging.Logger, result: TaskResult) -> None:
+    """One line per trained client, or the failure's full traceback."""
+    if isinstance(result, ClientUpdate):
+        log.info("trained: %d examples, train loss %.4f", result.num_examples, result.metrics.get("train_loss", float("nan")))
+    else:
+        log.error("failed:\n%s", result.traceback)
