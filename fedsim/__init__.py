@@ -22,6 +22,7 @@ _EXPORTS = {
     "RunLogger": "fedsim.logging",
     "RunResult": "fedsim.server",
     "SerialExecutor": "fedsim.executor",
+    "VmapExecutor": "fedsim.executor",
     "Server": "fedsim.server",
     "Strategy": "fedsim.strategy",
     "TensorData": "fedsim.data.tensor_data",

@@ -71,9 +71,16 @@ class Client:
         return int(self.train_indices.size)
 
     # --- overridable pieces -------------------------------------------------------------------
+    def per_example_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Loss of every example of a batch (cross-entropy). Override this for another per-example loss:
+        it is what both :meth:`loss` and ``executor=vmap`` use (under vmap it must not read ``self``'s
+        per-client state: the first client of a chunk's method computes every client's loss)."""
+        return nn.functional.cross_entropy(logits, y, reduction="none")
+
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Training loss of one batch (cross-entropy). Override to add terms."""
-        return nn.functional.cross_entropy(model(x), y)
+        """Training loss of one batch: the mean of :meth:`per_example_loss`. Override to add terms
+        (then ``executor=vmap`` refuses the client; use ``executor=process``)."""
+        return self.per_example_loss(model(x), y).mean()
 
     def objective(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """What a step minimises: :meth:`loss` plus the strategy's client-side term (e.g. FedProx's).

@@ -1,8 +1,10 @@
-"""Executors run client tasks: serial (the reference), persistent worker processes, Ray actors."""
+"""Executors run client tasks: serial (the reference), persistent worker processes, Ray actors, vmap."""
 
 from fedsim.executor.base import Executor, Workload
 from fedsim.executor.process import ProcessExecutor
 from fedsim.executor.ray_executor import RayExecutor  # imports ray only when instantiated
 from fedsim.executor.serial import SerialExecutor
+from fedsim.executor.vmap import VmapExecutor
+from fedsim.executor.vmap_optim import VmapUnsupportedError
 
-__all__ = ["Executor", "ProcessExecutor", "RayExecutor", "SerialExecutor", "Workload"]
+__all__ = ["Executor", "ProcessExecutor", "RayExecutor", "SerialExecutor", "VmapExecutor", "VmapUnsupportedError", "Workload"]

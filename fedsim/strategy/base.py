@@ -34,6 +34,19 @@ class LocalTraining:
         """An extra term for the batch loss, or ``None``."""
         return None
 
+    def functional_term(
+        self, params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor], numbers: dict[str, torch.Tensor]
+    ) -> torch.Tensor | None:
+        """:meth:`loss_term` as a pure function, for ``executor=vmap`` (which calls it per client under
+        ``torch.func.vmap`` instead of :meth:`begin` and :meth:`loss_term`).
+
+        ``params``: the client's trained parameters by name; ``anchor``: the global weights the task
+        started from; ``numbers``: the numeric entries of the task's config as 0-d tensors (e.g. μ).
+        The default says that this client half has no vectorised form, and ``executor=vmap`` refuses it
+        at start-up; a client half that adds no term (the base class) needs none.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no functional_term(); executor=vmap cannot run it")
+
 
 class Strategy:
     """Base class for aggregation strategies. Subclass it and implement :meth:`aggregate`.

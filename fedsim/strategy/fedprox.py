@@ -35,6 +35,15 @@ class ProximalTerm(LocalTraining):
         squared = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), self.anchor))
         return 0.5 * self.mu * squared  # type: ignore[return-value]
 
+    def functional_term(
+        self, params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor], numbers: dict[str, torch.Tensor]
+    ) -> torch.Tensor | None:
+        """The same term for ``executor=vmap``: μ comes from the task's config, per client."""
+        if "prox_mu" not in numbers:
+            return None
+        squared = sum(((p - anchor[name]) ** 2).sum() for name, p in params.items())
+        return 0.5 * numbers["prox_mu"] * squared  # type: ignore[return-value]
+
 
 class FedProx(Strategy):
     """Server half: example-weighted mean of all updates, stragglers included; sends μ to clients."""

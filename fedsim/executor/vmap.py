@@ -1,0 +1,191 @@
+"""VmapExecutor: trains many clients at once on one device with ``torch.func.vmap``.
+
+In cross-device FL most clients are small (a few local steps of a small model); trained one after
+another they leave a GPU, and even a CPU, mostly idle. This executor stacks up to ``chunk_size``
+clients' parameters and trains them in one vectorised pass (see :mod:`fedsim.executor.vmap_train`),
+with the built-in local loop of :meth:`fedsim.client.Client.fit`: same batch order, epochs, batch
+sizes and optimizer (SGD with or without momentum, or Adam) as the serial executor, so results match
+it up to float rounding (not bitwise: batched kernels sum in a different order).
+
+Chunks are formed from the round's tasks alone (grouped by optimizer kind, longest first), never from
+the number of devices, so a run gives the same result on one device or several of the same kind.
+With several ``devices`` each one vectorises its share of the chunks, from one thread per device.
+"""
+
+from __future__ import annotations
+
+import traceback as tb
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from fedsim.client import Client
+from fedsim.data.tensor_data import TensorData
+from fedsim.executor.base import Executor, Workload
+from fedsim.executor.placement import physical_cores, resolve_devices
+from fedsim.executor.vmap_optim import VmapUnsupportedError
+from fedsim.executor.vmap_train import ChunkModel, ClientPlan, plan_task, train_chunk
+from fedsim.params import ParamLayout
+from fedsim.strategy.base import LocalTraining
+from fedsim.types import ClientFailure, FitTask, TaskResult
+
+# Client methods that executor=vmap replaces with its own vectorised loop: a subclass must not override them.
+_BUILT_IN_LOOP = ("fit", "_run_epoch", "train_step", "objective", "loss")
+
+
+class VmapExecutor(Executor):
+    """Trains up to ``chunk_size`` clients per vectorised pass on each of ``devices``.
+
+    ``threads``: intra-op threads while training (default: every physical core, since one process
+    does all the work). Raises :class:`VmapUnsupportedError` at :meth:`start`, before any training,
+    for what it cannot vectorise: BatchNorm, random ops such as dropout, a client that overrides its
+    training loop or loss, an optimizer other than SGD/Adam, a strategy client half without a
+    ``functional_term``. Use ``executor=process`` for those.
+    """
+
+    def __init__(self, *, devices: str | Sequence[str] = "cpu", chunk_size: int = 128, threads: int | None = None) -> None:
+        if chunk_size < 1:
+            raise ValueError(f"executor.chunk_size must be >= 1 (got {chunk_size})")
+        if threads is not None and threads < 1:
+            raise ValueError(f"executor.threads must be >= 1 or null (got {threads})")
+        self.devices = resolve_devices(devices)
+        self.chunk_size = chunk_size
+        self.threads = threads or physical_cores()
+        self._contexts: list[ChunkModel] = []
+        self._workload: Workload | None = None
+
+    def start(self, workload: Workload) -> None:
+        with torch.random.fork_rng(devices=[]):  # a throwaway initialisation must not advance the caller's RNG
+            models = [workload.model_factory().to(device) for device in self.devices]
+        check_model(models[0])
+        check_clients(workload.clients)
+        local = vectorised_local(workload.local)
+        layout = ParamLayout.of(models[0])
+        self._contexts = [
+            ChunkModel(model, layout, _to_device(workload.train_data, model), local, f"vmap{i}") for i, model in enumerate(models)
+        ]
+        self._workload = workload
+        probe_vectorisation(self._contexts[0], workload.clients)
+
+    def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
+        if self._workload is None:
+            raise RuntimeError("VmapExecutor.fit called before start()")
+        clients, model = self._workload.clients, self._contexts[0].model
+        chunks = make_chunks([plan_task(clients[t.client_id], t, model) for t in tasks], self.chunk_size)
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            if len(self._contexts) == 1:
+                per_chunk = [_run_chunk(self._contexts[0], global_params, chunk) for chunk in chunks]
+            else:
+                with ThreadPoolExecutor(len(self._contexts)) as pool:
+                    futures = [pool.submit(_run_chunk, self._contexts[i % len(self._contexts)], global_params, chunk)
+                               for i, chunk in enumerate(chunks)]
+                    per_chunk = [f.result() for f in futures]
+        finally:
+            torch.set_num_threads(previous)
+        return sorted((r for results in per_chunk for r in results), key=lambda r: r.client_id)
+
+    def close(self) -> None:
+        self._contexts = []
+        self._workload = None
+
+
+def make_chunks(plans: Sequence[ClientPlan], chunk_size: int) -> list[list[ClientPlan]]:
+    """Group plans by client class and optimizer kind, order each group longest first (so clients in a
+    chunk need similar step counts and little padding), and cut it into chunks of ``chunk_size``."""
+    groups: dict[tuple, list[ClientPlan]] = {}
+    for plan in plans:
+        key = (type(plan.client).__qualname__, type(plan.client).__module__, plan.optimizer.group_key)
+        groups.setdefault(key, []).append(plan)
+    chunks = []
+    for key in sorted(groups, key=repr):
+        ordered = sorted(groups[key], key=lambda p: (-p.num_steps, p.task.client_id))
+        chunks.extend(ordered[i : i + chunk_size] for i in range(0, len(ordered), chunk_size))
+    return chunks
+
+
+def _run_chunk(ctx: ChunkModel, global_params: torch.Tensor, chunk: list[ClientPlan]) -> list[TaskResult]:
+    """Train one chunk; if it raises, every client of the chunk fails with the traceback."""
+    try:
+        return list(train_chunk(ctx, global_params, chunk))
+    except Exception as error:  # noqa: BLE001 - client code may raise anything; it becomes data
+        ids = [p.task.client_id for p in chunk]
+        text = tb.format_exc()
+        return [
+            ClientFailure(
+                client_id=p.task.client_id, round_num=p.task.round_num, worker=ctx.worker,
+                error=f"{type(error).__name__}: {error} (in a vmap chunk of clients {ids})", traceback=text,
+            )
+            for p in chunk
+        ]
+
+
+def check_model(model: nn.Module) -> None:
+    """Refuse BatchNorm: its batch statistics would mix padded examples in and its running statistics
+    cannot be vectorised per client."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            raise VmapUnsupportedError(
+                f"executor=vmap cannot train BatchNorm ({name or 'the model'}: {type(module).__name__}); "
+                "use GroupNorm (e.g. model=resnet18 is GroupNorm) or executor=process"
+            )
+
+
+def check_clients(clients: Sequence[Client]) -> None:
+    """Refuse client classes that replace the built-in training loop or loss."""
+    for cls in {type(c) for c in clients}:
+        for method in _BUILT_IN_LOOP:
+            if getattr(cls, method) is not getattr(Client, method):
+                raise VmapUnsupportedError(
+                    f"executor=vmap cannot run {cls.__qualname__}.{method} (a custom {method}): it trains with its own "
+                    "vectorised loop; override per_example_loss instead, or use executor=process"
+                )
+
+
+def vectorised_local(local: LocalTraining | None) -> LocalTraining | None:
+    """The strategy's client half if it has a ``functional_term``, ``None`` if it changes nothing; refuse a
+    client half that changes training but has no vectorised form."""
+    if local is None or type(local).functional_term is not LocalTraining.functional_term:
+        return local
+    if type(local).loss_term is LocalTraining.loss_term and type(local).begin is LocalTraining.begin:
+        return None  # adds nothing
+    raise VmapUnsupportedError(
+        f"executor=vmap cannot run the strategy's client half {type(local).__name__}: it has no functional_term() "
+        "(SCAFFOLD, for example); use executor=process"
+    )
+
+
+def probe_vectorisation(ctx: ChunkModel, clients: Sequence[Client]) -> None:
+    """Run one tiny vectorised step (two copies of the first client with data) before any training, so that
+    what vmap cannot do (random ops such as dropout, in-place tricks) fails at start-up with a clear message."""
+    client = next((c for c in clients if c.num_train > 0), None)
+    if client is None:
+        return
+    probe = replace_indices(client, client.train_indices[:2])
+    plans = [plan_task(probe, FitTask(client_id=probe.client_id, round_num=-1, seed=seed), ctx.model) for seed in (0, 1)]
+    plans = [replace(p, batches=p.batches[:1], epochs=1, steps_per_epoch=1) for p in plans]
+    global_params = torch.cat([v.detach().reshape(-1).float().cpu() for v in ctx.model.state_dict().values() if v.is_floating_point()])
+    try:
+        with torch.random.fork_rng(devices=[]):
+            train_chunk(ctx, global_params, plans)
+    except RuntimeError as error:
+        reason = "the model draws random numbers (e.g. dropout)" if "randomness" in str(error) else f"{error}".splitlines()[0]
+        raise VmapUnsupportedError(f"executor=vmap cannot vectorise this model: {reason}; use executor=process") from error
+
+
+def replace_indices(client: Client, indices: object) -> Client:
+    """A shallow copy of ``client`` that trains on other indices (for the start-up probe)."""
+    probe = object.__new__(type(client))
+    probe.__dict__.update(client.__dict__)
+    probe.train_indices = torch.as_tensor(indices).numpy()
+    return probe
+
+
+def _to_device(data: TensorData, model: nn.Module) -> TensorData:
+    """The training data on the model's device (a GPU gets one copy per run; CPU data is used as is)."""
+    device = next(model.parameters()).device
+    return data if device.type == "cpu" else replace(data, x=data.x.to(device), y=data.y.to(device))

@@ -1,0 +1,184 @@
+"""Training K clients in one vectorised pass: the local loop of :meth:`fedsim.client.Client.fit`, written with
+``torch.func`` (``functional_call``, ``vmap``, ``grad_and_value``) over stacked per-client parameters.
+
+Each client keeps its own batch order (drawn from its task's generator exactly as ``Client.fit`` draws it),
+its own batch size, epoch count and hyper-parameters. Steps are aligned across the chunk: at step ``t``
+every client trains on its ``t``-th batch; a batch shorter than the chunk's widest is padded and its
+padding masked out of the loss, and a client that has finished its steps is frozen by the optimizer's
+``active`` mask. The result is the update each client would have produced alone, up to float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from fedsim.client import Client
+from fedsim.data.tensor_data import TensorData
+from fedsim.executor import vmap_optim
+from fedsim.executor.vmap_optim import OptimizerSpec, Tensors
+from fedsim.params import ParamLayout
+from fedsim.strategy.base import LocalTraining
+from fedsim.types import ClientUpdate, FitTask
+
+
+@dataclass(frozen=True)
+class ClientPlan:
+    """One task, unrolled: the rows of every local step (in order), and how the client optimises."""
+
+    task: FitTask
+    client: Client
+    batches: tuple[torch.Tensor, ...]
+    epochs: int
+    steps_per_epoch: int
+    optimizer: OptimizerSpec
+    numbers: dict[str, float]  # the numeric entries of the task's config (e.g. FedProx's prox_mu)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.batches)
+
+
+def plan_task(client: Client, task: FitTask, model: nn.Module) -> ClientPlan:
+    """Draw the task's batch order from its generator exactly as :meth:`Client.fit` does."""
+    config = dict(task.config)
+    epochs = int(config.get("epochs", client.epochs))
+    batch_size = int(config.get("batch_size", client.batch_size))
+    spec = vmap_optim.optimizer_spec(client.make_optimizer(model, config))
+    generator = torch.Generator().manual_seed(task.seed)
+    indices = torch.from_numpy(client.train_indices)
+    batches: list[torch.Tensor] = []
+    for _ in range(epochs):
+        order = indices[torch.randperm(client.num_train, generator=generator)]
+        batches.extend(order[start : start + batch_size] for start in range(0, client.num_train, batch_size))
+    numbers = {k: float(v) for k, v in config.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return ClientPlan(task, client, tuple(batches), epochs, math.ceil(client.num_train / batch_size), spec, numbers)
+
+
+@dataclass(frozen=True)
+class ChunkModel:
+    """What every chunk on one device shares: the model (for its forward), the layout and the data."""
+
+    model: nn.Module
+    layout: ParamLayout
+    data: TensorData
+    local: LocalTraining | None
+    worker: str
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def train_chunk(ctx: ChunkModel, global_params: torch.Tensor, plans: Sequence[ClientPlan]) -> list[ClientUpdate]:
+    """Train every planned client from ``global_params`` at once; one update per plan, in plan order."""
+    device, k = ctx.device, len(plans)
+    trainable, fixed = _split_state(ctx, global_params)
+    params = {n: v.unsqueeze(0).repeat(k, *([1] * v.dim())) for n, v in trainable.items()}
+    spec = plans[0].optimizer
+    hyper = vmap_optim.stack_hyper([p.optimizer for p in plans], device)
+    state = vmap_optim.init_state(spec, params)
+    numbers = _stack_numbers(plans, device)
+    rows, mask, active = _step_tensors(plans, device)
+    grad_fn = vmap(grad_and_value(_objective(ctx, fixed, trainable, plans[0].client.per_example_loss)))
+    objectives = []
+    for t in range(rows.shape[0]):
+        x, y = ctx.data.x[rows[t]], ctx.data.y[rows[t]]
+        grads, objective = grad_fn(params, x, y, mask[t], numbers)
+        params, state = vmap_optim.step(spec, params, grads, state, hyper, active[t], first=t == 0)
+        objectives.append(objective.detach())
+    flat = _flatten_stacked(ctx.layout, params, fixed, k)
+    losses = torch.stack(objectives).double().cpu() if objectives else torch.zeros(0, k, dtype=torch.float64)
+    return [_update(plan, flat[i], losses[:, i], ctx) for i, plan in enumerate(plans)]
+
+
+def _split_state(ctx: ChunkModel, global_params: torch.Tensor) -> tuple[Tensors, Tensors]:
+    """The global weights as named tensors on the device: trained parameters, and the rest (frozen
+    parameters and buffers, shared by every client unchanged)."""
+    trainable_names = {n for n, p in ctx.model.named_parameters() if p.requires_grad}
+    flat = global_params.to(ctx.device)
+    trainable, fixed, offset = {}, {}, 0
+    for name, shape in zip(ctx.layout.names, ctx.layout.shapes):
+        n = int(torch.Size(shape).numel())
+        value = flat[offset : offset + n].view(shape)
+        (trainable if name in trainable_names else fixed)[name] = value
+        offset += n
+    for name, value in ctx.model.state_dict().items():  # non-float buffers are not federated
+        if name not in trainable and name not in fixed:
+            fixed[name] = value
+    return trainable, fixed
+
+
+def _objective(
+    ctx: ChunkModel, fixed: Tensors, anchor: Tensors, per_example_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+) -> Callable[..., torch.Tensor]:
+    """One client's batch objective as a pure function of its parameters: the masked mean of the
+    per-example loss, plus the strategy's functional client-side term (e.g. FedProx's)."""
+    model, local = ctx.model, ctx.local
+
+    def objective(params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, numbers: Tensors) -> torch.Tensor:
+        logits = functional_call(model, {**fixed, **params}, (x,))
+        loss = (per_example_loss(logits, y) * mask).sum() / mask.sum().clamp(min=1)
+        term = local.functional_term(params, anchor, numbers) if local is not None else None
+        return loss if term is None else loss + term
+
+    return objective
+
+
+def _stack_numbers(plans: Sequence[ClientPlan], device: torch.device) -> Tensors:
+    """Numeric config entries present for every client, as ``(K,)`` tensors (what functional terms read)."""
+    shared = set.intersection(*(set(p.numbers) for p in plans))
+    return {key: torch.tensor([p.numbers[key] for p in plans], dtype=torch.float32, device=device) for key in sorted(shared)}
+
+
+def _step_tensors(plans: Sequence[ClientPlan], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows ``(T, K, B)``, example mask ``(T, K, B)`` and client-active flags ``(T, K)`` of every aligned step.
+
+    Padding repeats a row of the same batch (so the padded forward stays finite) and is masked out."""
+    steps = max(p.num_steps for p in plans)
+    width = max((len(b) for p in plans for b in p.batches), default=1)
+    rows = torch.zeros(steps, len(plans), width, dtype=torch.int64)
+    mask = torch.zeros(steps, len(plans), width)
+    active = torch.zeros(steps, len(plans), dtype=torch.bool)
+    for k, plan in enumerate(plans):
+        for t, batch in enumerate(plan.batches):
+            rows[t, k, : len(batch)] = batch
+            rows[t, k, len(batch) :] = batch[0]
+            mask[t, k, : len(batch)] = 1.0
+            active[t, k] = True
+    return rows.to(device), mask.to(device), active.to(device)
+
+
+def _flatten_stacked(layout: ParamLayout, params: Tensors, fixed: Tensors, k: int) -> torch.Tensor:
+    """``(K, numel)`` float32 CPU tensor: each client's float state in ``state_dict`` order."""
+    pieces = [(params[n] if n in params else fixed[n].unsqueeze(0).expand(k, *fixed[n].shape)).reshape(k, -1)
+              for n in layout.names]
+    return torch.cat(pieces, dim=1).detach().float().cpu() if pieces else torch.zeros(k, 0)
+
+
+def _update(plan: ClientPlan, flat: torch.Tensor, losses: torch.Tensor, ctx: ChunkModel) -> ClientUpdate:
+    """The client's update, with the same metrics as :meth:`Client.fit` (example-weighted epoch losses)."""
+    epoch_losses = []
+    for e in range(plan.epochs):
+        batches = plan.batches[e * plan.steps_per_epoch : (e + 1) * plan.steps_per_epoch]
+        total = sum(float(losses[e * plan.steps_per_epoch + j]) * len(b) for j, b in enumerate(batches))
+        epoch_losses.append(total / max(sum(len(b) for b in batches), 1))
+    return ClientUpdate(
+        client_id=plan.task.client_id,
+        round_num=plan.task.round_num,
+        params=flat.clone(),
+        num_examples=plan.client.num_train,
+        metrics={
+            "train_loss": sum(epoch_losses) / max(len(epoch_losses), 1),
+            "local_steps": float(plan.num_steps),
+            "lr": dict(plan.optimizer.hyper)["lr"],
+        },
+        epoch_losses=tuple(epoch_losses),
+        worker=ctx.worker,
+        device=str(ctx.device),
+    )

@@ -1,0 +1,258 @@
+"""VmapExecutor: matches the serial reference within float32 tolerance, refuses what it cannot vectorise."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedsim.client import Client
+from fedsim.data.federated import FederatedData, federate, make_clients
+from fedsim.data.partition import lognormal, natural
+from fedsim.data.synthetic import synthetic
+from fedsim.data.tensor_data import DataSplit, TensorData
+from fedsim.executor import SerialExecutor, VmapExecutor, VmapUnsupportedError, Workload
+from fedsim.logging import RunLogger
+from fedsim.models import LogisticRegression, McMahanCNN, MLP2NN
+from fedsim.params import flatten
+from fedsim.run import compose, run_config
+from fedsim.server import RunResult, Server
+from fedsim.stragglers import Stragglers
+from fedsim.strategy import FedAvg, FedProx, Scaffold
+from fedsim.types import ClientFailure, ClientUpdate, FitTask
+
+TOLERANCE = 1e-5  # the issue's bound on the relative error of the final weights
+
+
+@functools.lru_cache(maxsize=1)
+def vector_data() -> FederatedData:
+    """FedProx's Synthetic(1,1): 8 devices of unequal sizes (20–60 examples), 60 features."""
+    return federate(synthetic(num_devices=8, min_size=20, size_sigma_log=0.5, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+
+
+@functools.lru_cache(maxsize=1)
+def image_data() -> FederatedData:
+    """240 random 1×28×28 images labelled by a linear teacher, split over 6 clients of lognormal sizes."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(240, 1, 28, 28, generator=g)
+    y = ((x.flatten(1) - 0.5) @ torch.randn(784, 10, generator=g)).argmax(1)
+    split = DataSplit(train=TensorData(x[:200], y[:200], 10), test=TensorData(x[200:], y[200:], 10))
+    return federate(split, functools.partial(lognormal, num_clients=6, sigma=0.8, min_size=10), client_test_fraction=0.0, seed=1)
+
+
+MODELS = {
+    "mlr": (vector_data, functools.partial(LogisticRegression, input_shape=(60,), num_classes=10)),
+    "2nn": (vector_data, functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)),
+    "cnn": (image_data, functools.partial(McMahanCNN, input_shape=(1, 28, 28), num_classes=10)),
+}
+
+
+def run(executor, model: str = "2nn", strategy=None, optimizer=None, stragglers=None, rounds: int = 3, client_cls=Client) -> RunResult:
+    data_fn, model_factory = MODELS[model]
+    data = data_fn()
+    kwargs = {"epochs": 2, "batch_size": 8} | ({"optimizer": optimizer} if optimizer else {})
+    server = Server(
+        model_factory=model_factory, clients=make_clients(data, functools.partial(client_cls, **kwargs)),
+        train_data=data.train, test_data=data.test, strategy=strategy or FedAvg(), executor=executor,
+        num_rounds=rounds, clients_per_round=4, seed=7, stragglers=stragglers,
+        logger=RunLogger(None, tensorboard=False, progress=False),
+    )
+    return server.run()
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("model", ["mlr", "2nn", "cnn"])
+def test_matches_serial_with_unequal_clients(model: str) -> None:
+    serial, vmapped = run(SerialExecutor(), model), run(VmapExecutor(chunk_size=3), model)
+    assert relative_error(vmapped.params, serial.params) <= TOLERANCE
+    assert not torch.equal(vmapped.params, run(SerialExecutor(), model, rounds=2).params), "training must move the weights"
+    sizes = {c["num_examples"] for r in serial.history for c in r["clients"]}
+    assert len(sizes) > 1, "the federation should have clients of different sizes"
+
+
+@pytest.mark.parametrize("model", ["mlr", "2nn", "cnn"])
+def test_fedprox_with_stragglers_matches_serial(model: str) -> None:
+    """FedProx's proximal term under vmap, with stragglers doing fewer epochs inside the same chunk."""
+    stragglers = Stragglers(fraction=0.5, epochs=3, seed=7)
+    serial = run(SerialExecutor(), model, FedProx(mu=0.5), stragglers=stragglers)
+    vmapped = run(VmapExecutor(), model, FedProx(mu=0.5), stragglers=stragglers)
+    assert relative_error(vmapped.params, serial.params) <= TOLERANCE
+    plain = run(VmapExecutor(), model, FedProx(mu=0.0), stragglers=stragglers)
+    assert relative_error(plain.params, serial.params) > 10 * TOLERANCE, "μ must change the result"
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, weight_decay=1e-3),
+        functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, dampening=0.1, nesterov=False),
+        functools.partial(torch.optim.SGD, lr=0.05, momentum=0.5, nesterov=True),
+        functools.partial(torch.optim.Adam, lr=0.01, weight_decay=1e-3),
+    ],
+    ids=["sgd_momentum_wd", "sgd_dampening", "sgd_nesterov", "adam"],
+)
+def test_optimizers_match_serial(optimizer) -> None:
+    serial, vmapped = run(SerialExecutor(), "2nn", optimizer=optimizer), run(VmapExecutor(), "2nn", optimizer=optimizer)
+    assert relative_error(vmapped.params, serial.params) <= TOLERANCE
+
+
+def fit_directly(executor, tasks: list[FitTask]) -> list:
+    data = vector_data()
+    factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=16)
+    executor.start(Workload(factory, make_clients(data, functools.partial(Client, epochs=2, batch_size=8)), data.train))
+    torch.manual_seed(0)  # the same initial global weights for every executor
+    try:
+        return executor.fit(flatten(factory()), tasks)
+    finally:
+        executor.close()
+
+
+def test_client_updates_and_metrics_match_serial() -> None:
+    """Per-client: weights, example counts, steps, per-epoch losses (epochs and batch sizes differing per client)."""
+    configs = [{}, {"epochs": 1}, {"batch_size": 5}, {"epochs": 3, "batch_size": 16, "lr": 0.05}]
+    tasks = [FitTask(client_id=c, round_num=1, seed=100 + c, config=configs[c % 4]) for c in range(8)]
+    serial, vmapped = fit_directly(SerialExecutor(), tasks), fit_directly(VmapExecutor(chunk_size=3), tasks)
+    for s, v in zip(serial, vmapped):
+        assert (s.client_id, s.num_examples, s.metrics["local_steps"], s.metrics["lr"]) == (
+            v.client_id, v.num_examples, v.metrics["local_steps"], v.metrics["lr"])
+        assert relative_error(v.params, s.params) <= TOLERANCE
+        assert v.epoch_losses == pytest.approx(s.epoch_losses, rel=1e-5) and len(v.epoch_losses) == len(s.epoch_losses)
+        assert v.metrics["train_loss"] == pytest.approx(s.metrics["train_loss"], rel=1e-5)
+        assert (v.worker, v.device) == ("vmap0", "cpu")
+    assert len({v.metrics["local_steps"] for v in vmapped}) >= 3, "clients should do different numbers of steps"
+
+
+def test_chunking_does_not_change_results_beyond_rounding() -> None:
+    one_by_one = run(VmapExecutor(chunk_size=1), "2nn").params
+    assert relative_error(run(VmapExecutor(chunk_size=128), "2nn").params, one_by_one) <= TOLERANCE
+
+
+def test_several_devices_give_bitwise_the_same_result() -> None:
+    """Chunks depend on the tasks only, so splitting them over devices (here two CPU slots) changes nothing."""
+    one = run(VmapExecutor(devices="cpu", chunk_size=2), "2nn").params
+    two = run(VmapExecutor(devices=["cpu", "cpu"], chunk_size=2), "2nn").params
+    assert torch.equal(one, two)
+
+
+class SmoothedClient(Client):
+    """Another per-example loss: label-smoothed cross-entropy."""
+
+    def per_example_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits, y, reduction="none", label_smoothing=0.2)
+
+
+def test_custom_per_example_loss_matches_serial() -> None:
+    serial = run(SerialExecutor(), "2nn", client_cls=SmoothedClient)
+    vmapped = run(VmapExecutor(), "2nn", client_cls=SmoothedClient)
+    assert relative_error(vmapped.params, serial.params) <= TOLERANCE
+    assert relative_error(vmapped.params, run(VmapExecutor(), "2nn").params) > 10 * TOLERANCE
+
+
+def test_a_raising_chunk_becomes_failures_with_traceback() -> None:
+    data = vector_data()
+    clients = make_clients(data, functools.partial(ExplodingClient, epochs=1, batch_size=8))
+    factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=16)
+    executor = VmapExecutor(chunk_size=2)
+    executor.start(Workload(factory, clients, data.train))
+    ExplodingClient.armed = True
+    try:
+        tasks = [FitTask(client_id=c, round_num=0, seed=c) for c in (0, 1, 2)]
+        results = executor.fit(flatten(factory()), tasks)
+    finally:
+        ExplodingClient.armed = False
+    assert [r.client_id for r in results] == [0, 1, 2]
+    assert all(isinstance(r, ClientFailure) for r in results)
+    assert "ValueError: exploded" in results[0].error and "in a vmap chunk of clients" in results[0].error
+    assert "per_example_loss" in results[0].traceback
+
+
+class ExplodingClient(Client):
+    armed = False
+
+    def per_example_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if ExplodingClient.armed:
+            raise ValueError("exploded")
+        return super().per_example_loss(logits, y)
+
+
+class BatchNormNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(60, 8), nn.BatchNorm1d(8), nn.Linear(8, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class DropoutNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(60, 8), nn.Dropout(0.5), nn.Linear(8, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class CustomLossClient(Client):
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return super().loss(model, x, y) + 0.1 * sum(p.abs().sum() for p in model.parameters())
+
+
+def start(model_factory=None, client_cls=Client, optimizer=None, local=None) -> None:
+    data = vector_data()
+    kwargs = {"optimizer": optimizer} if optimizer else {}
+    clients = make_clients(data, functools.partial(client_cls, **kwargs))
+    factory = model_factory or functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=8)
+    VmapExecutor().start(Workload(factory, clients, data.train, local=local))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"model_factory": BatchNormNet}, r"cannot train BatchNorm \(body.1: BatchNorm1d\); use GroupNorm .* or executor=process"),
+        ({"model_factory": DropoutNet}, r"draws random numbers \(e.g. dropout\); use executor=process"),
+        ({"client_cls": CustomLossClient}, r"CustomLossClient.loss \(a custom loss\).*override per_example_loss instead, or use executor=process"),
+        ({"optimizer": functools.partial(torch.optim.AdamW, lr=0.01)}, r"SGD .* or Adam, not AdamW; use executor=process"),
+        ({"local": Scaffold().local_training()}, r"client half ControlCorrection: it has no functional_term\(\) .*use executor=process"),
+    ],
+    ids=["batchnorm", "dropout", "custom_loss", "adamw", "scaffold"],
+)
+def test_unsupported_workloads_are_refused_at_start(kwargs, message: str) -> None:
+    with pytest.raises(VmapUnsupportedError, match=message):
+        start(**kwargs)
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"executor.chunk_size must be >= 1"):
+        VmapExecutor(chunk_size=0)
+    with pytest.raises(ValueError, match=r"executor.threads must be >= 1 or null"):
+        VmapExecutor(threads=0)
+
+
+def test_executor_vmap_from_the_command_line(tmp_path: Path) -> None:
+    """`executor=vmap` composes with Hydra and gives the serial run's model within tolerance."""
+    overrides = ["num_rounds=2", "clients_per_round=5", "logger=quiet"]
+    vmapped = run_config(compose([*overrides, "executor=vmap", "executor.chunk_size=4"]), tmp_path / "vmap")
+    serial = run_config(compose([*overrides, "executor=serial"]), tmp_path / "serial")
+    assert relative_error(vmapped.params, serial.params) <= TOLERANCE
+    assert (tmp_path / "vmap" / "summary.json").exists()
+
+
+def test_client_without_examples_returns_the_global_weights() -> None:
+    data = vector_data()
+    clients = make_clients(data, Client)
+    clients[0].train_indices = np.zeros(0, dtype=np.int64)
+    factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=8)
+    executor = VmapExecutor()
+    executor.start(Workload(factory, clients, data.train))
+    global_params = torch.randn(flatten(factory()).numel())
+    results = executor.fit(global_params, [FitTask(client_id=c, round_num=0, seed=c) for c in (0, 1)])
+    assert isinstance(results[0], ClientUpdate) and torch.equal(results[0].params, global_params)
+    assert results[0].epoch_losses == (0.0,) and not torch.equal(results[1].params, global_params)
