@@ -1,7 +1,7 @@
 """Run observability: TensorBoard event files, ``metrics.jsonl``, a progress bar and one log line per evaluation.
 
 Scalars share their names across TensorBoard and ``metrics.jsonl`` (e.g. ``train/loss``,
-``eval/accuracy``, ``clients/num_sampled``, ``time/round_s``), grouped by prefix.
+``eval/accuracy``, ``client/num_sampled``, ``time/round_s``), grouped by prefix.
 """
 
 from __future__ import annotations

@@ -194,8 +194,8 @@ class Server:
             self.params = self._aggregate(round_num, kept)
         self.logger.log_clients(round_num, rows)
         metrics = _train_metrics(updates, len(results))
-        metrics["clients/num_rejected"] = float(len(succeeded) - len(updates))
-        metrics["clients/num_aggregated"] = float(len(kept))
+        metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
+        metrics["client/num_aggregated"] = float(len(kept))
         if round_num % self.eval_every == 0 or round_num == self.num_rounds:
             metrics.update(self.evaluate())
             metrics.update(self.evaluate_clients(client_ids))
@@ -285,7 +285,7 @@ def _train_metrics(updates: list[ClientUpdate], num_sampled: int) -> dict[str, f
     loss = sum(u.metrics.get("train_loss", 0.0) * u.num_examples for u in updates) / examples if examples else math.nan
     return {
         "train/loss": loss,
-        "clients/num_sampled": float(num_sampled),
-        "clients/num_failed": float(num_sampled - len(updates)),  # raised, died, timed out or rejected
-        "clients/num_examples": float(examples),
+        "client/num_sampled": float(num_sampled),
+        "client/num_failed": float(num_sampled - len(updates)),  # raised, died, timed out or rejected
+        "client/num_examples": float(examples),
     }

@@ -339,8 +339,8 @@ def test_cli_trains_on_tiny_mnist_files(cli: dict[str, CliRun]) -> None:
     assert "final test accuracy" in run.proc.stdout
     records = run.records()
     assert [r["round"] for r in records] == [1, 2]
-    assert all(r["clients/num_sampled"] == 2 for r in records)
-    assert records[-1]["clients/num_examples"] > 0
+    assert all(r["client/num_sampled"] == 2 for r in records)
+    assert records[-1]["client/num_examples"] > 0
 
 
 # --- (c) a user's strategy class from outside the package ---------------------------------------------------
@@ -362,7 +362,7 @@ def test_user_strategy_from_outside_the_package_by_target(cli: dict[str, CliRun]
 
 # --- (d) observability: TensorBoard and metrics.jsonl agree ----------------------------------------------------
 
-SCALARS = ("train/loss", "eval/loss", "eval/accuracy", "clients/num_sampled", "time/round_s")
+SCALARS = ("train/loss", "eval/loss", "eval/accuracy", "client/num_sampled", "time/round_s")
 
 
 def test_tensorboard_and_metrics_jsonl_record_every_round(cli: dict[str, CliRun]) -> None:
@@ -379,7 +379,7 @@ def test_tensorboard_and_metrics_jsonl_record_every_round(cli: dict[str, CliRun]
         assert [e.step for e in scalars] == [1, 2, 3], tag
         for event, record in zip(scalars, records):
             assert math.isclose(event.value, record[tag], rel_tol=1e-6, abs_tol=1e-9), (tag, event, record)
-    assert [r["clients/num_sampled"] for r in records] == [10.0, 10.0, 10.0]
+    assert [r["client/num_sampled"] for r in records] == [10.0, 10.0, 10.0]
     assert all(0.0 <= r["eval/accuracy"] <= 1.0 and r["time/round_s"] >= 0 for r in records)
 
     [config] = events.Tensors("config/text_summary")

@@ -131,14 +131,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, A
 
 def _outcome(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     """Everything a run computed, without timings and worker names."""
-    keys = ("round", "train/loss", "eval/loss", "eval/accuracy", "clients/num_aggregated")
+    keys = ("round", "train/loss", "eval/loss", "eval/accuracy", "client/num_aggregated")
     return [tuple(r[k] for k in keys) + tuple((c["client_id"], c["train_loss"]) for c in r["clients"]) for r in records]
 
 
 def test_tiny_max_norm_keeps_the_model_almost_still(runs: dict[str, list[dict[str, Any]]]) -> None:
     clipped, fedavg = runs["clipped"], runs["fedavg"]
     assert [r["round"] for r in clipped] == [1, 2, 3]
-    assert all(r["clients/num_aggregated"] == 10 and r["train/loss"] > 0 for r in clipped)  # clients trained
+    assert all(r["client/num_aggregated"] == 10 and r["train/loss"] > 0 for r in clipped)  # clients trained
     spread = lambda records: max(r["eval/loss"] for r in records) - min(r["eval/loss"] for r in records)  # noqa: E731
     # the global model moves at most 1e-6 per round with ClippedFedAvg; FedAvg moves it visibly
     assert spread(clipped) < 1e-4

@@ -33,6 +33,18 @@ def test_client_histograms_every_round(run_dir: Path) -> None:
     assert len(norms) == 10 and all(n > 0 for n in norms)
 
 
+def test_scalars_grouped_by_the_five_prefixes(run_dir: Path) -> None:
+    events = _events(run_dir / "tensorboard")
+    scalars = set(events.Tags()["scalars"])
+    assert {tag.split("/")[0] for tag in scalars} == {"train", "eval", "client", "time", "system"}
+    for tag in ("client/num_sampled", "client/num_failed", "client/num_examples", "client/num_rejected", "client/num_aggregated"):
+        assert [s.step for s in events.Scalars(tag)] == list(range(1, ROUNDS + 1)), tag
+    assert [s.value for s in events.Scalars("client/num_sampled")] == [10.0] * ROUNDS
+    # the client/ scalars share their prefix with the client/ histograms without replacing them
+    assert {"client/train_loss", "client/update_norm"} <= set(events.Tags()["histograms"])
+    assert not scalars & set(events.Tags()["histograms"])
+
+
 def test_label_distribution_image_and_system_scalars(run_dir: Path) -> None:
     events = _events(run_dir / "tensorboard")
     [image] = events.Images("data/label_distribution")

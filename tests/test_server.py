@@ -83,7 +83,7 @@ def test_run_learns_better_than_chance_and_the_initial_model() -> None:
     final = result.history[-1]["eval/accuracy"]
     assert final > max(majority, initial) + 0.05, (final, majority, initial)
     assert [r["round"] for r in result.history] == list(range(1, 9))
-    assert all(r["clients/num_sampled"] == 6 and r["clients/num_failed"] == 0 for r in result.history)
+    assert all(r["client/num_sampled"] == 6 and r["client/num_failed"] == 0 for r in result.history)
     assert torch.equal(flatten(result.model), result.params)  # the returned model holds the final weights
     losses = [r["eval/loss"] for r in result.history]
     assert losses[-1] < losses[0]
@@ -197,16 +197,16 @@ def test_failing_client_with_lenient_policy_is_recorded(tmp_path: Path) -> None:
     logger = RunLogger(tmp_path, tensorboard=True, progress=False)
     result = _server(client_cls=FlakyClient, strategy=strategy, clients_per_round=12, num_rounds=2,
                      min_success_fraction=0.5, logger=logger).run()
-    assert [r["clients/num_failed"] for r in result.history] == [1.0, 1.0]
+    assert [r["client/num_failed"] for r in result.history] == [1.0, 1.0]
     assert all(BAD_CLIENT not in ids and len(ids) == 11 for ids in strategy.seen.values())
     sizes = [len(t) for i, t in enumerate(_federation().client_train) if i != BAD_CLIENT]
-    assert result.history[0]["clients/num_examples"] == sum(sizes)
+    assert result.history[0]["client/num_examples"] == sum(sizes)
 
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["clients/num_failed"] for r in records] == [1.0, 1.0]
+    assert [r["client/num_failed"] for r in records] == [1.0, 1.0]
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
-    failed = events.Scalars("clients/num_failed")
+    failed = events.Scalars("client/num_failed")
     assert [(e.step, e.value) for e in failed] == [(1, 1.0), (2, 1.0)]
     texts = [e.tensor_proto.string_val[0].decode() for e in events.Tensors("failures/text_summary")]
     assert len(texts) == 2 and all(f"client {BAD_CLIENT}" in t and "disk on fire" in t for t in texts)
@@ -299,5 +299,5 @@ def test_hundred_thousand_clients_only_the_sampled_ones_train() -> None:
     expected = Counter(cid for ids in sampled for cid in ids)
     assert CountingClient.fits == expected
     assert sum(CountingClient.fits.values()) == 30
-    assert [r["clients/num_sampled"] for r in result.history] == [10.0, 10.0, 10.0]
-    assert [r["clients/num_examples"] for r in result.history] == [10.0, 10.0, 10.0]
+    assert [r["client/num_sampled"] for r in result.history] == [10.0, 10.0, 10.0]
+    assert [r["client/num_examples"] for r in result.history] == [10.0, 10.0, 10.0]

@@ -62,7 +62,7 @@ def test_a_nan_update_is_rejected_and_logged(tmp_path: Path) -> None:
     result = _server(bad=(2,), run_dir=tmp_path).run()
     assert torch.isfinite(result.params).all()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["clients/num_rejected"] for r in records] == [1.0, 1.0]
+    assert [r["client/num_rejected"] for r in records] == [1.0, 1.0]
     assert all(2 not in [c["client_id"] for c in r["clients"]] for r in records)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

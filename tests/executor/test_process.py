@@ -83,7 +83,7 @@ def test_raising_client_is_reported_and_policy_applies(tmp_path: Path) -> None:
         run(ProcessExecutor(devices="cpu", workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))
     result = run(ProcessExecutor(devices="cpu", workers=2), fault_clients.RaisingClient, run_dir=tmp_path,
                  min_success_fraction=0.5, bad_ids=(1, 3, 5))
-    failed = sum(r["clients/num_failed"] for r in result.history)
+    failed = sum(r["client/num_failed"] for r in result.history)
     assert failed >= 1
     assert all(c["client_id"] not in (1, 3, 5) for r in result.history for c in r["clients"])
     log = (tmp_path / "run.log").read_text() if (tmp_path / "run.log").exists() else ""

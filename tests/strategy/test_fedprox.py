@@ -97,12 +97,12 @@ def test_server_tells_stragglers_to_do_fewer_epochs_and_fedavg_drops_them() -> N
         assert len(rows[rnd, cid]["epoch_losses"]) == expected
     for rnd, seen in strategy.seen.items():
         assert all((rnd, cid) not in slow for cid in seen)
-    assert sum(r["clients/num_aggregated"] for r in result.history) == len(rows) - len(slow)
+    assert sum(r["client/num_aggregated"] for r in result.history) == len(rows) - len(slow)
 
 
 def test_fedprox_keeps_stragglers() -> None:
     result = _server(FedProx(mu=1.0), SerialExecutor(), Stragglers(fraction=0.5, epochs=3, seed=5)).run()
-    assert all(r["clients/num_aggregated"] == 4 for r in result.history)
+    assert all(r["client/num_aggregated"] == 4 for r in result.history)
 
 
 def test_a_round_of_only_dropped_stragglers_keeps_the_model() -> None:
