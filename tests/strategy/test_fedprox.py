@@ -17,6 +17,7 @@ from fedsim.models import LogisticRegression
 from fedsim.server import Server
 from fedsim.strategy import FedAvg, FedProx, ProximalTerm
 from fedsim.stragglers import Stragglers
+from fedsim.types import ClientUpdate
 
 
 def test_proximal_term_known_answer_and_gradient() -> None:
@@ -39,6 +40,26 @@ def test_proximal_term_is_off_when_mu_is_zero() -> None:
     term = ProximalTerm()
     term.begin(nn.Linear(2, 1), {})
     assert term.loss_term(nn.Linear(2, 1)) is None
+
+
+def test_server_half_known_answer_keeps_every_update() -> None:
+    # n = 1, 3, 4 (total 8), a straggler's few examples included:  x = (1 + 9 - 8) / 8,  y = (2 + 18 + 0) / 8.
+    # The global weights and μ do not enter the server half.
+    updates = [ClientUpdate(0, 1, torch.tensor([1.0, 2.0]), 1), ClientUpdate(2, 1, torch.tensor([3.0, 6.0]), 3),
+               ClientUpdate(5, 1, torch.tensor([-2.0, 0.0]), 4)]
+    for strategy, x in ((FedProx(mu=5.0), torch.zeros(2)), (FedProx(mu=0.0), torch.tensor([9.0, -9.0]))):
+        assert torch.equal(strategy.aggregate(1, x, updates), torch.tensor([0.25, 2.5]))
+
+
+def test_server_half_sends_mu_in_a_fresh_dict_and_rejects_negative_mu() -> None:
+    strategy = FedProx(mu=0.5)
+    first = strategy.client_config(1, 3)
+    assert first == {"prox_mu": 0.5} and isinstance(strategy.local_training(), ProximalTerm)
+    first["prox_mu"] = 99.0
+    assert strategy.client_config(2, 3) == {"prox_mu": 0.5}
+    assert FedProx.keeps_stragglers and not FedAvg.keeps_stragglers
+    with pytest.raises(ValueError, match=r"^strategy\.mu must be >= 0 \(got -0\.1\)$"):
+        FedProx(mu=-0.1)
 
 
 def test_stragglers_are_a_pure_function_of_seed_round_client() -> None:
