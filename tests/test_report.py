@@ -1,19 +1,12 @@
-"""fedsim.report: hand-made run directories with hand-computed numbers, then one real Hydra sweep.
-
-The real sweeps (a serial one with TensorBoard, a process-executor one) run side by side in a module
-fixture, each as a fresh Python process; the report over them runs once more as a subprocess.
-"""
+"""fedsim.report on hand-made run directories with hand-computed numbers (real Hydra sweeps: test_sweep.py)."""
 
 from __future__ import annotations
 
 import csv
 import json
 import math
-import os
 import re
-import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +16,6 @@ import yaml
 from fedsim import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-TIMEOUT_S = 120
 
 
 def fake_run(root: Path, name: str, accs: list[float | None], *, overrides: list[str] | None = None,
@@ -210,70 +202,3 @@ def test_target_must_be_a_fraction(sweep: Path, capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit) as exit_info:
         report.main([str(sweep), "--target", "60"])
     assert exit_info.value.code == 2 and "must be an accuracy in (0, 1]" in capsys.readouterr().err
-
-
-# ---------------------------------------------------------------- real sweeps
-
-
-def _fedsim(args: list[str], cwd: Path, tag: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "FEDSIM_REPORT_TEST": tag}  # inherited by worker processes: finds leftovers exactly
-    env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.Popen([sys.executable, "-m", "fedsim", "-m", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-@pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Two sweeps side by side: strategies x seeds with TensorBoard (serial), and 2 seeds on 1 CPU worker process."""
-    cwd, tag = tmp_path_factory.mktemp("sweeps"), uuid.uuid4().hex
-    procs = {
-        "serial": _fedsim(["strategy=fedavg,fedprox", "seed=0,1", "num_rounds=2", f"hydra.sweep.dir={cwd / 'serial'}"], cwd, tag),
-        "process": _fedsim(["seed=0,1", "num_rounds=1", "logger=quiet", "executor=process", "executor.devices=cpu",
-                            "executor.workers=1", f"hydra.sweep.dir={cwd / 'process'}"], cwd, tag),
-    }
-    outputs = {name: proc.communicate(timeout=TIMEOUT_S)[0] for name, proc in procs.items()}
-    rep = subprocess.run([sys.executable, "-m", "fedsim.report", str(cwd / "serial")], cwd=cwd,
-                         capture_output=True, text=True, timeout=TIMEOUT_S)
-    return {"cwd": cwd, "tag": tag, "procs": procs, "outputs": outputs, "report": rep}
-
-
-def test_sweep_makes_one_readable_dir_per_job(real: dict[str, Any]) -> None:
-    assert real["procs"]["serial"].returncode == 0, real["outputs"]["serial"][-3000:]
-    root = real["cwd"] / "serial"
-    names = {p.name for p in root.iterdir() if p.is_dir()}
-    assert names == {f"{i}_num_rounds=2,seed={seed},strategy={strategy}"
-                     for i, (strategy, seed) in enumerate([("fedavg", 0), ("fedavg", 1), ("fedprox", 0), ("fedprox", 1)])}
-    for name in names:
-        run_dir = root / name
-        assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
-        assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
-        assert any((run_dir / "tensorboard").glob("events.out.tfevents.*"))
-        assert (run_dir / ".hydra" / "overrides.yaml").exists()
-
-
-def test_report_on_real_sweep(real: dict[str, Any]) -> None:
-    rep, root = real["report"], real["cwd"] / "serial"
-    assert rep.returncode == 0, rep.stderr[-3000:]
-    lines = rep.stdout.splitlines()
-    assert lines[0] == "common overrides: num_rounds=2"
-    assert lines[1].split()[:2] == ["configuration", "seeds"]
-    assert [line.split()[:3] for line in lines[2:4]] == [["strategy=fedavg", "2/2", "2"], ["strategy=fedprox", "2/2", "2"]]
-    assert len(list(csv.DictReader(open(root / "report.csv")))) == 2
-    assert (root / "accuracy.png").read_bytes()[:8] == PNG_MAGIC
-
-
-def test_process_sweep_leaves_no_worker_behind(real: dict[str, Any]) -> None:
-    assert real["procs"]["process"].returncode == 0, real["outputs"]["process"][-3000:]
-    logs = sorted((real["cwd"] / "process").glob("*/workers/worker-*.log"))
-    pids = {int(pid) for log in logs for pid in re.findall(r"\(pid (\d+),", log.read_text())}
-    assert len(logs) == 2 and len(pids) == 2  # one worker per job, each job its own pool
-    alive = [pid for pid in pids if _has_tag(pid, real["tag"])]
-    assert alive == [], f"worker processes left behind: {alive}"
-
-
-def _has_tag(pid: int, tag: str) -> bool:
-    """Whether ``pid`` is alive and carries our environment tag (a recycled pid would not)."""
-    try:
-        return f"FEDSIM_REPORT_TEST={tag}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False

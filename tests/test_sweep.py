@@ -1,0 +1,138 @@
+"""Real Hydra multirun sweeps, each in a fresh Python process, and ``python -m fedsim.report`` over one.
+
+Two sweeps run side by side in a module fixture: a 2x2 grid (strategy x partition.alpha) over two seeds
+with TensorBoard on the serial executor, and two seeds on one CPU worker process (to look for leftovers).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from matplotlib import image as mpimg
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TIMEOUT_S = 180
+FIXED = ["clients_per_round=5", "logger.progress=False", "num_rounds=2", "partition.num_clients=20", "partition=dirichlet"]
+CONFIGS = [(strategy, alpha) for strategy in ("fedavg", "fedprox") for alpha in ("0.1", "1.0")]  # job order
+SEEDS = (0, 1)
+CSV_COLUMNS = ["configuration", "seeds_finished", "seeds_total", "rounds_min", "rounds_max", "final_accuracy_mean",
+               "final_accuracy_std", "best_accuracy_mean", "best_accuracy_std", "wall_time_s_mean"]
+
+
+def _fedsim(args: list[str], cwd: Path, tag: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "FEDSIM_REPORT_TEST": tag}  # inherited by worker processes: finds leftovers exactly
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.Popen([sys.executable, "-m", "fedsim", "-m", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The two sweeps, then the report over the grid one."""
+    cwd, tag = tmp_path_factory.mktemp("sweeps"), uuid.uuid4().hex
+    grid = ["strategy=fedavg,fedprox", "partition.alpha=0.1,1.0", "seed=0,1", *FIXED]
+    procs = {
+        "grid": _fedsim([*grid, f"hydra.sweep.dir={cwd / 'grid'}"], cwd, tag),
+        "process": _fedsim(["seed=0,1", "num_rounds=1", "logger=quiet", "executor=process", "executor.devices=cpu",
+                            "executor.workers=1", f"hydra.sweep.dir={cwd / 'process'}"], cwd, tag),
+    }
+    outputs = {name: proc.communicate(timeout=TIMEOUT_S)[0] for name, proc in procs.items()}
+    rep = subprocess.run([sys.executable, "-m", "fedsim.report", str(cwd / "grid")], cwd=cwd,
+                         capture_output=True, text=True, timeout=TIMEOUT_S)
+    return {"cwd": cwd, "tag": tag, "procs": procs, "outputs": outputs, "report": rep}
+
+
+def job_dirs(root: Path) -> dict[tuple[str, str, int], Path]:
+    """Where each (strategy, alpha, seed) job must have written: ``<job number>_<sorted overrides>``."""
+    jobs = [(s, a, seed) for s, a in CONFIGS for seed in SEEDS]
+    return {(s, a, seed): root / (f"{i}_clients_per_round=5,logger.progress=False,num_rounds=2,partition.alpha={a},"
+                                  f"partition.num_clients=20,partition=dirichlet,seed={seed},strategy={s}")
+            for i, (s, a, seed) in enumerate(jobs)}
+
+
+def seed_stats(root: Path, strategy: str, alpha: str, key: str) -> tuple[float, float]:
+    """Mean and sample std over the seeds of one configuration, from the jobs' own summary.json."""
+    dirs = job_dirs(root)
+    values = [json.loads((dirs[strategy, alpha, seed] / "summary.json").read_text())[key] for seed in SEEDS]
+    return statistics.fmean(values), statistics.stdev(values)
+
+
+def test_each_job_has_its_own_dir_events_metrics_and_summary(real: dict[str, Any]) -> None:
+    assert real["procs"]["grid"].returncode == 0, real["outputs"]["grid"][-3000:]
+    root = real["cwd"] / "grid"
+    dirs = job_dirs(root)
+    assert {p for p in root.iterdir() if p.is_dir()} == set(dirs.values())
+    for (strategy, alpha, seed), run_dir in dirs.items():
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [r["round"] for r in records] == [1, 2]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert (summary["rounds"], summary["finished"], summary["final_accuracy"]) == (2, True, records[-1]["eval/accuracy"])
+        assert any((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+        scalars = EventAccumulator(str(run_dir / "tensorboard")).Reload().Scalars("eval/accuracy")
+        assert [s.value for s in scalars] == pytest.approx([r["eval/accuracy"] for r in records], abs=1e-6)  # this job's
+        overrides = (run_dir / ".hydra" / "overrides.yaml").read_text()
+        assert f"strategy={strategy}" in overrides and f"partition.alpha={alpha}" in overrides and f"seed={seed}" in overrides
+
+
+def test_report_table_has_the_four_configurations_with_mean_and_std_over_seeds(real: dict[str, Any]) -> None:
+    rep, root = real["report"], real["cwd"] / "grid"
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    lines = rep.stdout.splitlines()
+    assert lines[0] == "common overrides: " + " ".join(FIXED)
+    assert lines[1].split() == ["configuration", "seeds", "rounds", "final", "acc", "best", "acc", "wall", "s"]
+    assert len(lines) == 2 + len(CONFIGS) + 1 and lines[-1].startswith("wrote ")
+    for line, (strategy, alpha) in zip(lines[2:6], CONFIGS, strict=True):
+        final, best = seed_stats(root, strategy, alpha, "final_accuracy"), seed_stats(root, strategy, alpha, "best_accuracy")
+        cells = rf"{final[0]:.4f} ± {final[1]:.4f}\s+{best[0]:.4f} ± {best[1]:.4f}"
+        assert re.fullmatch(rf"partition\.alpha={alpha},strategy={strategy}\s+2/2\s+2\s+{cells}\s+\d+\.\d", line), line
+
+
+def test_report_csv_has_one_row_per_configuration(real: dict[str, Any]) -> None:
+    root = real["cwd"] / "grid"
+    with open(root / "report.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames == CSV_COLUMNS
+    assert [r["configuration"] for r in rows] == [
+        ",".join(sorted([*FIXED, f"partition.alpha={a}", f"strategy={s}"])) for s, a in CONFIGS]
+    for row, (strategy, alpha) in zip(rows, CONFIGS, strict=True):
+        assert (row["seeds_finished"], row["seeds_total"], row["rounds_min"], row["rounds_max"]) == ("2", "2", "2", "2")
+        for key in ("final_accuracy", "best_accuracy"):
+            mean, std = seed_stats(root, strategy, alpha, key)
+            assert (float(row[f"{key}_mean"]), float(row[f"{key}_std"])) == pytest.approx((mean, std))
+        assert float(row["wall_time_s_mean"]) == pytest.approx(seed_stats(root, strategy, alpha, "wall_time_s")[0])
+
+
+def test_report_png_is_a_real_image(real: dict[str, Any]) -> None:
+    png = real["cwd"] / "grid" / "accuracy.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    pixels = mpimg.imread(png)
+    assert pixels.shape[0] > 100 and pixels.shape[1] > 100 and pixels.std() > 0  # drawn, not blank
+
+
+def test_process_sweep_leaves_no_worker_behind(real: dict[str, Any]) -> None:
+    assert real["procs"]["process"].returncode == 0, real["outputs"]["process"][-3000:]
+    logs = sorted((real["cwd"] / "process").glob("*/workers/worker-*.log"))
+    pids = {int(pid) for log in logs for pid in re.findall(r"\(pid (\d+),", log.read_text())}
+    assert len(logs) == 2 and len(pids) == 2  # one worker per job, each job its own pool
+    alive = [pid for pid in pids if _has_tag(pid, real["tag"])]
+    assert alive == [], f"worker processes left behind: {alive}"
+
+
+def _has_tag(pid: int, tag: str) -> bool:
+    """Whether ``pid`` is alive and carries our environment tag (a recycled pid would not)."""
+    try:
+        return f"FEDSIM_REPORT_TEST={tag}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
