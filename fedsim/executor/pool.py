@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -22,6 +23,9 @@ NO_MAIN_GUARD = (
     "fedsim: a worker process was started while your script was being imported by another worker: "
     'put the code that runs the experiment under `if __name__ == "__main__":` (needed by the spawn start method)'
 )
+
+
+POSSIBLY_OOM = "possibly out of memory"  # the OS OOM killer sends SIGKILL, but so do people and other tools
 
 
 class WorkerStartupError(RuntimeError):
@@ -55,6 +59,19 @@ class WorkerHandle:
             f"worker {self.name} ({self.spec.device}) {state} before it could train{where}. "
             'If a script starts fedsim, keep its experiment code under `if __name__ == "__main__":`'
         )
+
+    def death_reason(self) -> str:
+        """One line saying how the worker ended (its pipe broke or its process exited)."""
+        self.process.join(1.0)  # a broken pipe can come a moment before the exit status
+        code = self.process.exitcode
+        if code is None:
+            return f"worker {self.name} stopped answering (pipe closed, process still running)"
+        if code >= 0:
+            return f"worker {self.name} exited with code {code}"
+        name = _signal_name(-code)
+        if -code == signal.SIGKILL:
+            return f"worker {self.name} was killed by {name} ({POSSIBLY_OOM})"
+        return f"worker {self.name} was killed by {name}"
 
     def assign(self, task: FitTask) -> None:
         self.conn.send(task)
@@ -95,6 +112,13 @@ class WorkerHandle:
             self.process.kill()
         self.process.join(5.0)
         self.conn.close()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _with_params(update: ClientUpdate, params: torch.Tensor) -> ClientUpdate:

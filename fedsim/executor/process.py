@@ -113,7 +113,7 @@ class ProcessExecutor(Executor):
                 result = worker.take_result()
                 results[result.client_id] = result
             elif worker.conn in ready or worker.process.sentinel in ready or not worker.process.is_alive():
-                self._replace(worker, results, pending, attempts, f"worker {worker.name} died (exit code {worker.process.exitcode})")
+                self._replace(worker, results, pending, attempts, worker.death_reason())
             elif self.client_timeout_s is not None and time.monotonic() - worker.started_at > self.client_timeout_s:
                 self._replace(worker, results, pending, attempts, f"client timed out after {self.client_timeout_s:g} s")
 

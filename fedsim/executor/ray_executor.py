@@ -6,7 +6,8 @@ round; every task of the round gets the same reference and each actor fetches it
 Tasks are handed out dynamically (an idle actor gets the next client) and results are returned
 sorted by client id, so answers equal the serial executor's with the same ``threads``.
 An actor that dies (crash, OOM kill) or exceeds ``client_timeout_s`` is replaced and its client
-retried with the same seed, at most ``max_retries`` times.
+retried with the same seed, at most ``max_retries`` times; a kill by Ray's memory monitor is reported
+as out of memory. Every actor logs to its own file in the run directory, tagged with round and client.
 
 Ray is optional: this module imports it only when a :class:`RayExecutor` is created.
 """
@@ -28,12 +29,13 @@ import torch
 
 from fedsim.executor.base import Executor, Workload, retry_or_fail, run_task
 from fedsim.executor.placement import physical_cores
+from fedsim.executor.pool import POSSIBLY_OOM
 from fedsim.executor.worker_log import log_result, redirect_output, tagged
 from fedsim.types import FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
 
-_RAY_OOM = re.compile(r"running low on memory|memory pressure|OOM kill reason", re.IGNORECASE)
+_RAY_OOM = re.compile(r"running low on memory|OOM kill reason|NODE_OUT_OF_MEMORY", re.IGNORECASE)
 MISSING_RAY = "executor=ray needs Ray: pip install 'fedsim[ray]'"
 
 
@@ -258,11 +260,13 @@ class RayExecutor(Executor):
 
 
 def _death_reason(ray: Any, slot: _Slot, error: Exception) -> str:
-    """One line saying why an actor's task did not come back (best effort at spotting OOM kills)."""
-    # Ray's generic death message lists "the OOM killer" as a *possible* cause; only its memory
-    # monitor's own words (or its exception type) say that the worker really was killed for memory.
+    """One line saying why an actor's task did not come back, worded like the process executor's."""
+    # Ray's memory monitor makes the task raise OutOfMemoryError (checked with a real kill, Ray 2.60).
+    # Ray's generic death message lists "the OOM killer" only as a *possible* cause: a SIGKILL from the
+    # OS OOM killer, any other SIGKILL and a segfault all read the same (exit type SYSTEM_ERROR).
     text = str(error)
-    oom = isinstance(error, getattr(ray.exceptions, "OutOfMemoryError", ())) or _RAY_OOM.search(text) is not None
-    if oom:
-        return f"Ray worker {slot.name} was killed for running out of memory (Ray's memory monitor, OOM)"
+    if isinstance(error, getattr(ray.exceptions, "OutOfMemoryError", ())) or _RAY_OOM.search(text):
+        return f"Ray worker {slot.name} was killed by Ray's memory monitor: out of memory"
+    if "SYSTEM_ERROR" in text:
+        return f"Ray worker {slot.name} was killed or crashed ({POSSIBLY_OOM}; Ray does not say which signal)"
     return f"Ray worker {slot.name} died ({type(error).__name__})"

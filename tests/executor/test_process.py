@@ -104,6 +104,12 @@ def test_sigkilled_worker_is_replaced_and_result_unchanged(tmp_path: Path) -> No
     assert_all_gone(pids)
 
 
+def test_sigkilled_worker_without_retries_says_possibly_out_of_memory(tmp_path: Path) -> None:
+    executor = ProcessExecutor(devices="cpu", workers=1, max_retries=0)
+    with pytest.raises(RoundFailedError, match=r"worker w0 was killed by SIGKILL \(possibly out of memory\)"):
+        run(executor, fault_clients.KillOnceClient, victim=_first_sampled_client(), marker=str(tmp_path / "killed"))
+
+
 def test_hanging_client_is_timed_out_and_retried(tmp_path: Path) -> None:
     marker = tmp_path / "hung"
     victim = _first_sampled_client()
