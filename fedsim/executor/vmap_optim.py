@@ -78,11 +78,14 @@ def init_state(spec: OptimizerSpec, params: Tensors) -> Tensors:
 
 
 def step(spec: OptimizerSpec, params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors,
-         active: torch.Tensor, first: bool) -> tuple[Tensors, Tensors]:
-    """One optimizer step for every active client. ``first``: no client has stepped before."""
+         active: torch.Tensor, first: bool) -> None:
+    """One optimizer step for every active client, in place on ``params`` and ``state`` (``grads`` are
+    consumed). ``active``: float ``(K,)``, 1 for clients that step, 0 for clients that are done (their
+    coefficients become exact no-ops: ``p + 0·g = p``). ``first``: no client has stepped before."""
     if spec.kind == "sgd":
-        return _sgd(dict(spec.flags), params, grads, state, hyper, active, first)
-    return _adam(params, grads, state, hyper, active)
+        _sgd(dict(spec.flags), params, grads, state, hyper, active, first)
+    else:
+        _adam(params, grads, state, hyper, active)
 
 
 def _per_client(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -90,42 +93,42 @@ def _per_client(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return value.view(-1, *([1] * (like.dim() - 1)))
 
 
-def _keep_inactive(active: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    return torch.where(_per_client(active, new), new, old)
+def _decay(grads: Tensors, params: Tensors, hyper: Tensors) -> None:
+    """``g ← g + λ·p`` (L2 weight decay, as torch.optim adds it to the gradient)."""
+    if bool(hyper["weight_decay"].any()):
+        for name, g in grads.items():
+            g.addcmul_(_per_client(hyper["weight_decay"], g), params[name])
 
 
 def _sgd(flags: dict[str, bool], params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors,
-         active: torch.Tensor, first: bool) -> tuple[Tensors, Tensors]:
-    new_params, new_state = {}, {}
+         active: torch.Tensor, first: bool) -> None:
+    _decay(grads, params, hyper)
+    step_lr = -hyper["lr"] * active
+    keep = hyper["momentum"] * active + (1 - active)  # momentum for active clients, 1 (unchanged) for done ones
+    add = (1 - hyper["dampening"]) * active
     for name, p in params.items():
-        g = grads[name] + _per_client(hyper["weight_decay"], p) * p
+        g = grads[name]
         if flags["momentum"]:
-            old_buf = state[f"buf.{name}"]
+            buf = state[f"buf.{name}"]
             if first:  # torch.optim.SGD: the first step's buffer is the gradient itself
-                buf = g
+                buf.copy_(g)
             else:
-                buf = _per_client(hyper["momentum"], p) * old_buf + _per_client(1 - hyper["dampening"], p) * g
-            g = g + _per_client(hyper["momentum"], p) * buf if flags["nesterov"] else buf
-            new_state[f"buf.{name}"] = _keep_inactive(active, buf, old_buf)
-        new_params[name] = _keep_inactive(active, p - _per_client(hyper["lr"], p) * g, p)
-    return new_params, new_state
+                buf.mul_(_per_client(keep, buf)).addcmul_(_per_client(add, buf), g)
+            g = g.addcmul_(_per_client(hyper["momentum"], g), buf) if flags["nesterov"] else buf
+        p.addcmul_(_per_client(step_lr, p), g)
 
 
-def _adam(params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors,
-          active: torch.Tensor) -> tuple[Tensors, Tensors]:
-    steps = state["step"] + active.to(torch.float64)
-    t = steps.clamp(min=1)  # inactive clients that never stepped: any finite value, their update is discarded
+def _adam(params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors, active: torch.Tensor) -> None:
+    _decay(grads, params, hyper)
+    state["step"] += active.double()
+    t = state["step"].clamp(min=1)  # clients that never stepped: any finite value, they take no step
     bias1 = (1 - hyper["beta1"].double() ** t).float()
     bias2_sqrt = (1 - hyper["beta2"].double() ** t).sqrt().float()
-    new_params, new_state = {}, {"step": steps}
+    step_size = -hyper["lr"] / bias1 * active
+    keep_v = hyper["beta2"] * active + (1 - active)
     for name, p in params.items():
-        g = grads[name] + _per_client(hyper["weight_decay"], p) * p
-        m_old, v_old = state[f"m.{name}"], state[f"v.{name}"]
-        m = torch.lerp(m_old, g, _per_client(1 - hyper["beta1"], p))
-        v = _per_client(hyper["beta2"], p) * v_old + _per_client(1 - hyper["beta2"], p) * g * g
-        denom = v.sqrt() / _per_client(bias2_sqrt, p) + _per_client(hyper["eps"], p)
-        update = _per_client(hyper["lr"] / bias1, p) * m / denom
-        new_params[name] = _keep_inactive(active, p - update, p)
-        new_state[f"m.{name}"] = _keep_inactive(active, m, m_old)
-        new_state[f"v.{name}"] = _keep_inactive(active, v, v_old)
-    return new_params, new_state
+        g, m, v = grads[name], state[f"m.{name}"], state[f"v.{name}"]
+        m.lerp_(g, _per_client((1 - hyper["beta1"]) * active, m))
+        v.mul_(_per_client(keep_v, v)).addcmul_(g * _per_client((1 - hyper["beta2"]) * active, g), g)
+        denom = v.sqrt().div_(_per_client(bias2_sqrt, v)).add_(_per_client(hyper["eps"], v))
+        p.addcdiv_(m * _per_client(step_size, m), denom)

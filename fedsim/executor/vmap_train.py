@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
+from torch.nn.utils.rnn import pad_sequence
 
 from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
@@ -43,13 +44,26 @@ class ClientPlan:
     def num_steps(self) -> int:
         return len(self.batches)
 
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Examples in each local step."""
+        return tuple(int(b.shape[0]) for b in self.batches)
 
-def plan_task(client: Client, task: FitTask, model: nn.Module) -> ClientPlan:
-    """Draw the task's batch order from its generator exactly as :meth:`Client.fit` does."""
+
+def plan_task(client: Client, task: FitTask, model: nn.Module, spec_cache: dict | None = None) -> ClientPlan:
+    """Draw the task's batch order from its generator exactly as :meth:`Client.fit` does.
+
+    ``spec_cache`` remembers the optimizer each (client class, optimizer factory, config) builds, so a
+    round of a hundred clients sharing one factory builds one optimizer, not a hundred."""
     config = dict(task.config)
     epochs = int(config.get("epochs", client.epochs))
     batch_size = int(config.get("batch_size", client.batch_size))
-    spec = vmap_optim.optimizer_spec(client.make_optimizer(model, config))
+    key = (type(client), id(client.optimizer), repr(sorted(config.items())))
+    if spec_cache is None or key not in spec_cache:
+        spec = vmap_optim.optimizer_spec(client.make_optimizer(model, config))
+        if spec_cache is not None:
+            spec_cache[key] = spec
+    spec = spec_cache[key] if spec_cache is not None else spec
     generator = torch.Generator().manual_seed(task.seed)
     indices = torch.from_numpy(client.train_indices)
     batches: list[torch.Tensor] = []
@@ -90,7 +104,7 @@ def train_chunk(ctx: ChunkModel, global_params: torch.Tensor, plans: Sequence[Cl
     for t in range(rows.shape[0]):
         x, y = ctx.data.x[rows[t]], ctx.data.y[rows[t]]
         grads, objective = grad_fn(params, x, y, mask[t], numbers)
-        params, state = vmap_optim.step(spec, params, grads, state, hyper, active[t], first=t == 0)
+        vmap_optim.step(spec, params, grads, state, hyper, active[t], first=t == 0)
         objectives.append(objective.detach())
     flat = _flatten_stacked(ctx.layout, params, fixed, k)
     losses = torch.stack(objectives).double().cpu() if objectives else torch.zeros(0, k, dtype=torch.float64)
@@ -137,20 +151,18 @@ def _stack_numbers(plans: Sequence[ClientPlan], device: torch.device) -> Tensors
 
 
 def _step_tensors(plans: Sequence[ClientPlan], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows ``(T, K, B)``, example mask ``(T, K, B)`` and client-active flags ``(T, K)`` of every aligned step.
-
-    Padding repeats a row of the same batch (so the padded forward stays finite) and is masked out."""
+    """Rows ``(T, K, B)``, example mask ``(T, K, B)`` and client-active flags ``(T, K)`` (1.0 or 0.0) of every
+    aligned step. Padding points at row 0 of the dataset (a real example, so the forward stays finite)
+    and is masked out of the loss."""
     steps = max(p.num_steps for p in plans)
-    width = max((len(b) for p in plans for b in p.batches), default=1)
+    width = max((max(p.sizes) for p in plans if p.sizes), default=1)
     rows = torch.zeros(steps, len(plans), width, dtype=torch.int64)
     mask = torch.zeros(steps, len(plans), width)
-    active = torch.zeros(steps, len(plans), dtype=torch.bool)
     for k, plan in enumerate(plans):
-        for t, batch in enumerate(plan.batches):
-            rows[t, k, : len(batch)] = batch
-            rows[t, k, len(batch) :] = batch[0]
-            mask[t, k, : len(batch)] = 1.0
-            active[t, k] = True
+        if plan.num_steps:
+            rows[: plan.num_steps, k, : max(plan.sizes)] = pad_sequence(list(plan.batches), batch_first=True)
+            mask[: plan.num_steps, k] = (torch.arange(width) < torch.tensor(plan.sizes).unsqueeze(1)).float()
+    active = (mask.sum(-1) > 0).float()
     return rows.to(device), mask.to(device), active.to(device)
 
 
@@ -163,11 +175,11 @@ def _flatten_stacked(layout: ParamLayout, params: Tensors, fixed: Tensors, k: in
 
 def _update(plan: ClientPlan, flat: torch.Tensor, losses: torch.Tensor, ctx: ChunkModel) -> ClientUpdate:
     """The client's update, with the same metrics as :meth:`Client.fit` (example-weighted epoch losses)."""
-    epoch_losses = []
+    epoch_losses, sizes, per_step = [], plan.sizes, losses.tolist()
     for e in range(plan.epochs):
-        batches = plan.batches[e * plan.steps_per_epoch : (e + 1) * plan.steps_per_epoch]
-        total = sum(float(losses[e * plan.steps_per_epoch + j]) * len(b) for j, b in enumerate(batches))
-        epoch_losses.append(total / max(sum(len(b) for b in batches), 1))
+        steps = range(e * plan.steps_per_epoch, min((e + 1) * plan.steps_per_epoch, plan.num_steps))
+        total = sum(per_step[t] * sizes[t] for t in steps)
+        epoch_losses.append(total / max(sum(sizes[t] for t in steps), 1))
     return ClientUpdate(
         client_id=plan.task.client_id,
         round_num=plan.task.round_num,

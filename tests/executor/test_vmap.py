@@ -16,6 +16,7 @@ from fedsim.data.partition import lognormal, natural
 from fedsim.data.synthetic import synthetic
 from fedsim.data.tensor_data import DataSplit, TensorData
 from fedsim.executor import SerialExecutor, VmapExecutor, VmapUnsupportedError, Workload
+from fedsim.executor.vmap import auto_chunk_size
 from fedsim.logging import RunLogger
 from fedsim.models import LogisticRegression, McMahanCNN, MLP2NN
 from fedsim.params import flatten
@@ -230,10 +231,17 @@ def test_unsupported_workloads_are_refused_at_start(kwargs, message: str) -> Non
 
 
 def test_bad_settings_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"executor.chunk_size must be >= 1"):
+    with pytest.raises(ValueError, match=r"executor.chunk_size must be >= 1 or null"):
         VmapExecutor(chunk_size=0)
     with pytest.raises(ValueError, match=r"executor.threads must be >= 1 or null"):
         VmapExecutor(threads=0)
+
+
+def test_auto_chunk_size_follows_the_model_size() -> None:
+    assert auto_chunk_size(7_850, "cpu") == 128  # MLR: every client of a typical round in one pass
+    assert auto_chunk_size(199_210, "cpu") == 21  # 2NN: 64 MiB / (16 B x 199,210)
+    assert auto_chunk_size(1_663_370, "cpu") == 8  # CNN: the floor
+    assert auto_chunk_size(1_663_370, "cuda:0") == 128
 
 
 def test_executor_vmap_from_the_command_line(tmp_path: Path) -> None:

@@ -1,0 +1,162 @@
+"""Side-by-side benchmark of the vmap executor against the process and serial executors and two bounds.
+
+Workload (cross-device style): 100 clients with small local datasets (50 MNIST-shaped synthetic
+examples each), all 100 trained every round, epochs=1, batch_size=10 (5 local steps), SGD lr=0.01,
+FedAvg, on multinomial logistic regression (MLR, 7,850 parameters) and the 2NN (199,210 parameters).
+
+Contenders (per model):
+
+* ``serial_t1``      ``SerialExecutor(threads=1)``: one client after another
+* ``process_w2``     ``ProcessExecutor(devices="cpu", workers=2, threads=1)``: the issue's baseline
+* ``vmap_t1`` / ``vmap_t2``  ``VmapExecutor(chunk_size=128, threads=1 / 2)``: all 100 clients in one pass
+* ``central_t1``     one model, the same number of SGD steps of the same batch size on the union of the
+                     round's examples, 1 thread: one-client-at-a-time without any federation overhead
+* ``wide_t1`` / ``wide_t2``  one model, as many steps as one client does (5), each on a batch of
+                     100 × 10 examples: the same FLOPs as the vmap pass, as one dense model (a bound
+                     for what vectorising can reach)
+
+Rounds are interleaved (see ``bench_executors.py``: same driver, same load accounting). The vmap
+executor's final weights are compared with the serial executor's (relative error), the process
+executor's bitwise.
+
+Run from the repository root::
+
+    .venv/bin/python experiments/bench/bench_vmap.py                 # both models, ~2 minutes on 2 cores
+    .venv/bin/python experiments/bench/bench_vmap.py --models mlr --rounds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_executors import (  # noqa: E402  (a sibling script, not a package)
+    INPUT_SHAPE, NUM_CLASSES, QUIET, Bench, CentralContender, FedsimContender, code_version, machine,
+    mnist_shaped, run_interleaved, summarize,
+)
+
+from fedsim.data.partition import iid  # noqa: E402
+from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor  # noqa: E402
+from fedsim.models import LogisticRegression, MLP2NN  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+MODELS = {"mlr": LogisticRegression, "2nn": MLP2NN}
+CONTENDERS = ("serial_t1", "process_w2", "vmap_t1", "vmap_t2", "central_t1", "wide_t1", "wide_t2")
+
+
+class WideContender(CentralContender):
+    """One model, ``steps-per-client`` SGD steps per round, each on ``per_round × batch_size`` examples."""
+
+    def _train(self, round_num: int) -> None:
+        b = self.bench
+        ids = b.sampled(round_num)
+        union = torch.from_numpy(np.concatenate([b.client_indices[c] for c in ids]))
+        gen = torch.Generator().manual_seed(b.seed * 100_003 + round_num)
+        steps = max(b.steps([c]) for c in ids)
+        width = b.per_round * b.batch_size
+        for _ in range(steps):
+            idx = union[torch.randint(len(union), (width,), generator=gen)]
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(self.model(b.data.x[idx]), b.data.y[idx])
+            loss.backward()
+            self.optimizer.step()
+            float(loss.detach())
+        self.steps_done.append(steps)
+
+
+def make_contender(name: str, bench: Bench, log_dir: Path, chunk_size: int):  # noqa: ANN201 - a contender
+    if name == "serial_t1":
+        return FedsimContender(name, bench, SerialExecutor(threads=1), log_dir / name)
+    if name == "process_w2":
+        return FedsimContender(name, bench, ProcessExecutor(devices="cpu", workers=2, threads=1), log_dir / name)
+    if name.startswith("vmap_t"):
+        return FedsimContender(name, bench, VmapExecutor(chunk_size=chunk_size, threads=int(name[-1])), log_dir / name)
+    if name == "central_t1":
+        return CentralContender(name, bench, 1)
+    if name.startswith("wide_t"):
+        return WideContender(name, bench, int(name[-1]))
+    raise ValueError(f"unknown contender {name}")
+
+
+def compare_weights(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Relative error of every fedsim contender's final weights against serial_t1's (0.0 = bitwise equal)."""
+    reference = results.get("serial_t1", {}).get("params")
+    if reference is None:
+        return {}
+    return {
+        name: float((r["params"] - reference).norm() / reference.norm())
+        for name, r in results.items() if "params" in r and name != "serial_t1"
+    }
+
+
+def ratios(rows: dict[str, dict[str, Any]], stat: str = "median_round_s") -> dict[str, float | None]:
+    """Speed-ups of the best vmap row (> 1: vmap is faster)."""
+    vmap = min((rows[n][stat] for n in rows if n.startswith("vmap") and rows[n][stat]), default=None)
+    return {f"{other}/vmap_best": (rows[other][stat] / vmap if other in rows and vmap else None)
+            for other in ("process_w2", "serial_t1", "central_t1", "wide_t1", "wide_t2")}
+
+
+def print_table(model: str, rows: dict[str, dict[str, Any]], errors: dict[str, Any], speedups: dict[str, Any]) -> None:
+    print(f"\n{model}: seconds per round (median of timed rounds)")
+    for name, row in rows.items():
+        timed = ", ".join(f"{t:.4f}" for t in row["timed_round_s"])
+        print(f"  {name:12s} {row['median_round_s']:.4f}  cpu {row['median_cpu_s']:.3f}  others<= {row['max_others_cores']:.2f}  [{timed}]")
+    print("  ratios:", {k: (round(v, 2) if v else None) for k, v in speedups.items()})
+    print("  relative error vs serial_t1:", errors)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--models", default="mlr,2nn", help="comma-separated subset of: " + ",".join(MODELS))
+    p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--per-round", type=int, default=100)
+    p.add_argument("--examples-per-client", type=int, default=50)
+    p.add_argument("--chunk-size", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=10)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet-wait", type=float, default=5.0)
+    p.add_argument("--out", type=Path, default=HERE / "results_vmap.json")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    QUIET.update(max_wait_s=args.quiet_wait)
+    data = mnist_shaped(args.clients * args.examples_per_client, args.seed)
+    shares = [s[: args.examples_per_client] for s in iid(data.labels, num_clients=args.clients, seed=args.seed)]
+    report: dict[str, Any] = {"machine": machine(), "code": code_version(), "args": {k: str(v) for k, v in vars(args).items()}, "models": {}}
+    with tempfile.TemporaryDirectory(prefix="fedsim-bench-vmap-") as tmp:
+        for model in args.models.split(","):
+            factory = functools.partial(MODELS[model], input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
+            bench = Bench(model, factory, data, shares, args.per_round, args.warmup, args.rounds, args.epochs,
+                          args.batch_size, args.lr, args.seed)
+            contenders = [make_contender(n, bench, Path(tmp) / model, args.chunk_size) for n in args.contenders.split(",")]
+            results = run_interleaved(bench, contenders)
+            rows = {k: summarize(v, args.warmup) for k, v in results.items()}
+            errors, speedups = compare_weights(results), ratios(rows)
+            print_table(model, rows, errors, speedups)
+            report["models"][model] = {"contenders": rows, "ratios": speedups, "ratios_on_min_round": ratios(rows, "min_round_s"),
+                                       "relative_error_vs_serial": errors,
+                                       "num_params": sum(p.numel() for p in factory().parameters())}
+    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
