@@ -103,11 +103,11 @@ class Scaffold(Strategy):
         control = self.control if self.control is not None else torch.zeros_like(global_params)
         control_deltas = torch.zeros_like(global_params, dtype=torch.float64)
         weight_deltas = torch.zeros_like(global_params, dtype=torch.float64)
-        for update in updates:
+        steps_times_lr = [_steps_times_lr(u) for u in updates]  # all checked before any state is written
+        for update, k_lr in zip(updates, steps_times_lr):
             old = self.store.get(update.client_id)
             old = torch.zeros_like(global_params) if old is None else old
-            steps_times_lr = _steps_times_lr(update)
-            new = old - control + (global_params - update.params) / steps_times_lr
+            new = old - control + (global_params - update.params) / k_lr
             self.store.put(update.client_id, new)
             control_deltas += (new - old).double()
             weight_deltas += (update.params - global_params).double()

@@ -26,6 +26,15 @@ def _update(cid: int, params: list[float], steps: float = 1.0, lr: float = 1.0) 
                         metrics={"local_steps": steps, "lr": lr})
 
 
+def test_an_update_without_step_metrics_is_refused_before_any_state_changes() -> None:
+    s = Scaffold()
+    s.sample(1, 4, 2, np.random.default_rng(0))
+    bare = ClientUpdate(client_id=3, round_num=1, params=torch.tensor([1.0, 1.0]), num_examples=1)
+    with pytest.raises(ValueError, match=r"SCAFFOLD needs the metric 'local_steps' in every update"):
+        s.aggregate(1, torch.zeros(2), [_update(1, [1.0, 0.0]), bare])
+    assert s.store.get(1) is None and s.control is None, "a refused round must leave every control variate as it was"
+
+
 def test_server_half_known_answer_over_two_rounds() -> None:
     s = Scaffold()
     s.sample(1, 4, 2, np.random.default_rng(0))  # N = 4 clients in the federation
