@@ -107,6 +107,14 @@ class L1TowardsGlobal(LocalTraining):
         distance = sum((p - a).abs().sum() for p, a in zip(model.parameters(), self.anchor))
         return self.lam * distance  # type: ignore[return-value]
 
+    def functional_term(
+        self, params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor], numbers: dict[str, torch.Tensor]
+    ) -> torch.Tensor | None:
+        """The same term as a pure function, so that ``executor=vmap`` can run this client half too."""
+        if "l1_lambda" not in numbers:
+            return None
+        return numbers["l1_lambda"] * sum((p - anchor[name]).abs().sum() for name, p in params.items())  # type: ignore[return-value]
+
 
 class L1FedAvg(Strategy):
     """Server half: FedAvg aggregation; tells every client its λ (``lam``) through ``client_config``."""
