@@ -37,18 +37,19 @@ def vector_data() -> FederatedData:
 
 @functools.lru_cache(maxsize=1)
 def image_data() -> FederatedData:
-    """240 random 1×28×28 images labelled by a linear teacher, split over 6 clients of lognormal sizes."""
+    """160 random 1×12×12 images labelled by a linear teacher, split over 6 clients of lognormal sizes
+    (small images: the CNN's cost, not its shape, is what a unit test cannot afford)."""
     g = torch.Generator().manual_seed(5)
-    x = torch.rand(240, 1, 28, 28, generator=g)
-    y = ((x.flatten(1) - 0.5) @ torch.randn(784, 10, generator=g)).argmax(1)
-    split = DataSplit(train=TensorData(x[:200], y[:200], 10), test=TensorData(x[200:], y[200:], 10))
+    x = torch.rand(160, 1, 12, 12, generator=g)
+    y = ((x.flatten(1) - 0.5) @ torch.randn(144, 10, generator=g)).argmax(1)
+    split = DataSplit(train=TensorData(x[:120], y[:120], 10), test=TensorData(x[120:], y[120:], 10))
     return federate(split, functools.partial(lognormal, num_clients=6, sigma=0.8, min_size=10), client_test_fraction=0.0, seed=1)
 
 
 MODELS = {
     "mlr": (vector_data, functools.partial(LogisticRegression, input_shape=(60,), num_classes=10)),
     "2nn": (vector_data, functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)),
-    "cnn": (image_data, functools.partial(McMahanCNN, input_shape=(1, 28, 28), num_classes=10)),
+    "cnn": (image_data, functools.partial(McMahanCNN, input_shape=(1, 12, 12), num_classes=10)),
 }
 
 
@@ -84,9 +85,10 @@ def test_fedprox_with_stragglers_matches_serial(model: str) -> None:
     stragglers = Stragglers(fraction=0.5, epochs=3, seed=7)
     serial = run(SerialExecutor(), model, FedProx(mu=0.5), stragglers=stragglers)
     vmapped = run(VmapExecutor(), model, FedProx(mu=0.5), stragglers=stragglers)
-    assert relative_error(vmapped.params, serial.params) <= TOLERANCE
+    error = relative_error(vmapped.params, serial.params)
+    assert error <= TOLERANCE
     plain = run(VmapExecutor(), model, FedProx(mu=0.0), stragglers=stragglers)
-    assert relative_error(plain.params, serial.params) > 10 * TOLERANCE, "μ must change the result"
+    assert relative_error(plain.params, serial.params) > max(100 * error, 1e-6), "μ must change the result"
 
 
 @pytest.mark.parametrize(
