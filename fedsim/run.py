@@ -6,13 +6,14 @@ From Python: ``run_config(compose(["strategy=fedavg", "num_rounds=5"]), run_dir=
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,23 @@ from fedsim.seeding import partition_seed
 from fedsim.server import RoundFailedError, RunResult, Server
 from fedsim.stragglers import Stragglers
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def _config_dir() -> str:
+    """``conf/`` of the checkout this module runs from, else the copy a non-editable install put under
+    ``<prefix>/share/fedsim/conf`` (setup.cfg's data_files; the prefix of this interpreter, or the one
+    the package was installed into with ``--prefix`` / ``--user``)."""
+    package = Path(__file__).resolve().parent
+    candidates = [
+        package.parent / "conf",
+        Path(sys.prefix) / "share" / "fedsim" / "conf",
+        package.parents[3] / "share" / "fedsim" / "conf" if len(package.parents) > 3 else package,
+    ]
+    found = next((c for c in candidates if (c / "config.yaml").exists()), candidates[0])
+    return str(found)
+
+
+CONFIG_DIR = _config_dir()
 log = logging.getLogger("fedsim")
 register_schema()
 
@@ -166,16 +183,16 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(f"fedsim: error: {error}", file=sys.stderr)
         sys.exit(2)
     start = time.perf_counter()
-    _stop_on_signals(server)
-    try:
-        result = server.run()
-    except RoundFailedError as error:
-        print(f"fedsim: error: {error}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("fedsim: interrupted; workers stopped (no checkpoint for the unfinished round)", file=sys.stderr)
-        sys.exit(130)
-    summary = record_summary(server, result, cfg, run_dir, time.perf_counter() - start)
+    with _stop_on_signals(server):  # restored afterwards: the next multirun job must not reach this server
+        try:
+            result = server.run()
+        except RoundFailedError as error:
+            print(f"fedsim: error: {error}", file=sys.stderr)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            print("fedsim: interrupted; workers stopped (no checkpoint for the unfinished round)", file=sys.stderr)
+            sys.exit(130)
+        summary = record_summary(server, result, cfg, run_dir, time.perf_counter() - start)
     if result.stopped_early:
         print(f"fedsim: interrupted: stopped after round {summary['rounds']}, checkpoint in {run_dir}/checkpoints; "
               f"continue with resume={run_dir}", file=sys.stderr)
@@ -184,8 +201,11 @@ def _hydra_main(cfg: DictConfig) -> None:
           f"{summary['rounds']} rounds, {summary['wall_time_s']:.1f} s) -> {run_dir}")
 
 
-def _stop_on_signals(server: Server) -> None:
-    """First Ctrl-C / SIGTERM: finish the round, checkpoint, exit. A second one: abort at once."""
+@contextlib.contextmanager
+def _stop_on_signals(server: Server) -> Iterator[None]:
+    """While inside: the first Ctrl-C / SIGTERM finishes the round, checkpoints and exits; a second one
+    aborts at once. On leaving, the previous handlers come back (a handler left behind would keep the
+    finished server, its data and its executor alive through the next jobs of a multirun)."""
 
     def handle(signum: int, frame: object) -> None:
         if server.stop_requested:
@@ -193,8 +213,12 @@ def _stop_on_signals(server: Server) -> None:
         print("fedsim: stopping after the current round (signal again to abort now)", file=sys.stderr)
         server.request_stop()
 
-    signal.signal(signal.SIGINT, handle)
-    signal.signal(signal.SIGTERM, handle)
+    previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def main() -> None:

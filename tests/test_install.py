@@ -1,0 +1,34 @@
+"""A non-editable install carries conf/ with it: `python -m fedsim` works outside the checkout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_non_editable_install_finds_its_configs(tmp_path: Path) -> None:
+    prefix = tmp_path / "prefix"
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--disable-pip-version-check", "--prefix", str(prefix), str(ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    site = Path(sysconfig.get_path("purelib", vars={"base": str(prefix), "platbase": str(prefix)}))
+    assert (site / "fedsim" / "run.py").exists() and (prefix / "share" / "fedsim" / "conf" / "executor" / "vmap.yaml").exists()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedsim", "num_rounds=1", "logger=quiet", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "final test accuracy" in proc.stdout and (run_dir / "summary.json").exists()
+    where = subprocess.run([sys.executable, "-c", "import fedsim.run as r; print(r.CONFIG_DIR)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert Path(where.stdout.strip()) == prefix / "share" / "fedsim" / "conf", where.stderr[-2000:]
