@@ -181,7 +181,7 @@ def probe_vectorisation(ctx: ChunkModel, clients: Sequence[Client]) -> None:
         return
     probe = replace_indices(client, client.train_indices[:2])
     plans = [plan_task(probe, FitTask(client_id=probe.client_id, round_num=-1, seed=seed), ctx.model) for seed in (0, 1)]
-    plans = [replace(p, batches=p.batches[:1], epochs=1, steps_per_epoch=1) for p in plans]
+    plans = [replace(p, rows=p.rows[:1], sizes=p.sizes[:1], epochs=1, steps_per_epoch=1) for p in plans]
     global_params = torch.cat([v.detach().reshape(-1).float().cpu() for v in ctx.model.state_dict().values() if v.is_floating_point()])
     try:
         with torch.random.fork_rng(devices=[]):

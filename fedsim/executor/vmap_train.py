@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
-from torch.nn.utils.rnn import pad_sequence
 
 from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
@@ -30,11 +29,13 @@ from fedsim.types import ClientUpdate, FitTask
 
 @dataclass(frozen=True)
 class ClientPlan:
-    """One task, unrolled: the rows of every local step (in order), and how the client optimises."""
+    """One task, unrolled: the dataset rows of every local step, in order (``rows[t, :sizes[t]]``; the
+    rest of a short last batch is padding), and how the client optimises."""
 
     task: FitTask
     client: Client
-    batches: tuple[torch.Tensor, ...]
+    rows: torch.Tensor  # (steps, batch size), int64
+    sizes: tuple[int, ...]  # examples in each step
     epochs: int
     steps_per_epoch: int
     optimizer: OptimizerSpec
@@ -42,12 +43,7 @@ class ClientPlan:
 
     @property
     def num_steps(self) -> int:
-        return len(self.batches)
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        """Examples in each local step."""
-        return tuple(int(b.shape[0]) for b in self.batches)
+        return len(self.sizes)
 
 
 def plan_task(client: Client, task: FitTask, model: nn.Module, spec_cache: dict | None = None) -> ClientPlan:
@@ -64,14 +60,15 @@ def plan_task(client: Client, task: FitTask, model: nn.Module, spec_cache: dict 
         if spec_cache is not None:
             spec_cache[key] = spec
     spec = spec_cache[key] if spec_cache is not None else spec
+    n, steps = client.num_train, math.ceil(client.num_train / batch_size)
     generator = torch.Generator().manual_seed(task.seed)
     indices = torch.from_numpy(client.train_indices)
-    batches: list[torch.Tensor] = []
-    for _ in range(epochs):
-        order = indices[torch.randperm(client.num_train, generator=generator)]
-        batches.extend(order[start : start + batch_size] for start in range(0, client.num_train, batch_size))
+    padded = torch.zeros(epochs, steps * batch_size, dtype=torch.int64)  # padding: row 0, masked out later
+    for epoch in range(epochs):
+        padded[epoch, :n] = indices[torch.randperm(n, generator=generator)]
+    sizes = ([batch_size] * (steps - 1) + [n - (steps - 1) * batch_size]) * epochs if steps else []
     numbers = {k: float(v) for k, v in config.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    return ClientPlan(task, client, tuple(batches), epochs, math.ceil(client.num_train / batch_size), spec, numbers)
+    return ClientPlan(task, client, padded.view(epochs * steps, batch_size), tuple(sizes), epochs, steps, spec, numbers)
 
 
 @dataclass(frozen=True)
@@ -108,7 +105,8 @@ def train_chunk(ctx: ChunkModel, global_params: torch.Tensor, plans: Sequence[Cl
         objectives.append(objective.detach())
     flat = _flatten_stacked(ctx.layout, params, fixed, k)
     losses = torch.stack(objectives).double().cpu() if objectives else torch.zeros(0, k, dtype=torch.float64)
-    return [_update(plan, flat[i], losses[:, i], ctx) for i, plan in enumerate(plans)]
+    per_client = losses.T.tolist()
+    return [_update(plan, flat[i], per_client[i], ctx) for i, plan in enumerate(plans)]
 
 
 def _split_state(ctx: ChunkModel, global_params: torch.Tensor) -> tuple[Tensors, Tensors]:
@@ -155,12 +153,12 @@ def _step_tensors(plans: Sequence[ClientPlan], device: torch.device) -> tuple[to
     aligned step. Padding points at row 0 of the dataset (a real example, so the forward stays finite)
     and is masked out of the loss."""
     steps = max(p.num_steps for p in plans)
-    width = max((max(p.sizes) for p in plans if p.sizes), default=1)
+    width = max((p.rows.shape[1] for p in plans if p.num_steps), default=1)
     rows = torch.zeros(steps, len(plans), width, dtype=torch.int64)
     mask = torch.zeros(steps, len(plans), width)
     for k, plan in enumerate(plans):
         if plan.num_steps:
-            rows[: plan.num_steps, k, : max(plan.sizes)] = pad_sequence(list(plan.batches), batch_first=True)
+            rows[: plan.num_steps, k, : plan.rows.shape[1]] = plan.rows
             mask[: plan.num_steps, k] = (torch.arange(width) < torch.tensor(plan.sizes).unsqueeze(1)).float()
     active = (mask.sum(-1) > 0).float()
     return rows.to(device), mask.to(device), active.to(device)
@@ -173,9 +171,9 @@ def _flatten_stacked(layout: ParamLayout, params: Tensors, fixed: Tensors, k: in
     return torch.cat(pieces, dim=1).detach().float().cpu() if pieces else torch.zeros(k, 0)
 
 
-def _update(plan: ClientPlan, flat: torch.Tensor, losses: torch.Tensor, ctx: ChunkModel) -> ClientUpdate:
+def _update(plan: ClientPlan, flat: torch.Tensor, per_step: list[float], ctx: ChunkModel) -> ClientUpdate:
     """The client's update, with the same metrics as :meth:`Client.fit` (example-weighted epoch losses)."""
-    epoch_losses, sizes, per_step = [], plan.sizes, losses.tolist()
+    epoch_losses, sizes = [], plan.sizes
     for e in range(plan.epochs):
         steps = range(e * plan.steps_per_epoch, min((e + 1) * plan.steps_per_epoch, plan.num_steps))
         total = sum(per_step[t] * sizes[t] for t in steps)
