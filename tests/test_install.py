@@ -13,8 +13,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_non_editable_install_finds_its_configs(tmp_path: Path) -> None:
     prefix = tmp_path / "prefix"
+    # --ignore-installed: without it pip first uninstalls the fedsim this interpreter already has (the
+    # editable install of the checkout), breaking the environment the rest of the suite runs in
     install = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--ignore-installed",
          "--disable-pip-version-check", "--prefix", str(prefix), str(ROOT)],
         capture_output=True, text=True, timeout=300,
     )
