@@ -1,8 +1,14 @@
 """Side-by-side benchmark of the vmap executor against the process and serial executors and two bounds.
 
-Workload (cross-device style): 100 clients with small local datasets (50 MNIST-shaped synthetic
-examples each), all 100 trained every round, epochs=1, batch_size=10 (5 local steps), SGD lr=0.01,
-FedAvg, on multinomial logistic regression (MLR, 7,850 parameters) and the 2NN (199,210 parameters).
+Workload (cross-device style): 100 clients with small local datasets, all 100 trained every round,
+epochs=1, batch_size=10, SGD lr=0.01, FedAvg, on multinomial logistic regression (MLR) and the 2NN.
+Two datasets (``--data``):
+
+* ``mnist``: MNIST-shaped synthetic images (1×28×28, labels from a random linear teacher), 50 per
+  client (5 local steps). MLR has 7,850 parameters, the 2NN 199,210.
+* ``synthetic``: the FedProx paper's Synthetic(1,1) (60 features, 10 classes; the MLR benchmark of
+  Li et al. 2020), each of the 100 devices its own natural client, sizes lognormal between 20 and 100
+  (2 to 10 local steps: unequal clients, so vmap pads and masks). MLR has 610 parameters, the 2NN 52,610.
 
 Contenders (per model):
 
@@ -21,7 +27,8 @@ executor's bitwise.
 
 Run from the repository root::
 
-    .venv/bin/python experiments/bench/bench_vmap.py                 # both models, ~2 minutes on 2 cores
+    .venv/bin/python experiments/bench/bench_vmap.py --data mnist       # both models, ~2 minutes on 2 cores
+    .venv/bin/python experiments/bench/bench_vmap.py --data synthetic
     .venv/bin/python experiments/bench/bench_vmap.py --models mlr --rounds 10
 """
 
@@ -47,6 +54,8 @@ from bench_executors import (  # noqa: E402  (a sibling script, not a package)
 )
 
 from fedsim.data.partition import iid  # noqa: E402
+from fedsim.data.synthetic import synthetic  # noqa: E402
+from fedsim.data.tensor_data import TensorData  # noqa: E402
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor  # noqa: E402
 from fedsim.models import LogisticRegression, MLP2NN  # noqa: E402
 
@@ -73,6 +82,19 @@ class WideContender(CentralContender):
             self.optimizer.step()
             float(loss.detach())
         self.steps_done.append(steps)
+
+
+def workload(args: argparse.Namespace) -> tuple[TensorData, list[np.ndarray], tuple[int, ...]]:
+    """The training data, every client's row indices, and the input shape."""
+    if args.data == "mnist":
+        data = mnist_shaped(args.clients * args.examples_per_client, args.seed)
+        shares = [s[: args.examples_per_client] for s in iid(data.labels, num_clients=args.clients, seed=args.seed)]
+        return data, shares, INPUT_SHAPE
+    split = synthetic(num_devices=args.clients, size_mean_log=3.5, size_sigma_log=0.5, min_size=20, max_size=100,
+                      test_fraction=0.0, seed=args.seed)
+    groups = split.train.groups
+    assert groups is not None
+    return split.train, [np.flatnonzero(groups == k) for k in range(args.clients)], split.train.input_shape
 
 
 def make_contender(name: str, bench: Bench, log_dir: Path, chunk_size: int):  # noqa: ANN201 - a contender
@@ -118,11 +140,12 @@ def print_table(model: str, rows: dict[str, dict[str, Any]], errors: dict[str, A
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--data", default="mnist", choices=("mnist", "synthetic"))
     p.add_argument("--models", default="mlr,2nn", help="comma-separated subset of: " + ",".join(MODELS))
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--clients", type=int, default=100)
     p.add_argument("--per-round", type=int, default=100)
-    p.add_argument("--examples-per-client", type=int, default=50)
+    p.add_argument("--examples-per-client", type=int, default=50, help="--data mnist only")
     p.add_argument("--chunk-size", type=int, default=128)
     p.add_argument("--rounds", type=int, default=5, help="timed rounds")
     p.add_argument("--warmup", type=int, default=1)
@@ -131,19 +154,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet-wait", type=float, default=5.0)
-    p.add_argument("--out", type=Path, default=HERE / "results_vmap.json")
+    p.add_argument("--out", type=Path, default=None, help="default: results_vmap_<data>.json next to this script")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     QUIET.update(max_wait_s=args.quiet_wait)
-    data = mnist_shaped(args.clients * args.examples_per_client, args.seed)
-    shares = [s[: args.examples_per_client] for s in iid(data.labels, num_clients=args.clients, seed=args.seed)]
+    data, shares, input_shape = workload(args)
     report: dict[str, Any] = {"machine": machine(), "code": code_version(), "args": {k: str(v) for k, v in vars(args).items()}, "models": {}}
     with tempfile.TemporaryDirectory(prefix="fedsim-bench-vmap-") as tmp:
         for model in args.models.split(","):
-            factory = functools.partial(MODELS[model], input_shape=INPUT_SHAPE, num_classes=NUM_CLASSES)
+            factory = functools.partial(MODELS[model], input_shape=input_shape, num_classes=NUM_CLASSES)
             bench = Bench(model, factory, data, shares, args.per_round, args.warmup, args.rounds, args.epochs,
                           args.batch_size, args.lr, args.seed)
             contenders = [make_contender(n, bench, Path(tmp) / model, args.chunk_size) for n in args.contenders.split(",")]
@@ -154,8 +176,9 @@ def main(argv: list[str] | None = None) -> None:
             report["models"][model] = {"contenders": rows, "ratios": speedups, "ratios_on_min_round": ratios(rows, "min_round_s"),
                                        "relative_error_vs_serial": errors,
                                        "num_params": sum(p.numel() for p in factory().parameters())}
-    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(f"\nwrote {args.out}")
+    out = args.out or HERE / f"results_vmap_{args.data}.json"
+    out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":
