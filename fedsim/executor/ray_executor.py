@@ -3,8 +3,10 @@
 The workload (model factory, clients, training data) goes into Ray's object store once per run and
 every actor builds its model from it once. The global weights go into the object store once per
 round; every task of the round gets the same reference and each actor fetches it once per round.
-Tasks are handed out dynamically (an idle actor gets the next client) and results are returned
-sorted by client id, so answers equal the serial executor's with the same ``threads``.
+Tasks are handed out dynamically (an idle actor gets the next client; while enough remain, each
+actor also has its next client queued, so it never waits for the driver between two clients) and
+results are returned sorted by client id, so answers equal the serial executor's with the same
+``threads``. Weights cross the object store as NumPy arrays (see ``ray_actor.py``).
 An actor that dies (crash, OOM kill) or exceeds ``client_timeout_s`` is replaced and its client
 retried with the same seed, at most ``max_retries`` times; a kill by Ray's memory monitor is reported
 as out of memory. Every actor logs to its own file in the run directory, tagged with round and client.
@@ -14,23 +16,22 @@ Ray is optional: this module imports it only when a :class:`RayExecutor` is crea
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import re
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedsim.executor.base import Executor, Workload, retry_or_fail, run_task
+from fedsim.executor.base import Executor, Workload, retry_or_fail
 from fedsim.executor.placement import physical_cores
 from fedsim.executor.pool import POSSIBLY_OOM
-from fedsim.executor.worker_log import log_result, redirect_output, tagged
+from fedsim.executor.ray_actor import RayWorker, to_array, to_tensor
 from fedsim.types import FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
@@ -47,64 +48,15 @@ def _import_ray() -> Any:
     return ray
 
 
-class _RayWorker:
-    """The body of one actor: builds its model once, then trains one task per call."""
-
-    def __init__(self, name: str, workload: Workload, threads: int, use_gpu: bool, log_path: Path | None) -> None:
-        self.log = redirect_output(name, log_path)  # before anything prints: the actor's own file, tagged
-        torch.set_num_threads(threads)
-        try:
-            torch.set_num_interop_threads(1)
-        except RuntimeError:  # already set in this process
-            pass
-        self.name, self.workload = name, workload
-        # Arrays inside the workload arrive read-only (zero-copy from the object store); clients are
-        # small, so each actor gets its own writable copy of them. Training data stays shared.
-        self.clients = copy.deepcopy(list(workload.clients))
-        self.device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")  # Ray sets CUDA_VISIBLE_DEVICES
-        with torch.random.fork_rng(devices=[]):
-            self.model = workload.model_factory().to(self.device)
-        data = workload.train_data
-        self.data = data if self.device.type == "cpu" else replace(data, x=data.x.to(self.device), y=data.y.to(self.device))
-        self._round_ref: Any = None
-        self._global: torch.Tensor | None = None
-        self._warm_up()
-        self.log.info("worker %s ready on %s (pid %d, %d threads)", name, self.device, os.getpid(), torch.get_num_threads())
-
-    def _warm_up(self) -> None:
-        """Pay one-time costs (lazy imports behind the first optimizer step, first backward) now, so that
-        they count neither in the first round nor against ``client_timeout_s``. Every task overwrites the weights."""
-        x, y = self.data.x[:2], self.data.y[:2]
-        with torch.random.fork_rng(devices=[]):
-            optimizer = torch.optim.SGD(self.model.parameters(), lr=0.0)
-            torch.nn.functional.cross_entropy(self.model(x), y).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-    def ready(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "device": str(self.device), "threads": torch.get_num_threads()}
-
-    def fit(self, global_ref: list[Any], task: FitTask) -> TaskResult:
-        """``global_ref`` is ``[ObjectRef]`` (wrapped so that Ray does not resolve it per call)."""
-        import ray
-
-        if global_ref[0] != self._round_ref:  # first task of this round on this actor
-            self._round_ref, self._global = global_ref[0], ray.get(global_ref[0])
-        assert self._global is not None
-        with tagged(task):
-            result = run_task(self.model, self.clients[task.client_id], self.data, self._global, task, self.name, self.workload.local)
-            log_result(self.log, result)
-        return result
-
-
 @dataclass
 class _Slot:
+    """One actor and the tasks submitted to it, oldest (running) first."""
+
     index: int
     actor: Any
     name: str
-    task: FitTask | None = None
-    ref: Any = None
-    started_at: float = 0.0
+    queue: deque[tuple[FitTask, Any]] = field(default_factory=deque)  # (task, ObjectRef)
+    started_at: float = 0.0  # when the oldest task in the queue started (about)
 
 
 class RayExecutor(Executor):
@@ -153,7 +105,7 @@ class RayExecutor(Executor):
         self._connect()
         try:
             self.workers = self.workers or self._default_workers()
-            self._actor_cls = ray.remote(_RayWorker).options(
+            self._actor_cls = ray.remote(RayWorker).options(
                 num_cpus=self.threads, num_gpus=self.num_gpus_per_worker, max_restarts=0, max_task_retries=0
             )
             self._workload_ref, self._log_dir = ray.put(workload), workload.log_dir
@@ -190,56 +142,75 @@ class RayExecutor(Executor):
         return _Slot(index, actor, name)
 
     def _await_ready(self, slots: list[_Slot]) -> None:
+        ray = self._ray
         try:
-            info = self._ray.get([s.actor.ready.remote() for s in slots], timeout=self.start_timeout_s)
-        except Exception as error:  # noqa: BLE001 - GetTimeoutError, actor construction failure
+            info = ray.get([s.actor.ready.remote() for s in slots], timeout=self.start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
             raise RuntimeError(
-                f"Ray actors were not ready after {self.start_timeout_s:g} s ({type(error).__name__}: {error}); "
-                f"does the cluster have {self.threads} CPU(s) and {self.num_gpus_per_worker:g} GPU(s) per worker free?"
+                f"Ray actors were not ready after {self.start_timeout_s:g} s; does the cluster have "
+                f"{self.threads} CPU(s) and {self.num_gpus_per_worker:g} GPU(s) per worker free?"
             ) from None
+        except ray.exceptions.RayError as error:  # the actor's constructor failed (e.g. a module it needs is missing)
+            raise RuntimeError(f"a Ray worker could not start: {type(error).__name__}: {error}") from None
         for slot, details in zip(slots, info):
             log.debug("ray worker %s ready: %s", slot.name, details)
 
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
         if not self._slots:
             raise RuntimeError("RayExecutor.fit called before start()")
-        global_ref = [self._ray.put(global_params)]  # once per round, shared by every task
+        global_ref = [self._ray.put(to_array(global_params))]  # once per round, shared by every task
         pending = deque(sorted(tasks, key=lambda t: t.client_id))
         attempts: dict[int, int] = {}
         results: dict[int, TaskResult] = {}
-        while pending or any(s.task is not None for s in self._slots):
-            for slot in self._slots:
-                if slot.task is None and pending:
-                    slot.task, slot.started_at = pending.popleft(), time.monotonic()
-                    slot.ref = slot.actor.fit.remote(global_ref, slot.task)
-            self._collect(results, pending, attempts)
+        previous = torch.get_num_threads()
+        torch.set_num_threads(1)  # as in the process executor: the actors own the cores while they train
+        try:
+            while pending or any(s.queue for s in self._slots):
+                self._submit(global_ref, pending)
+                self._collect(results, pending, attempts)
+        finally:
+            torch.set_num_threads(previous)
         return [results[cid] for cid in sorted(results)]
+
+    def _submit(self, global_ref: list[Any], pending: deque[FitTask]) -> None:
+        """Give every idle actor a task; while at least one task per actor remains, queue a second one
+        behind each running task, so that an actor starts its next client without waiting for the
+        driver to see the previous result. The last tasks go only to idle actors (dynamic balancing)."""
+        for depth in (1, 2):
+            for slot in self._slots:
+                if len(slot.queue) < depth and pending and (depth == 1 or len(pending) >= len(self._slots)):
+                    task = pending.popleft()
+                    if not slot.queue:
+                        slot.started_at = time.monotonic()
+                    slot.queue.append((task, slot.actor.fit.remote(global_ref, task)))
 
     def _collect(self, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int]) -> None:
         """Wait briefly for finished tasks; handle results, dead actors and timeouts."""
         ray = self._ray
-        busy = {s.ref: s for s in self._slots if s.task is not None}
-        ready, _ = ray.wait(list(busy), num_returns=1, timeout=0.2)
+        running = {s.queue[0][1]: s for s in self._slots if s.queue}  # an actor runs its tasks in order
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=0.2)
         for ref in ready:
-            slot = busy[ref]
+            slot = running[ref]
             try:
-                result = ray.get(ref)
+                result, params = ray.get(ref)
             except ray.exceptions.RayError as error:  # the actor died: crash, kill, OOM
                 self._replace(slot, results, pending, attempts, _death_reason(ray, slot, error))
                 continue
-            results[result.client_id] = result
-            slot.task, slot.ref = None, None
+            results[result.client_id] = result if params is None else replace(result, params=to_tensor(params))
+            slot.queue.popleft()
+            slot.started_at = time.monotonic()
         now = time.monotonic()
         for slot in self._slots:
-            if slot.task is not None and self.client_timeout_s is not None and now - slot.started_at > self.client_timeout_s:
+            if slot.queue and self.client_timeout_s is not None and now - slot.started_at > self.client_timeout_s:
                 self._replace(slot, results, pending, attempts, f"client timed out after {self.client_timeout_s:g} s")
 
     def _replace(self, slot: _Slot, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int], reason: str) -> None:
-        """Kill the slot's actor, start a fresh one in its place, and retry or fail its task."""
-        task = slot.task
-        assert task is not None
+        """Kill the slot's actor, start a fresh one in its place, retry or fail its running task and
+        put the tasks queued behind it (which never started) back in line."""
+        task = slot.queue.popleft()[0]
         log.warning("round %d client %d: %s; replacing Ray worker %s", task.round_num, task.client_id, reason, slot.name)
         self._ray.kill(slot.actor, no_restart=True)
+        pending.extendleft(reversed([queued for queued, _ in slot.queue]))
         fresh = self._launch(slot.index)
         self._slots[self._slots.index(slot)] = fresh
         self._await_ready([fresh])

@@ -19,13 +19,14 @@ ray = pytest.importorskip("ray")
 
 from ray import cloudpickle  # noqa: E402
 
+from fedsim.client import Client  # noqa: E402
 from fedsim.data.federated import make_clients  # noqa: E402
-from fedsim.executor import RayExecutor  # noqa: E402
+from fedsim.executor import RayExecutor, SerialExecutor  # noqa: E402
 from fedsim.executor.base import Workload  # noqa: E402
 from fedsim.executor.ray_executor import MISSING_RAY  # noqa: E402
 from fedsim.models import MLP2NN  # noqa: E402
 from fedsim.server import RoundFailedError  # noqa: E402
-from fedsim.types import ClientFailure, FitTask  # noqa: E402
+from fedsim.types import ClientFailure, ClientUpdate, FitTask  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fault_clients  # noqa: E402
@@ -88,6 +89,24 @@ def test_sigkilled_actor_without_retries_says_possibly_out_of_memory(tmp_path: P
     executor = RayExecutor(workers=1, max_retries=0)
     with pytest.raises(RoundFailedError, match=r"Ray worker r0 was killed or crashed \(possibly out of memory"):
         run(executor, fault_clients.KillOnceClient, victim=_first_sampled_client(), marker=str(tmp_path / "killed"))
+
+
+def test_tasks_queued_behind_a_dying_client_are_not_charged_a_retry(tmp_path: Path) -> None:
+    """One actor gets client 0 and, queued behind it, client 1; client 0 kills the actor. Client 1
+    never started, so it is run again on the replacement without using up a retry."""
+    data = _data()
+    kill = functools.partial(fault_clients.KillOnceClient, victim=0, marker=str(tmp_path / "killed"), epochs=1, batch_size=8)
+    factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)
+    params = torch.cat([p.detach().flatten() for p in factory().parameters()])
+    tasks = [FitTask(0, 1, 10), FitTask(1, 1, 11)]
+    with RayExecutor(workers=1, max_retries=0) as executor:
+        executor.start(Workload(factory, make_clients(data, kill), data.train))
+        dead, trained = executor.fit(params, tasks)
+    assert isinstance(dead, ClientFailure) and "killed or crashed" in dead.error and dead.attempts == 1
+    with SerialExecutor() as serial:
+        serial.start(Workload(factory, make_clients(data, functools.partial(Client, epochs=1, batch_size=8)), data.train))
+        reference = serial.fit(params, tasks)[1]
+    assert isinstance(trained, ClientUpdate) and torch.equal(trained.params, reference.params)
 
 
 def test_client_that_hangs_once_is_timed_out_retried_and_result_unchanged(tmp_path: Path) -> None:
