@@ -25,9 +25,9 @@ from torch import nn
 from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
-from fedsim.executor.placement import physical_cores, resolve_devices
+from fedsim.executor.placement import resolve_devices
 from fedsim.executor.vmap_optim import VmapUnsupportedError
-from fedsim.executor.vmap_train import ChunkModel, ClientPlan, plan_task, train_chunk
+from fedsim.executor.vmap_train import EAGER_TAIL, ChunkModel, ClientPlan, plan_task, train_chunk
 from fedsim.params import ParamLayout
 from fedsim.strategy.base import LocalTraining
 from fedsim.types import ClientFailure, FitTask, TaskResult
@@ -39,21 +39,23 @@ _BUILT_IN_LOOP = ("fit", "_run_epoch", "train_step", "objective", "loss")
 class VmapExecutor(Executor):
     """Trains up to ``chunk_size`` clients per vectorised pass on each of ``devices``.
 
-    ``threads``: intra-op threads while training (default: every physical core, since one process
-    does all the work). Raises :class:`VmapUnsupportedError` at :meth:`start`, before any training,
+    ``threads``: intra-op threads while training (default 1, like every executor: with 2 threads on a
+    2-core machine that something else also uses, each parallel kernel waits for a descheduled OpenMP
+    thread and a round was measured 4x slower; raise it on a dedicated machine, docs/performance.md).
+    Raises :class:`VmapUnsupportedError` at :meth:`start`, before any training,
     for what it cannot vectorise: BatchNorm, random ops such as dropout, a client that overrides its
     training loop or loss, an optimizer other than SGD/Adam, a strategy client half without a
     ``functional_term``. Use ``executor=process`` for those.
     """
 
-    def __init__(self, *, devices: str | Sequence[str] = "cpu", chunk_size: int | None = None, threads: int | None = None) -> None:
+    def __init__(self, *, devices: str | Sequence[str] = "cpu", chunk_size: int | None = None, threads: int = 1) -> None:
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"executor.chunk_size must be >= 1 or null (got {chunk_size})")
-        if threads is not None and threads < 1:
-            raise ValueError(f"executor.threads must be >= 1 or null (got {threads})")
+        if threads < 1:
+            raise ValueError(f"executor.threads must be >= 1 (got {threads})")
         self.devices = resolve_devices(devices)
         self.chunk_size = chunk_size  # None: chosen at start() by auto_chunk_size
-        self.threads = threads or physical_cores()
+        self.threads = threads
         self._contexts: list[ChunkModel] = []
         self._workload: Workload | None = None
         self._specs: dict = {}  # optimizer specs by (client class, factory, config), for this run
@@ -174,13 +176,13 @@ def vectorised_local(local: LocalTraining | None) -> LocalTraining | None:
 
 
 def probe_vectorisation(ctx: ChunkModel, clients: Sequence[Client]) -> None:
-    """Run one tiny vectorised step (two copies of the first client with data) before any training, so that
+    """Run one tiny vectorised step (a few copies of the first client with data) before any training, so that
     what vmap cannot do (random ops such as dropout, in-place tricks) fails at start-up with a clear message."""
     client = next((c for c in clients if c.num_train > 0), None)
     if client is None:
         return
     probe = replace_indices(client, client.train_indices[:2])
-    plans = [plan_task(probe, FitTask(client_id=probe.client_id, round_num=-1, seed=seed), ctx.model) for seed in (0, 1)]
+    plans = [plan_task(probe, FitTask(client_id=probe.client_id, round_num=-1, seed=seed), ctx.model) for seed in range(EAGER_TAIL + 1)]
     plans = [replace(p, rows=p.rows[:1], sizes=p.sizes[:1], epochs=1, steps_per_epoch=1) for p in plans]
     global_params = torch.cat([v.detach().reshape(-1).float().cpu() for v in ctx.model.state_dict().values() if v.is_floating_point()])
     try:

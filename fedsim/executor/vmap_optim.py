@@ -1,10 +1,9 @@
 """Functional SGD and Adam over stacked per-client parameters, for :mod:`fedsim.executor.vmap`.
 
 They follow the single-tensor update rules of ``torch.optim.SGD`` and ``torch.optim.Adam`` (PyTorch 2.x)
-for K clients at once: every tensor has a leading client dimension, every numeric hyper-parameter is a
-tensor of shape ``(K,)`` (clients may differ, e.g. in their learning rate), and a client whose ``active``
-flag is false at a step keeps its parameters and optimizer state unchanged. That is how a client with
-fewer local steps than the longest one in its chunk does exactly the steps it would do alone.
+for K clients at once: every tensor has a leading client dimension and every numeric hyper-parameter is
+a tensor of shape ``(K,)`` (clients may differ, e.g. in their learning rate). Updates are in place, so
+a caller may pass views of a prefix of the clients (those that still have steps to do).
 
 Adam here is PyTorch's (with bias correction), which is what ``client=adam`` trains with serially.
 """
@@ -77,15 +76,13 @@ def init_state(spec: OptimizerSpec, params: Tensors) -> Tensors:
     return state
 
 
-def step(spec: OptimizerSpec, params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors,
-         active: torch.Tensor, first: bool) -> None:
-    """One optimizer step for every active client, in place on ``params`` and ``state`` (``grads`` are
-    consumed). ``active``: float ``(K,)``, 1 for clients that step, 0 for clients that are done (their
-    coefficients become exact no-ops: ``p + 0·g = p``). ``first``: no client has stepped before."""
+def step(spec: OptimizerSpec, params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors, first: bool) -> None:
+    """One optimizer step for every client, in place on ``params`` and ``state`` (``grads`` are consumed).
+    ``first``: no client has stepped before."""
     if spec.kind == "sgd":
-        _sgd(dict(spec.flags), params, grads, state, hyper, active, first)
+        _sgd(dict(spec.flags), params, grads, state, hyper, first)
     else:
-        _adam(params, grads, state, hyper, active)
+        _adam(params, grads, state, hyper)
 
 
 def _per_client(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -100,12 +97,8 @@ def _decay(grads: Tensors, params: Tensors, hyper: Tensors) -> None:
             g.addcmul_(_per_client(hyper["weight_decay"], g), params[name])
 
 
-def _sgd(flags: dict[str, bool], params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors,
-         active: torch.Tensor, first: bool) -> None:
+def _sgd(flags: dict[str, bool], params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors, first: bool) -> None:
     _decay(grads, params, hyper)
-    step_lr = -hyper["lr"] * active
-    keep = hyper["momentum"] * active + (1 - active)  # momentum for active clients, 1 (unchanged) for done ones
-    add = (1 - hyper["dampening"]) * active
     for name, p in params.items():
         g = grads[name]
         if flags["momentum"]:
@@ -113,22 +106,34 @@ def _sgd(flags: dict[str, bool], params: Tensors, grads: Tensors, state: Tensors
             if first:  # torch.optim.SGD: the first step's buffer is the gradient itself
                 buf.copy_(g)
             else:
-                buf.mul_(_per_client(keep, buf)).addcmul_(_per_client(add, buf), g)
+                buf.mul_(_per_client(hyper["momentum"], buf)).addcmul_(_per_client(1 - hyper["dampening"], buf), g)
             g = g.addcmul_(_per_client(hyper["momentum"], g), buf) if flags["nesterov"] else buf
-        p.addcmul_(_per_client(step_lr, p), g)
+        p.addcmul_(_per_client(-hyper["lr"], p), g)
 
 
-def _adam(params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors, active: torch.Tensor) -> None:
+def _adam(params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors) -> None:
     _decay(grads, params, hyper)
-    state["step"] += active.double()
-    t = state["step"].clamp(min=1)  # clients that never stepped: any finite value, they take no step
-    bias1 = (1 - hyper["beta1"].double() ** t).float()
-    bias2_sqrt = (1 - hyper["beta2"].double() ** t).sqrt().float()
-    step_size = -hyper["lr"] / bias1 * active
-    keep_v = hyper["beta2"] * active + (1 - active)
+    state["step"] += 1
+    bias1 = (1 - hyper["beta1"].double() ** state["step"]).float()
+    bias2_sqrt = (1 - hyper["beta2"].double() ** state["step"]).sqrt().float()
+    step_size = -hyper["lr"] / bias1
     for name, p in params.items():
         g, m, v = grads[name], state[f"m.{name}"], state[f"v.{name}"]
-        m.lerp_(g, _per_client((1 - hyper["beta1"]) * active, m))
-        v.mul_(_per_client(keep_v, v)).addcmul_(g * _per_client((1 - hyper["beta2"]) * active, g), g)
+        m.lerp_(g, _per_client(1 - hyper["beta1"], m))
+        v.mul_(_per_client(hyper["beta2"], v)).addcmul_(g * _per_client(1 - hyper["beta2"], g), g)
         denom = v.sqrt().div_(_per_client(bias2_sqrt, v)).add_(_per_client(hyper["eps"], v))
         p.addcdiv_(m * _per_client(step_size, m), denom)
+
+
+def to_torch_state(spec: OptimizerSpec, optimizer: torch.optim.Optimizer, named: dict[str, torch.nn.Parameter],
+                   state: Tensors, i: int) -> None:
+    """Give a fresh ``torch.optim`` optimizer client ``i``'s state (after at least one vectorised step), so
+    that it continues exactly where the vectorised optimizer stopped."""
+    for name, param in named.items():
+        if spec.kind == "sgd" and dict(spec.flags)["momentum"]:
+            optimizer.state[param]["momentum_buffer"] = state[f"buf.{name}"][i].clone()
+        elif spec.kind == "adam":
+            optimizer.state[param].update(
+                step=torch.tensor(float(state["step"][i])), exp_avg=state[f"m.{name}"][i].clone(),
+                exp_avg_sq=state[f"v.{name}"][i].clone(),
+            )

@@ -3,9 +3,10 @@
 
 Each client keeps its own batch order (drawn from its task's generator exactly as ``Client.fit`` draws it),
 its own batch size, epoch count and hyper-parameters. Steps are aligned across the chunk: at step ``t``
-every client trains on its ``t``-th batch; a batch shorter than the chunk's widest is padded and its
-padding masked out of the loss, and a client that has finished its steps is frozen by the optimizer's
-``active`` mask. The result is the update each client would have produced alone, up to float rounding.
+every client that still has a ``t``-th batch trains on it; a batch shorter than the chunk's widest is
+padded and its padding masked out of the loss, and a client that has done all its steps leaves the
+vectorised calls (clients run longest first, so the ones left are always a prefix of the stack). The
+result is the update each client would have produced alone, up to float rounding.
 """
 
 from __future__ import annotations
@@ -22,9 +23,16 @@ from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import vmap_optim
 from fedsim.executor.vmap_optim import OptimizerSpec, Tensors
-from fedsim.params import ParamLayout
+from fedsim.params import ParamLayout, load_flat
 from fedsim.strategy.base import LocalTraining
 from fedsim.types import ClientUpdate, FitTask
+
+
+# When this few clients are left in a chunk, the rest of their steps run one client at a time with the
+# eager model and torch.optim (a vectorised call costs ~0.7 ms for one client of a small model, an eager
+# step ~0.1 ms: without this, one client with many more steps than the others makes a chunk slower
+# than the serial executor).
+EAGER_TAIL = 2
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,18 @@ class ChunkModel:
 
 def train_chunk(ctx: ChunkModel, global_params: torch.Tensor, plans: Sequence[ClientPlan]) -> list[ClientUpdate]:
     """Train every planned client from ``global_params`` at once; one update per plan, in plan order."""
+    order = sorted(range(len(plans)), key=lambda i: -plans[i].num_steps)  # longest first (stable)
+    updates = _train_longest_first(ctx, global_params, [plans[i] for i in order])
+    by_plan: list[ClientUpdate] = [updates[0]] * len(plans)
+    for position, i in enumerate(order):
+        by_plan[i] = updates[position]
+    return by_plan
+
+
+def _train_longest_first(ctx: ChunkModel, global_params: torch.Tensor, plans: Sequence[ClientPlan]) -> list[ClientUpdate]:
+    """The training loop. ``plans`` come longest first, so at step ``t`` the clients that still have steps
+    left are exactly the first ``live[t]``: every call works on that prefix of the stacked tensors (views,
+    updated in place) and no client computes steps it does not have."""
     device, k = ctx.device, len(plans)
     trainable, fixed = _split_state(ctx, global_params)
     params = {n: v.unsqueeze(0).repeat(k, *([1] * v.dim())) for n, v in trainable.items()}
@@ -95,18 +115,67 @@ def train_chunk(ctx: ChunkModel, global_params: torch.Tensor, plans: Sequence[Cl
     hyper = vmap_optim.stack_hyper([p.optimizer for p in plans], device)
     state = vmap_optim.init_state(spec, params)
     numbers = _stack_numbers(plans, device)
-    rows, mask, active = _step_tensors(plans, device)
+    rows, mask = _step_tensors(plans, device)
+    live = [sum(p.num_steps > t for p in plans) for t in range(rows.shape[0])]
     grad_fn = vmap(grad_and_value(_objective(ctx, fixed, trainable, plans[0].client.per_example_loss)))
-    objectives = []
-    for t in range(rows.shape[0]):
-        x, y = ctx.data.x[rows[t]], ctx.data.y[rows[t]]
-        grads, objective = grad_fn(params, x, y, mask[t], numbers)
-        vmap_optim.step(spec, params, grads, state, hyper, active[t], first=t == 0)
-        objectives.append(objective.detach())
+    losses = torch.zeros(rows.shape[0], k, device=device)
+    for t, n in enumerate(live):
+        if n <= EAGER_TAIL:  # a vectorised call costs the same for one client as for many: finish one by one
+            for i in range(n):
+                _finish_eagerly(ctx, global_params, plans[i], t, _client_view(params, i), _client_state(spec, state, i), losses[:, i])
+            break
+        x, y = ctx.data.x[rows[t, :n]], ctx.data.y[rows[t, :n]]
+        grads, objective = grad_fn(_prefix(params, n), x, y, mask[t, :n], _prefix(numbers, n))
+        vmap_optim.step(spec, _prefix(params, n), grads, _prefix(state, n), _prefix(hyper, n), first=t == 0)
+        losses[t, :n] = objective.detach()
     flat = _flatten_stacked(ctx.layout, params, fixed, k)
-    losses = torch.stack(objectives).double().cpu() if objectives else torch.zeros(0, k, dtype=torch.float64)
-    per_client = losses.T.tolist()
+    per_client = losses.double().cpu().T.tolist()
     return [_update(plan, flat[i], per_client[i], ctx) for i, plan in enumerate(plans)]
+
+
+def _client_view(tensors: Tensors, i: int) -> Tensors:
+    return {name: value[i] for name, value in tensors.items()}
+
+
+def _client_state(spec: OptimizerSpec, state: Tensors, i: int) -> Callable[[torch.optim.Optimizer, dict[str, nn.Parameter]], None]:
+    return lambda optimizer, named: vmap_optim.to_torch_state(spec, optimizer, named, state, i)
+
+
+def _finish_eagerly(
+    ctx: ChunkModel, global_params: torch.Tensor, plan: ClientPlan, start: int, params: Tensors,
+    give_state: Callable[[torch.optim.Optimizer, dict[str, nn.Parameter]], None], losses: torch.Tensor,
+) -> None:
+    """Steps ``start`` onwards of one client with its own ``torch.optim`` optimizer on the device's model,
+    as :meth:`Client.train_step` takes them; ``params`` (views into the stack) receive the result."""
+    model, client, config = ctx.model, plan.client, dict(plan.task.config)
+    load_flat(model, global_params.to(ctx.device))
+    if ctx.local is not None:
+        ctx.local.begin(model, config)  # the anchor is the global model, as in Client.fit
+    named = {name: p for name, p in model.named_parameters() if name in params}
+    with torch.no_grad():
+        for name, p in named.items():
+            p.copy_(params[name])
+    optimizer = client.make_optimizer(model, config)
+    if start > 0:
+        give_state(optimizer, named)
+    model.train()
+    for t in range(start, plan.num_steps):
+        idx = plan.rows[t, : plan.sizes[t]].to(ctx.device)
+        optimizer.zero_grad(set_to_none=True)
+        objective = client.loss(model, ctx.data.x[idx], ctx.data.y[idx])
+        term = ctx.local.loss_term(model) if ctx.local is not None else None
+        objective = objective if term is None else objective + term
+        objective.backward()
+        optimizer.step()
+        losses[t] = objective.detach()
+    with torch.no_grad():
+        for name, p in named.items():
+            params[name].copy_(p)
+
+
+def _prefix(tensors: Tensors, n: int) -> Tensors:
+    """The first ``n`` clients' entries, as views (in-place updates reach the full tensors)."""
+    return {name: value[:n] for name, value in tensors.items()}
 
 
 def _split_state(ctx: ChunkModel, global_params: torch.Tensor) -> tuple[Tensors, Tensors]:
@@ -148,10 +217,10 @@ def _stack_numbers(plans: Sequence[ClientPlan], device: torch.device) -> Tensors
     return {key: torch.tensor([p.numbers[key] for p in plans], dtype=torch.float32, device=device) for key in sorted(shared)}
 
 
-def _step_tensors(plans: Sequence[ClientPlan], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows ``(T, K, B)``, example mask ``(T, K, B)`` and client-active flags ``(T, K)`` (1.0 or 0.0) of every
-    aligned step. Padding points at row 0 of the dataset (a real example, so the forward stays finite)
-    and is masked out of the loss."""
+def _step_tensors(plans: Sequence[ClientPlan], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``(T, K, B)`` and example mask ``(T, K, B)`` of every aligned step. Padding (a short batch's
+    tail, or a step a client does not have) points at row 0 of the dataset, a real example, so the
+    forward stays finite; the mask keeps it out of the loss."""
     steps = max(p.num_steps for p in plans)
     width = max((p.rows.shape[1] for p in plans if p.num_steps), default=1)
     rows = torch.zeros(steps, len(plans), width, dtype=torch.int64)
@@ -160,8 +229,7 @@ def _step_tensors(plans: Sequence[ClientPlan], device: torch.device) -> tuple[to
         if plan.num_steps:
             rows[: plan.num_steps, k, : plan.rows.shape[1]] = plan.rows
             mask[: plan.num_steps, k] = (torch.arange(width) < torch.tensor(plan.sizes).unsqueeze(1)).float()
-    active = (mask.sum(-1) > 0).float()
-    return rows.to(device), mask.to(device), active.to(device)
+    return rows.to(device), mask.to(device)
 
 
 def _flatten_stacked(layout: ParamLayout, params: Tensors, fixed: Tensors, k: int) -> torch.Tensor:
