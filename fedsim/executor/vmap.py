@@ -82,17 +82,17 @@ class VmapExecutor(Executor):
         chunks = make_chunks([plan_task(clients[t.client_id], t, model, self._specs) for t in tasks], self.chunk_size)
         previous = torch.get_num_threads()
         torch.set_num_threads(self.threads)
+        devices = len(self._contexts)
         try:
-            if len(self._contexts) == 1:
-                per_chunk = [_run_chunk(self._contexts[0], global_params, chunk) for chunk in chunks]
-            else:
-                with ThreadPoolExecutor(len(self._contexts)) as pool:
-                    futures = [pool.submit(_run_chunk, self._contexts[i % len(self._contexts)], global_params, chunk)
-                               for i, chunk in enumerate(chunks)]
-                    per_chunk = [f.result() for f in futures]
+            if devices == 1:
+                results = _run_chunks(self._contexts[0], global_params, chunks)
+            else:  # chunk i on device i mod D; each device's chunks one after another on its own thread
+                with ThreadPoolExecutor(devices) as pool:
+                    shares = [pool.submit(_run_chunks, ctx, global_params, chunks[d::devices]) for d, ctx in enumerate(self._contexts)]
+                    results = [r for share in shares for r in share.result()]
         finally:
             torch.set_num_threads(previous)
-        return sorted((r for results in per_chunk for r in results), key=lambda r: r.client_id)
+        return sorted(results, key=lambda r: r.client_id)
 
     def close(self) -> None:
         self._specs = {}
@@ -122,6 +122,11 @@ def make_chunks(plans: Sequence[ClientPlan], chunk_size: int) -> list[list[Clien
         ordered = sorted(groups[key], key=lambda p: (-p.num_steps, p.task.client_id))
         chunks.extend(ordered[i : i + chunk_size] for i in range(0, len(ordered), chunk_size))
     return chunks
+
+
+def _run_chunks(ctx: ChunkModel, global_params: torch.Tensor, chunks: Sequence[list[ClientPlan]]) -> list[TaskResult]:
+    """Train ``chunks`` one after another on one device (its model is not shared with another thread)."""
+    return [result for chunk in chunks for result in _run_chunk(ctx, global_params, chunk)]
 
 
 def _run_chunk(ctx: ChunkModel, global_params: torch.Tensor, chunk: list[ClientPlan]) -> list[TaskResult]:

@@ -58,16 +58,19 @@ def plan_task(client: Client, task: FitTask, model: nn.Module, spec_cache: dict 
     """Draw the task's batch order from its generator exactly as :meth:`Client.fit` does.
 
     ``spec_cache`` remembers the optimizer each (client class, optimizer factory, config) builds, so a
-    round of a hundred clients sharing one factory builds one optimizer, not a hundred."""
+    round of a hundred clients sharing one factory builds one optimizer, not a hundred. A client class
+    with its own ``make_optimizer`` (which may read per-client fields) is asked every time."""
     config = dict(task.config)
     epochs = int(config.get("epochs", client.epochs))
     batch_size = int(config.get("batch_size", client.batch_size))
+    cacheable = spec_cache is not None and type(client).make_optimizer is Client.make_optimizer
     key = (type(client), id(client.optimizer), repr(sorted(config.items())))
-    if spec_cache is None or key not in spec_cache:
+    if cacheable and key in spec_cache:  # type: ignore[operator]
+        spec = spec_cache[key]  # type: ignore[index]
+    else:
         spec = vmap_optim.optimizer_spec(client.make_optimizer(model, config))
-        if spec_cache is not None:
-            spec_cache[key] = spec
-    spec = spec_cache[key] if spec_cache is not None else spec
+        if cacheable:
+            spec_cache[key] = spec  # type: ignore[index]
     n, steps = client.num_train, math.ceil(client.num_train / batch_size)
     generator = torch.Generator().manual_seed(task.seed)
     indices = torch.from_numpy(client.train_indices)

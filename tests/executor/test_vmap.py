@@ -150,6 +150,22 @@ def test_several_devices_give_bitwise_the_same_result() -> None:
     assert torch.equal(one, two)
 
 
+class ScaledLrClient(Client):
+    """A client whose optimizer depends on its own id: the spec cache must not hand one client's lr to another."""
+
+    def make_optimizer(self, model: nn.Module, config: dict) -> torch.optim.Optimizer:
+        optimizer = super().make_optimizer(model, config)
+        optimizer.param_groups[0]["lr"] *= 1 + self.client_id % 3
+        return optimizer
+
+
+def test_per_client_make_optimizer_is_honoured() -> None:
+    serial = run(SerialExecutor(), "2nn", client_cls=ScaledLrClient)
+    vmapped = run(VmapExecutor(devices=["cpu", "cpu", "cpu"], chunk_size=1), "2nn", client_cls=ScaledLrClient)
+    assert relative_error(vmapped.params, serial.params) <= TOLERANCE
+    assert relative_error(vmapped.params, run(VmapExecutor(), "2nn").params) > 10 * TOLERANCE
+
+
 class SmoothedClient(Client):
     """Another per-example loss: label-smoothed cross-entropy."""
 
