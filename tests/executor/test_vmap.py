@@ -53,14 +53,15 @@ MODELS = {
 }
 
 
-def run(executor, model: str = "2nn", strategy=None, optimizer=None, stragglers=None, rounds: int = 3, client_cls=Client) -> RunResult:
+def run(executor, model: str = "2nn", strategy=None, optimizer=None, stragglers=None, rounds: int = 3, client_cls=Client,
+        per_round: int = 4) -> RunResult:
     data_fn, model_factory = MODELS[model]
     data = data_fn()
     kwargs = {"epochs": 2, "batch_size": 8} | ({"optimizer": optimizer} if optimizer else {})
     server = Server(
         model_factory=model_factory, clients=make_clients(data, functools.partial(client_cls, **kwargs)),
         train_data=data.train, test_data=data.test, strategy=strategy or FedAvg(), executor=executor,
-        num_rounds=rounds, clients_per_round=4, seed=7, stragglers=stragglers,
+        num_rounds=rounds, clients_per_round=per_round, seed=7, stragglers=stragglers,
         logger=RunLogger(None, tensorboard=False, progress=False),
     )
     return server.run()
@@ -144,10 +145,11 @@ def test_chunking_does_not_change_results_beyond_rounding() -> None:
 
 
 def test_several_devices_give_bitwise_the_same_result() -> None:
-    """Chunks depend on the tasks only, so splitting them over devices (here two CPU slots) changes nothing."""
-    one = run(VmapExecutor(devices="cpu", chunk_size=2), "2nn").params
-    two = run(VmapExecutor(devices=["cpu", "cpu"], chunk_size=2), "2nn").params
-    assert torch.equal(one, two)
+    """Chunks depend on the tasks only, so splitting them over devices (here CPU slots) changes nothing.
+    8 clients per round in chunks of 3, 3, 2: vectorised steps, eager tails, and chunks on three threads."""
+    one = run(VmapExecutor(devices="cpu", chunk_size=3), "2nn", per_round=8).params
+    three = run(VmapExecutor(devices=["cpu", "cpu", "cpu"], chunk_size=3), "2nn", per_round=8).params
+    assert torch.equal(one, three)
 
 
 class ScaledLrClient(Client):
@@ -160,10 +162,11 @@ class ScaledLrClient(Client):
 
 
 def test_per_client_make_optimizer_is_honoured() -> None:
-    serial = run(SerialExecutor(), "2nn", client_cls=ScaledLrClient)
-    vmapped = run(VmapExecutor(devices=["cpu", "cpu", "cpu"], chunk_size=1), "2nn", client_cls=ScaledLrClient)
+    shared = functools.partial(torch.optim.SGD, lr=0.01)  # one factory object for every client, as Hydra builds it
+    serial = run(SerialExecutor(), "2nn", client_cls=ScaledLrClient, optimizer=shared)
+    vmapped = run(VmapExecutor(), "2nn", client_cls=ScaledLrClient, optimizer=shared)  # one chunk of 4: vectorised steps first
     assert relative_error(vmapped.params, serial.params) <= TOLERANCE
-    assert relative_error(vmapped.params, run(VmapExecutor(), "2nn").params) > 10 * TOLERANCE
+    assert relative_error(vmapped.params, run(VmapExecutor(), "2nn", optimizer=shared).params) > 10 * TOLERANCE
 
 
 class SmoothedClient(Client):
