@@ -1,0 +1,50 @@
+"""A Hydra callback for tests/test_multirun_leaks.py: after every multirun job it appends one JSON line
+describing the launcher process (open fds, child processes, live fedsim objects, SIGINT handler) to ``out``."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+WATCHED = ("Server", "RunLogger", "RunResult", "FederatedData", "SerialExecutor", "ProcessExecutor")
+
+
+def child_commands() -> list[str]:
+    """Command lines of the processes (alive or zombie) whose parent is this process."""
+    me, found = str(os.getpid()), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[1] == me:
+                found.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, IndexError):
+            pass  # exited meanwhile
+    return found
+
+
+def live_fedsim_objects() -> dict[str, int]:
+    """Instances of fedsim's run-scoped classes still alive after a full garbage collection."""
+    gc.collect()
+    counts = dict.fromkeys(WATCHED, 0)
+    for obj in gc.get_objects():
+        cls = type(obj)
+        if cls.__name__ in counts and str(cls.__module__).startswith("fedsim"):
+            counts[cls.__name__] += 1
+    return counts
+
+
+class Probe(Callback):
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        record = {"fds": len(os.listdir("/proc/self/fd")), "children": child_commands(), "live": live_fedsim_objects(),
+                  "sigint": getattr(handler, "__qualname__", str(handler)), "status": str(job_return.status)}
+        with open(self.out, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
