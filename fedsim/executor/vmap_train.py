@@ -127,7 +127,7 @@ def _train_longest_first(ctx: ChunkModel, global_params: torch.Tensor, plans: Se
             for i in range(n):
                 _finish_eagerly(ctx, global_params, plans[i], t, _client_view(params, i), _client_state(spec, state, i), losses[:, i])
             break
-        x, y = ctx.data.x[rows[t, :n]], ctx.data.y[rows[t, :n]]
+        x, y = _gather(ctx.data.x, rows[t, :n]), _gather(ctx.data.y, rows[t, :n])
         grads, objective = grad_fn(_prefix(params, n), x, y, mask[t, :n], _prefix(numbers, n))
         vmap_optim.step(spec, _prefix(params, n), grads, _prefix(state, n), _prefix(hyper, n), first=t == 0)
         losses[t, :n] = objective.detach()
@@ -174,6 +174,11 @@ def _finish_eagerly(
     with torch.no_grad():
         for name, p in named.items():
             params[name].copy_(p)
+
+
+def _gather(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``values[rows]`` for a 2-D ``rows`` (clients × batch); index_select is twice as fast as indexing here."""
+    return values.index_select(0, rows.reshape(-1)).view(*rows.shape, *values.shape[1:])
 
 
 def _prefix(tensors: Tensors, n: int) -> Tensors:
