@@ -34,7 +34,6 @@ from fedsim.server import RoundFailedError, RunResult, Server
 from fedsim.stragglers import Stragglers
 
 
-
 def _config_dir() -> str:
     """``conf/`` of the checkout this module runs from, else the copy a non-editable install put under
     ``<prefix>/share/fedsim/conf`` (setup.cfg's data_files; the prefix of this interpreter, or the one

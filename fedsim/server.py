@@ -13,8 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.checkpoint import CheckpointError, save_checkpoint
-from fedsim.checkpoint import resolve as resolve_checkpoint
+from fedsim.checkpoint import CheckpointError, save_checkpoint, resolve as resolve_checkpoint
 from fedsim.client import Client, evaluate_indices
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
@@ -76,22 +75,15 @@ class Server:
         keep_checkpoints: int = 3,
         early_stop: EarlyStop | None = None,
     ) -> None:
-        if num_rounds < 1 or eval_every < 1:
-            raise ValueError(f"num_rounds and eval_every must be >= 1 (got {num_rounds}, {eval_every})")
-        if not 1 <= clients_per_round <= len(clients):
-            raise ValueError(f"clients_per_round must be between 1 and the {len(clients)} clients (got {clients_per_round})")
+        self.stragglers = stragglers or Stragglers()
+        _check_settings(num_rounds, eval_every, clients_per_round, len(clients), self.stragglers)
         strategy.check(clients_per_round)
         self.model_factory, self.clients, self.strategy, self.executor = model_factory, clients, strategy, executor
         self.train_data, self.test_data = train_data, test_data
         self.num_rounds, self.clients_per_round, self.seed = num_rounds, clients_per_round, seed
         self.eval_every, self.min_success_fraction = eval_every, min_success_fraction
-        self.stragglers = stragglers or Stragglers()
-        if self.stragglers.fraction > 0 and self.stragglers.epochs < 2:
-            log.warning("stragglers.fraction=%s has no effect: with %d local epoch(s) there is nothing to cut", self.stragglers.fraction, self.stragglers.epochs)
         self.logger = logger or RunLogger(None)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(init_seed(seed))
-            self.model = model_factory()
+        self.model = _initial_model(model_factory, seed)
         self.params = flatten(self.model)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_every, self.keep_checkpoints = checkpoint_every, keep_checkpoints
@@ -265,6 +257,23 @@ class Server:
         if total == 0:
             return {}
         return {"eval/client_loss": loss_sum / total, "eval/client_accuracy": correct_sum / total}
+
+
+def _check_settings(num_rounds: int, eval_every: int, clients_per_round: int, num_clients: int, stragglers: Stragglers) -> None:
+    """Refuse impossible round settings with one line; warn about stragglers that cannot straggle."""
+    if num_rounds < 1 or eval_every < 1:
+        raise ValueError(f"num_rounds and eval_every must be >= 1 (got {num_rounds}, {eval_every})")
+    if not 1 <= clients_per_round <= num_clients:
+        raise ValueError(f"clients_per_round must be between 1 and the {num_clients} clients (got {clients_per_round})")
+    if stragglers.fraction > 0 and stragglers.epochs < 2:
+        log.warning("stragglers.fraction=%s has no effect: with %d local epoch(s) there is nothing to cut", stragglers.fraction, stragglers.epochs)
+
+
+def _initial_model(model_factory: Callable[[], nn.Module], seed: int) -> nn.Module:
+    """The round-0 global model, from the run seed only (the caller's global RNG is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(init_seed(seed))
+        return model_factory()
 
 
 def _client_row(update: ClientUpdate, global_params: torch.Tensor) -> dict[str, Any]:
