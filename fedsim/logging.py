@@ -36,26 +36,39 @@ class RunLogger:
         self._clients: list[dict[str, Any]] = []
         self._writer = None
         self._jsonl = None
+        self._fresh = False  # metrics.jsonl still holds what was there before this run
         self._bar: tqdm | None = None
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._jsonl = open(self.run_dir / "metrics.jsonl", "w", encoding="utf-8")
+            # not truncated yet: a resumed run reads the per-client rows back from it (see restore)
+            self._jsonl = open(self.run_dir / "metrics.jsonl", "a+", encoding="utf-8")
+            self._fresh = True
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
 
-    def restore(self, history: list[dict[str, Any]], next_round: int) -> None:
+    def restore(self, history: list[dict[str, Any]], next_round: int, earlier: Path | None = None) -> None:
         """Continue a resumed run: ``metrics.jsonl`` is rewritten to exactly ``history``, and TensorBoard
         drops whatever an interrupted run had logged from ``next_round`` on (``purge_step``), so every
-        tag keeps exactly one value per round."""
+        tag keeps exactly one value per round.
+
+        Checkpoints keep the history without its per-client rows (they would make every checkpoint grow
+        with rounds × clients); those come back from ``earlier``, the interrupted run's ``metrics.jsonl``,
+        for every round whose scalars match it. A round whose rows cannot be found is kept without them,
+        with one warning."""
         self.history = [dict(record) for record in history]
+        missing = _add_client_rows(self.history, read_records(earlier) if earlier is not None else {})
+        if missing:
+            log.warning("resume: the per-client rows of %d round(s) were not found in %s; those rounds keep their "
+                        "scalars only", missing, earlier)
         if self._jsonl is not None:
             self._jsonl.seek(0)
             self._jsonl.truncate()
             for record in self.history:
                 self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
+            self._fresh = False
         if self._writer is not None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -122,6 +135,10 @@ class RunLogger:
             record["clients"], self._clients = self._clients, []
         self.history.append(record)
         if self._jsonl is not None:
+            if self._fresh:  # a new run: whatever an earlier run left in this directory goes
+                self._jsonl.seek(0)
+                self._jsonl.truncate()
+                self._fresh = False
             self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
         if self._writer is not None:
@@ -150,6 +167,43 @@ class RunLogger:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, trace: TracebackType | None) -> None:
         self.close()
+
+
+def without_client_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The history as checkpoints keep it: every round's scalars, without its ``clients`` rows."""
+    return [{k: v for k, v in record.items() if k != "clients"} for record in history]
+
+
+def read_records(path: Path) -> dict[int, dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` by round; missing file, or a line cut short by a kill: skipped."""
+    records: dict[int, dict[str, Any]] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return records
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("round"), int):
+            records[record["round"]] = record
+    return records
+
+
+def _add_client_rows(history: list[dict[str, Any]], earlier: dict[int, dict[str, Any]]) -> int:
+    """Put back each record's ``clients`` from ``earlier`` where the scalars agree; how many were not found."""
+    missing = 0
+    for record in history:
+        if "clients" in record:
+            continue  # a checkpoint from before the rows were left out
+        found = earlier.get(record["round"])
+        if found is not None and without_client_rows([found])[0] == record:
+            if "clients" in found:
+                record["clients"] = found["clients"]
+        else:
+            missing += 1
+    return missing
 
 
 def process_rss_mb() -> float:

@@ -18,7 +18,7 @@ from fedsim.client import Client, evaluate_indices
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
 from fedsim.early_stop import EarlyStop
-from fedsim.logging import RunLogger, process_rss_mb
+from fedsim.logging import RunLogger, process_rss_mb, without_client_rows
 from fedsim.params import flatten, load_flat
 from fedsim.seeding import init_seed, sampling_rng, task_seed
 from fedsim.stragglers import Stragglers
@@ -146,7 +146,7 @@ class Server:
             "round": round_num,
             "params": self.params.clone(),
             "strategy": self.strategy.state_dict(),
-            "history": self.logger.history,
+            "history": without_client_rows(self.logger.history),  # the rows live in metrics.jsonl
             "fingerprint": self._fingerprint(),
         }
 
@@ -167,7 +167,7 @@ class Server:
         self.params = state["params"].to(self.params.dtype)
         self.strategy.load_state_dict(state["strategy"])
         self.start_round = int(state["round"]) + 1
-        self.logger.restore(state["history"], self.start_round)
+        self.logger.restore(state["history"], self.start_round, earlier=path.parent.parent / "metrics.jsonl")
         self.early_stop.replay(state["history"])
         log.info("resumed from %s: continuing at round %d", path, self.start_round)
         return path

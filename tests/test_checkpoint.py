@@ -170,3 +170,66 @@ def test_resume_errors_are_one_line(tmp_path: Path, uninterrupted: dict[str, Pat
     other = subprocess.run(_cli(tmp_path / "b", "strategy=scaffold", "clients_per_round=5", f"resume={uninterrupted['scaffold']}"),
                            capture_output=True, text=True, timeout=120)
     assert other.returncode == 2 and "belongs to another run setup" in other.stderr
+
+
+# --- checkpoints keep the history's scalars; the per-client rows come back from metrics.jsonl ---------------
+
+
+def _small_server(run_dir: Path, num_rounds: int):  # noqa: ANN202 - a Server
+    import functools
+
+    from fedsim.client import Client
+    from fedsim.data.federated import federate, make_clients
+    from fedsim.data.partition import natural
+    from fedsim.data.synthetic import synthetic
+    from fedsim.executor import SerialExecutor
+    from fedsim.logging import RunLogger
+    from fedsim.models import LogisticRegression
+    from fedsim.server import Server
+    from fedsim.strategy import FedAvg
+
+    data = federate(synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+    return Server(
+        model_factory=functools.partial(LogisticRegression, (60,), 10), clients=make_clients(data, Client),
+        train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=SerialExecutor(), num_rounds=num_rounds,
+        clients_per_round=3, seed=5, logger=RunLogger(run_dir, tensorboard=False, progress=False),
+        checkpoint_dir=run_dir / "checkpoints", checkpoint_every=1,
+    )
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(MEASURED)}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_checkpoints_leave_client_rows_to_metrics_jsonl_and_resume_restores_them(tmp_path: Path) -> None:
+    full = _small_server(tmp_path / "full", 6)
+    full.run()
+    first = _small_server(tmp_path / "cut", 4)
+    first.run()
+    history = load_latest(tmp_path / "cut" / "checkpoints")[1]["history"]
+    assert len(history) == 4 and not any("clients" in record for record in history)  # checkpoints stay small
+    resumed = _small_server(tmp_path / "cut", 6)
+    resumed.resume(tmp_path / "cut")
+    resumed.run()
+    assert _records(tmp_path / "cut") == _records(tmp_path / "full")
+    assert all(len(record["clients"]) == 3 for record in _records(tmp_path / "cut"))
+
+
+def test_resume_without_metrics_jsonl_keeps_the_scalars_and_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _small_server(tmp_path, 3).run()
+    (tmp_path / "metrics.jsonl").unlink()
+    resumed = _small_server(tmp_path, 5)
+    with caplog.at_level(logging.WARNING, logger="fedsim"):
+        resumed.resume(tmp_path)
+    assert "per-client rows of 3 round(s) were not found" in caplog.text
+    resumed.run()
+    records = _records(tmp_path)
+    assert [r["round"] for r in records] == [1, 2, 3, 4, 5]
+    assert ["clients" in r for r in records] == [False, False, False, True, True]
+
+
+def test_a_new_run_replaces_a_stale_metrics_file(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"round": 1, "stale": true}\n' * 7)
+    _small_server(tmp_path, 2).run()
+    assert [r["round"] for r in _records(tmp_path)] == [1, 2] and not any("stale" in r for r in _records(tmp_path))
