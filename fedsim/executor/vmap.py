@@ -176,7 +176,7 @@ def vectorised_local(local: LocalTraining | None) -> LocalTraining | None:
         return None  # adds nothing
     raise VmapUnsupportedError(
         f"executor=vmap cannot run the strategy's client half {type(local).__name__}: it has no functional_term() "
-        "(SCAFFOLD, for example); use executor=process"
+        "(see LocalTraining.functional_term); use executor=process"
     )
 
 

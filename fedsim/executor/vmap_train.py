@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
@@ -48,6 +50,7 @@ class ClientPlan:
     steps_per_epoch: int
     optimizer: OptimizerSpec
     numbers: dict[str, float]  # the numeric entries of the task's config (e.g. FedProx's prox_mu)
+    vectors: dict[str, np.ndarray]  # its numpy-array entries (e.g. SCAFFOLD's correction)
 
     @property
     def num_steps(self) -> int:
@@ -79,7 +82,8 @@ def plan_task(client: Client, task: FitTask, model: nn.Module, spec_cache: dict 
         padded[epoch, :n] = indices[torch.randperm(n, generator=generator)]
     sizes = ([batch_size] * (steps - 1) + [n - (steps - 1) * batch_size]) * epochs if steps else []
     numbers = {k: float(v) for k, v in config.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    return ClientPlan(task, client, padded.view(epochs * steps, batch_size), tuple(sizes), epochs, steps, spec, numbers)
+    vectors = {k: v for k, v in config.items() if isinstance(v, np.ndarray)}
+    return ClientPlan(task, client, padded.view(epochs * steps, batch_size), tuple(sizes), epochs, steps, spec, numbers, vectors)
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ def _train_longest_first(ctx: ChunkModel, global_params: torch.Tensor, plans: Se
     spec = plans[0].optimizer
     hyper = vmap_optim.stack_hyper([p.optimizer for p in plans], device)
     state = vmap_optim.init_state(spec, params)
-    numbers = _stack_numbers(plans, device)
+    numbers = _stack_numbers(plans, device, ctx.layout, set(trainable))
     rows, mask = _step_tensors(plans, device)
     live = [sum(p.num_steps > t for p in plans) for t in range(rows.shape[0])]
     grad_fn = vmap(grad_and_value(_objective(ctx, fixed, trainable, plans[0].client.per_example_loss)))
@@ -181,9 +185,9 @@ def _gather(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return values.index_select(0, rows.reshape(-1)).view(*rows.shape, *values.shape[1:])
 
 
-def _prefix(tensors: Tensors, n: int) -> Tensors:
-    """The first ``n`` clients' entries, as views (in-place updates reach the full tensors)."""
-    return {name: value[:n] for name, value in tensors.items()}
+def _prefix(tensors: dict[str, Any], n: int) -> dict[str, Any]:
+    """The first ``n`` clients' entries (nested dicts too), as views (in-place updates reach the full tensors)."""
+    return {name: _prefix(value, n) if isinstance(value, dict) else value[:n] for name, value in tensors.items()}
 
 
 def _split_state(ctx: ChunkModel, global_params: torch.Tensor) -> tuple[Tensors, Tensors]:
@@ -219,10 +223,34 @@ def _objective(
     return objective
 
 
-def _stack_numbers(plans: Sequence[ClientPlan], device: torch.device) -> Tensors:
-    """Numeric config entries present for every client, as ``(K,)`` tensors (what functional terms read)."""
+def _stack_numbers(plans: Sequence[ClientPlan], device: torch.device, layout: ParamLayout, trained: set[str]) -> dict[str, Any]:
+    """What functional terms read: numeric config entries present for every client as ``(K,)`` tensors,
+    and model-sized vectors (as long as the flat weights) as ``{parameter name: (K, *shape)}``; vectors
+    that are empty for every client (SCAFFOLD's first round) are left out."""
     shared = set.intersection(*(set(p.numbers) for p in plans))
-    return {key: torch.tensor([p.numbers[key] for p in plans], dtype=torch.float32, device=device) for key in sorted(shared)}
+    stacked: dict[str, Any] = {
+        key: torch.tensor([p.numbers[key] for p in plans], dtype=torch.float32, device=device) for key in sorted(shared)
+    }
+    for key in sorted(set.intersection(*(set(p.vectors) for p in plans))):
+        sizes = {int(p.vectors[key].size) for p in plans}
+        if sizes == {0}:
+            continue
+        if sizes != {layout.numel}:
+            raise ValueError(f"executor=vmap: config entry {key!r} has sizes {sorted(sizes)} in one round; a vector must "
+                             f"hold one value per weight ({layout.numel}) for every client, or be empty for every client")
+        flat = torch.from_numpy(np.stack([p.vectors[key] for p in plans]).astype(np.float32)).to(device)
+        stacked[key] = {name: piece for name, piece in _split_flat(flat, layout).items() if name in trained}
+    return stacked
+
+
+def _split_flat(flat: torch.Tensor, layout: ParamLayout) -> Tensors:
+    """``(K, numel)`` → ``{name: (K, *shape)}`` in the layout's (``state_dict``) order."""
+    pieces, offset = {}, 0
+    for name, shape in zip(layout.names, layout.shapes):
+        n = int(torch.Size(shape).numel())
+        pieces[name] = flat[:, offset : offset + n].reshape(flat.shape[0], *shape)
+        offset += n
+    return pieces
 
 
 def _step_tensors(plans: Sequence[ClientPlan], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

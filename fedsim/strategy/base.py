@@ -35,13 +35,15 @@ class LocalTraining:
         return None
 
     def functional_term(
-        self, params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor], numbers: dict[str, torch.Tensor]
+        self, params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor], numbers: dict[str, Any]
     ) -> torch.Tensor | None:
         """:meth:`loss_term` as a pure function, for ``executor=vmap`` (which calls it per client under
         ``torch.func.vmap`` instead of :meth:`begin` and :meth:`loss_term`).
 
         ``params``: the client's trained parameters by name; ``anchor``: the global weights the task
-        started from; ``numbers``: the numeric entries of the task's config as 0-d tensors (e.g. μ).
+        started from; ``numbers``: the numeric entries of the task's config as 0-d tensors (e.g. μ), and
+        its numpy-array entries as long as the flat weights (e.g. SCAFFOLD's correction) split into
+        ``{parameter name: tensor shaped like the parameter}``; an array empty for every client is left out.
         The default says that this client half has no vectorised form, and ``executor=vmap`` refuses it
         at start-up; a client half that adds no term (the base class) needs none.
         """

@@ -55,6 +55,15 @@ class ControlCorrection(LocalTraining):
             return None
         return sum((param * piece).sum() for param, piece in self.pieces)  # type: ignore[return-value]
 
+    def functional_term(
+        self, params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor], numbers: dict[str, Any]
+    ) -> torch.Tensor | None:
+        """The same term for ``executor=vmap``, which hands the correction over already split by parameter."""
+        correction = numbers.get("scaffold_correction")
+        if correction is None:  # first round: c = c_i = 0
+            return None
+        return sum((param * correction[name]).sum() for name, param in params.items())  # type: ignore[return-value]
+
 
 def _steps_times_lr(update: ClientUpdate) -> float:
     """K · η_l of one client, from the metrics that :meth:`fedsim.client.Client.fit` reports."""

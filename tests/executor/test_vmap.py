@@ -23,7 +23,7 @@ from fedsim.params import flatten
 from fedsim.run import compose, run_config
 from fedsim.server import RunResult, Server
 from fedsim.stragglers import Stragglers
-from fedsim.strategy import FedAvg, FedProx, Scaffold
+from fedsim.strategy import FedAvg, FedProx, LocalTraining, Scaffold
 from fedsim.types import ClientFailure, ClientUpdate, FitTask
 
 TOLERANCE = 1e-5  # the issue's bound on the relative error of the final weights
@@ -90,6 +90,15 @@ def test_fedprox_with_stragglers_matches_serial(model: str) -> None:
     assert error <= TOLERANCE
     plain = run(VmapExecutor(), model, FedProx(mu=0.0), stragglers=stragglers)
     assert relative_error(plain.params, serial.params) > max(100 * error, 1e-6), "μ must change the result"
+
+
+@pytest.mark.parametrize("model", ["mlr", "2nn", "cnn"])
+def test_scaffold_matches_serial(model: str) -> None:
+    """SCAFFOLD's correction (a model-sized vector per client) reaches the vectorised loss split by parameter."""
+    serial, vmapped = run(SerialExecutor(), model, Scaffold()), run(VmapExecutor(), model, Scaffold())
+    error = relative_error(vmapped.params, serial.params)
+    assert error <= TOLERANCE
+    assert relative_error(run(VmapExecutor(), model).params, serial.params) > max(100 * error, 1e-6), "the correction must matter"
 
 
 @pytest.mark.parametrize(
@@ -228,6 +237,32 @@ class DropoutNet(nn.Module):
         return self.body(x)
 
 
+class EagerOnlyTerm(LocalTraining):
+    """A client half written for the eager loop only."""
+
+    def loss_term(self, model: nn.Module) -> torch.Tensor | None:
+        return sum(p.square().sum() for p in model.parameters())  # type: ignore[return-value]
+
+
+class VectorTerm(LocalTraining):
+    """Reads a vector from the config (like SCAFFOLD) in both forms."""
+
+    def functional_term(self, params, anchor, numbers):  # noqa: ANN001, ANN201
+        pieces = numbers.get("pull")
+        return None if pieces is None else sum((p * pieces[name]).sum() for name, p in params.items())
+
+
+def test_a_vector_that_is_not_model_sized_fails_the_chunk_with_a_clear_message() -> None:
+    data = vector_data()
+    factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=8)
+    executor = VmapExecutor()
+    executor.start(Workload(factory, make_clients(data, Client), data.train, local=VectorTerm()))
+    tasks = [FitTask(client_id=c, round_num=1, seed=c, config={"pull": np.zeros(5, dtype=np.float32)}) for c in range(3)]
+    results = executor.fit(flatten(factory()), tasks)
+    assert all(isinstance(r, ClientFailure) for r in results)
+    assert "config entry 'pull' has sizes [5] in one round" in results[0].error
+
+
 class CustomLossClient(Client):
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return super().loss(model, x, y) + 0.1 * sum(p.abs().sum() for p in model.parameters())
@@ -248,9 +283,9 @@ def start(model_factory=None, client_cls=Client, optimizer=None, local=None) -> 
         ({"model_factory": DropoutNet}, r"draws random numbers \(e.g. dropout\); use executor=process"),
         ({"client_cls": CustomLossClient}, r"CustomLossClient.loss \(a custom loss\).*override per_example_loss instead, or use executor=process"),
         ({"optimizer": functools.partial(torch.optim.AdamW, lr=0.01)}, r"SGD .* or Adam, not AdamW; use executor=process"),
-        ({"local": Scaffold().local_training()}, r"client half ControlCorrection: it has no functional_term\(\) .*use executor=process"),
+        ({"local": EagerOnlyTerm()}, r"client half EagerOnlyTerm: it has no functional_term\(\) .*use executor=process"),
     ],
-    ids=["batchnorm", "dropout", "custom_loss", "adamw", "scaffold"],
+    ids=["batchnorm", "dropout", "custom_loss", "adamw", "client_half_without_functional_term"],
 )
 def test_unsupported_workloads_are_refused_at_start(kwargs, message: str) -> None:
     with pytest.raises(VmapUnsupportedError, match=message):
