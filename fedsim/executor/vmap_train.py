@@ -194,13 +194,9 @@ def _split_state(ctx: ChunkModel, global_params: torch.Tensor) -> tuple[Tensors,
     """The global weights as named tensors on the device: trained parameters, and the rest (frozen
     parameters and buffers, shared by every client unchanged)."""
     trainable_names = {n for n, p in ctx.model.named_parameters() if p.requires_grad}
-    flat = global_params.to(ctx.device)
-    trainable, fixed, offset = {}, {}, 0
-    for name, shape in zip(ctx.layout.names, ctx.layout.shapes):
-        n = int(torch.Size(shape).numel())
-        value = flat[offset : offset + n].view(shape)
-        (trainable if name in trainable_names else fixed)[name] = value
-        offset += n
+    pieces = {n: v[0] for n, v in _split_flat(global_params.to(ctx.device).unsqueeze(0), ctx.layout).items()}
+    trainable = {n: v for n, v in pieces.items() if n in trainable_names}
+    fixed = {n: v for n, v in pieces.items() if n not in trainable_names}
     for name, value in ctx.model.state_dict().items():  # non-float buffers are not federated
         if name not in trainable and name not in fixed:
             fixed[name] = value
