@@ -557,7 +557,8 @@ def code_version() -> dict[str, Any]:
             return subprocess.run(["git", *cmd], cwd=HERE, capture_output=True, text=True, timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
-    return {"commit": git("rev-parse", "HEAD"), "dirty_fedsim_files": git("status", "--porcelain", "--", "fedsim").splitlines()}
+    # ":/fedsim": the package, relative to the repository root (a plain "fedsim" would be experiments/bench/fedsim)
+    return {"commit": git("rev-parse", "HEAD"), "dirty_fedsim_files": git("status", "--porcelain", "--", ":/fedsim").splitlines()}
 
 
 def machine() -> dict[str, Any]:

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,16 +63,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quiet-wait", type=float, default=5.0)
     p.add_argument("--out", type=Path, default=be.HERE / "results_ray.json")
     return p.parse_args(argv)
-
-
-def code_version() -> dict[str, Any]:
-    """The commit benchmarked and uncommitted changes under fedsim/ (``:/`` makes the path repo-relative)."""
-    def git(*cmd: str) -> str:
-        try:
-            return subprocess.run(["git", *cmd], cwd=be.HERE, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    return {"commit": git("rev-parse", "HEAD"), "dirty_fedsim_files": git("status", "--porcelain", "--", ":/fedsim").splitlines()}
 
 
 def start_ray() -> float:
@@ -189,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.examples_per_client is not None:
         shares = [s[: args.examples_per_client] for s in shares]
     args.examples_per_client = args.examples_per_client or int(statistics.median(len(s) for s in shares))
-    report: dict[str, Any] = {"machine": {**be.machine(), "ray": ray.__version__}, "code": code_version(),
+    report: dict[str, Any] = {"machine": {**be.machine(), "ray": ray.__version__}, "code": be.code_version(),
                               "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "models": {}}
     print(json.dumps(report["machine"]))
     report["ray_init_s"] = start_ray()
