@@ -28,7 +28,7 @@ from fedsim.executor.base import Executor, Workload
 from fedsim.executor.placement import resolve_devices
 from fedsim.executor.vmap_optim import VmapUnsupportedError
 from fedsim.executor.vmap_train import EAGER_TAIL, ChunkModel, ClientPlan, plan_task, train_chunk
-from fedsim.params import ParamLayout
+from fedsim.params import ParamLayout, flatten
 from fedsim.strategy.base import LocalTraining
 from fedsim.types import ClientFailure, FitTask, TaskResult
 
@@ -55,6 +55,7 @@ class VmapExecutor(Executor):
             raise ValueError(f"executor.threads must be >= 1 (got {threads})")
         self.devices = resolve_devices(devices)
         self.chunk_size = chunk_size  # None: chosen at start() by auto_chunk_size
+        self._chunk = chunk_size or 1
         self.threads = threads
         self._contexts: list[ChunkModel] = []
         self._workload: Workload | None = None
@@ -67,7 +68,7 @@ class VmapExecutor(Executor):
         check_clients(workload.clients)
         local = vectorised_local(workload.local)
         layout = ParamLayout.of(models[0])
-        self.chunk_size = self.chunk_size or auto_chunk_size(layout.numel, self.devices[0])
+        self._chunk = self.chunk_size or auto_chunk_size(layout.numel, self.devices[0])
         self._contexts = [
             ChunkModel(model, layout, _to_device(workload.train_data, model), local, f"vmap{i}") for i, model in enumerate(models)
         ]
@@ -78,8 +79,7 @@ class VmapExecutor(Executor):
         if self._workload is None:
             raise RuntimeError("VmapExecutor.fit called before start()")
         clients, model = self._workload.clients, self._contexts[0].model
-        assert self.chunk_size is not None
-        chunks = make_chunks([plan_task(clients[t.client_id], t, model, self._specs) for t in tasks], self.chunk_size)
+        chunks = make_chunks([plan_task(clients[t.client_id], t, model, self._specs) for t in tasks], self._chunk)
         previous = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         devices = len(self._contexts)
@@ -189,7 +189,7 @@ def probe_vectorisation(ctx: ChunkModel, clients: Sequence[Client]) -> None:
     probe = replace_indices(client, client.train_indices[:2])
     plans = [plan_task(probe, FitTask(client_id=probe.client_id, round_num=-1, seed=seed), ctx.model) for seed in range(EAGER_TAIL + 1)]
     plans = [replace(p, rows=p.rows[:1], sizes=p.sizes[:1], epochs=1, steps_per_epoch=1) for p in plans]
-    global_params = torch.cat([v.detach().reshape(-1).float().cpu() for v in ctx.model.state_dict().values() if v.is_floating_point()])
+    global_params = flatten(ctx.model)
     try:
         with torch.random.fork_rng(devices=[]):
             train_chunk(ctx, global_params, plans)
