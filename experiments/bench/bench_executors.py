@@ -22,6 +22,17 @@ Contenders (per model):
                                     (the other fix: no deadlock, children inherit 1 thread, no oversubscription)
 * ``central_t1`` / ``central_t2``   lower bound: one process, one model, the union of the round's sampled clients'
                                     examples, the same number of SGD steps of the same batch size, 1 / 2 threads
+* ``process_g1`` / ``_g2`` / ``_g4``  ``ProcessExecutor(devices=[--device], workers_per_device=1 / 2 / 4, threads=1)``:
+                                    the GPU contenders (they run on ``--device cpu`` too, as CPU workers)
+
+``--device cuda`` (or ``cuda:N``) trains on that GPU: ``serial_t*`` is ``SerialExecutor(device=..., threads=*)``,
+``central_t*`` trains there with the data copied there once, and the default contenders become
+``serial_t1,process_g1,process_g2,process_g4,central_t1``; the CPU-only contenders (``process_w*``, ``naive_*``)
+are refused. Every round ends synchronised: fedsim's executors return CPU tensors, and the driver calls
+``torch.cuda.synchronize(device)`` after each round of a contender that trains on a GPU from this process
+(for ``central_t*``, whose last ``optimizer.step()`` may still be queued). The results JSON gets a
+``device`` entry (name, capability, memory, CUDA version, TF32 settings) and GPU ratios instead of the
+CPU targets; that GPU report is also what a CPU run with a ``process_g*`` contender prints.
 
 Rounds are interleaved: every contender is started, then round r of each runs in turn (the order
 rotating every round), so all of them meet the same stretch of background load; each round starts
@@ -35,6 +46,7 @@ Run from the repository root::
     .venv/bin/python experiments/bench/bench_executors.py     # both models, full workload: ~15-25 min on 2 cores
     .venv/bin/python experiments/bench/bench_executors.py --examples-per-client 300   # about half that
     .venv/bin/python experiments/bench/bench_executors.py --models 2nn --rounds 5
+    .venv/bin/python experiments/bench/bench_executors.py --device cuda --models 2nn   # on a GPU
 """
 
 from __future__ import annotations
@@ -55,7 +67,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +89,9 @@ CONTENDERS = (
     "serial_t1", "serial_t2", "process_w1", "process_w2", "process_w1_pt1", "process_w2_pt1",
     "naive_fork", "naive_spawn", "naive_fork_t1", "central_t1", "central_t2",
 )
+GPU_CONTENDERS = ("process_g1", "process_g2", "process_g4")  # ProcessExecutor on --device (any device)
+GPU_DEFAULT = ("serial_t1", "process_g1", "process_g2", "process_g4", "central_t1")
+CPU_ONLY = ("process_w1", "process_w2", "process_w1_pt1", "process_w2_pt1", "naive_fork", "naive_spawn", "naive_fork_t1")
 HERE = Path(__file__).resolve().parent
 
 
@@ -354,14 +369,20 @@ class NaiveContender:
 
 
 class CentralContender:
-    """One model, the union of each round's sampled clients' examples, the same steps and batch size."""
+    """One model, the union of each round's sampled clients' examples, the same steps and batch size.
 
-    def __init__(self, name: str, bench: Bench, threads: int) -> None:
-        self.name, self.bench, self.threads = name, bench, threads
+    On a GPU ``device`` the training data is copied there once, here (not timed), and the model lives there.
+    """
+
+    def __init__(self, name: str, bench: Bench, threads: int, device: str = "cpu") -> None:
+        if device != "cpu":
+            data = TensorData(bench.data.x.to(device), bench.data.y.to(device), bench.data.num_classes)
+            bench = replace(bench, data=data)
+        self.name, self.bench, self.threads, self.device = name, bench, threads, device
         self.steps_done: list[int] = []
 
     def start(self) -> None:
-        self.model = self.bench.init_model()
+        self.model = self.bench.init_model().to(self.device)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=self.bench.lr)
         self.model.train()
 
@@ -405,8 +426,13 @@ Contender = FedsimContender | NaiveContender | CentralContender
 
 
 def make_contender(name: str, bench: Bench, args: argparse.Namespace, log_dir: Path) -> Contender:
+    """The contender called ``name``, training on ``args.device`` where it has a device."""
+    device = getattr(args, "device", "cpu")
     if name.startswith("serial_t"):
-        return FedsimContender(name, bench, SerialExecutor(threads=int(name[-1])), log_dir / name)
+        return FedsimContender(name, bench, SerialExecutor(device=device, threads=int(name[-1])), log_dir / name)
+    if name.startswith("process_g"):
+        executor = ProcessExecutor(devices=[device], workers_per_device=int(name[len("process_g"):]), threads=1)
+        return FedsimContender(name, bench, executor, log_dir / name)
     if name.startswith("process_w"):
         workers, parent_threads = int(name[len("process_w")]), (1 if name.endswith("_pt1") else None)
         executor = ProcessExecutor(devices="cpu", workers=workers, threads=1)
@@ -418,7 +444,7 @@ def make_contender(name: str, bench: Bench, args: argparse.Namespace, log_dir: P
     if name == "naive_fork_t1":
         return NaiveContender(name, bench, "fork", 1, args.naive_timeout)
     if name.startswith("central_t"):
-        return CentralContender(name, bench, int(name[-1]))
+        return CentralContender(name, bench, int(name[-1]), device)
     raise ValueError(f"unknown contender {name}")
 
 
@@ -448,6 +474,7 @@ def run_interleaved(bench: Bench, contenders: list[Contender]) -> dict[str, dict
                     row.update(deadlocked=True, error=f"round {round_num}: deadlock ({error}); pool killed")
                     alive.remove(c)
                     continue
+                synchronize_cuda(parent_devices(c))
                 wall, foreign = meter.stop()
                 row["round_s"].append(wall)
                 row["own_cpu_s"].append(meter.own_cpu_s)
@@ -458,6 +485,26 @@ def run_interleaved(bench: Bench, contenders: list[Contender]) -> dict[str, dict
     for c in contenders:
         rows[c.name].update(c.info())
     return rows
+
+
+def parent_devices(contender: Any) -> list[str]:
+    """The devices that ``contender`` trains on from THIS process (process workers' devices are not ours)."""
+    if hasattr(contender, "executor"):
+        executor = contender.executor
+        return [str(d) for d in getattr(executor, "devices", [getattr(executor, "device", "cpu")])]
+    return [str(getattr(contender, "device", "cpu"))]
+
+
+def synchronize_cuda(devices: list[str]) -> None:
+    """Wait until the CUDA devices among ``devices`` have finished their queued work (CPU: no-op).
+
+    fedsim's serial and vmap executors return CPU tensors and read every loss, so their rounds already
+    end synchronised, and process workers hand back results in shared CPU memory; a centralized
+    contender's last ``optimizer.step()`` may still be queued on the GPU when its round returns.
+    """
+    for device in devices:
+        if device.startswith("cuda") and torch.cuda.is_initialized():
+            torch.cuda.synchronize(device)
 
 
 def summarize(result: dict[str, Any], warmup: int) -> dict[str, Any]:
@@ -516,9 +563,28 @@ def bitwise(results: dict[str, dict[str, Any]]) -> dict[str, bool]:
     ref = results.get("serial_t1", {}).get("params")
     return {
         f"serial_t1 == {k}": bool(torch.equal(ref, results[k]["params"]))
-        for k in ("serial_t2", "process_w1", "process_w2", "process_w1_pt1", "process_w2_pt1")
+        for k in ("serial_t2", "process_w1", "process_w2", "process_w1_pt1", "process_w2_pt1", *GPU_CONTENDERS)
         if ref is not None and "params" in results.get(k, {})
     }
+
+
+def gpu_ratios(rows: dict[str, dict[str, Any]], stat: str = "median_round_s") -> dict[str, float | None]:
+    """The GPU questions (> 1: the second one is faster): how much the workers per GPU buy over serial,
+    and what one worker costs over centralized training of the same samples."""
+    med = {k: v.get(stat) for k, v in rows.items()}
+    pairs = [("serial_t1", "process_g1"), ("serial_t1", "process_g2"), ("serial_t1", "process_g4"),
+             ("process_g1", "process_g2"), ("process_g1", "process_g4"),
+             ("process_g1", "central_t1"), ("serial_t1", "central_t1")]
+    return {f"{a}/{b}": ratio(med.get(a), med.get(b)) for a, b in pairs}
+
+
+def relative_errors(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """``‖w − w_serial_t1‖ / ‖w_serial_t1‖`` of every fedsim contender's final weights (0.0: bitwise equal).
+    GPU kernels need not be bitwise reproducible across processes, so this says how far apart they are."""
+    ref = results.get("serial_t1", {}).get("params")
+    if ref is None:
+        return {}
+    return {k: float((r["params"] - ref).norm() / ref.norm()) for k, r in results.items() if "params" in r and k != "serial_t1"}
 
 
 def print_table(model: str, rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
@@ -561,6 +627,18 @@ def code_version() -> dict[str, Any]:
     return {"commit": git("rev-parse", "HEAD"), "dirty_fedsim_files": git("status", "--porcelain", "--", ":/fedsim").splitlines()}
 
 
+def gpu_info(device: str) -> dict[str, Any]:
+    """What the GPU runs were measured on: the device, its name, and the settings that change fp32 results."""
+    props = torch.cuda.get_device_properties(device)
+    return {
+        "device": device, "name": torch.cuda.get_device_name(device), "capability": list(torch.cuda.get_device_capability(device)),
+        "total_memory_gib": round(props.total_memory / 2**30, 1), "multiprocessors": props.multi_processor_count,
+        "device_count": torch.cuda.device_count(), "torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+    }
+
+
 def machine() -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
@@ -574,7 +652,11 @@ def machine() -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--models", default="cnn,2nn", help="comma-separated subset of: " + ",".join(MODELS))
-    p.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset of: " + ",".join(CONTENDERS))
+    p.add_argument("--contenders", default=None,
+                   help="comma-separated subset of: " + ",".join(CONTENDERS + GPU_CONTENDERS)
+                   + f" (default: {','.join(CONTENDERS)}; with a cuda --device: {','.join(GPU_DEFAULT)})")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default) or cuda / cuda:N: where serial_t*, process_g* and central_t* train")
     p.add_argument("--num-examples", type=int, default=60_000, help="size of the synthetic training set")
     p.add_argument("--clients", type=int, default=100)
     p.add_argument("--per-round", type=int, default=10)
@@ -592,7 +674,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a round starts once other processes use fewer cores than this for 1 s ...")
     p.add_argument("--quiet-wait", type=float, default=5.0, help="... or after waiting this many seconds")
     p.add_argument("--out", type=Path, default=HERE / "results.json")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    resolve_device_and_contenders(p, args)
+    return args
+
+
+def resolve_device_and_contenders(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Normalise ``--device`` (``cuda`` → ``cuda:0``), pick the default contenders for it, and refuse
+    unknown contenders, CPU-only ones on a GPU, and a GPU that is not there (``p.error`` exits with 2)."""
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        p.error(f"--device {args.device}: use cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            p.error(f"--device {args.device}: torch.cuda.is_available() is False (torch {torch.__version__})")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            p.error(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        args.device = f"cuda:{index}"
+    elif device.type != "cpu":
+        p.error(f"--device {args.device}: use cpu, cuda or cuda:N")
+    else:
+        args.device = "cpu"
+    if args.contenders is None:
+        args.contenders = ",".join(GPU_DEFAULT if args.device != "cpu" else CONTENDERS)
+    names = args.contenders.split(",")
+    unknown = [n for n in names if n not in CONTENDERS + GPU_CONTENDERS]
+    if unknown:
+        p.error(f"--contenders: unknown {','.join(unknown)} (known: {','.join(CONTENDERS + GPU_CONTENDERS)})")
+    cpu_only = [n for n in names if n in CPU_ONLY]
+    if cpu_only and args.device != "cpu":
+        p.error(f"--contenders {','.join(cpu_only)}: CPU-only contenders cannot run with --device {args.device}; "
+                f"use {','.join(GPU_DEFAULT)}")
 
 
 def make_bench(model: str, data: TensorData, shares: list[np.ndarray], args: argparse.Namespace) -> Bench:
@@ -601,6 +715,42 @@ def make_bench(model: str, data: TensorData, shares: list[np.ndarray], args: arg
         name=model, model_factory=factory, data=data, client_indices=shares, per_round=args.per_round,
         warmup=args.warmup, rounds=args.rounds, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
     )
+
+
+def gpu_report(args: argparse.Namespace) -> bool:
+    """The GPU report (ratios between process_g*, serial_t1 and central_t1) on a GPU, or wherever a
+    process_g* contender runs (so a CPU smoke run exercises it); otherwise the CPU targets, as before."""
+    return args.device != "cpu" or any(name in GPU_CONTENDERS for name in args.contenders.split(","))
+
+
+def num_params(bench: Bench) -> int:
+    return sum(p.numel() for p in bench.model_factory().parameters())
+
+
+def cpu_model_report(model: str, bench: Bench, results: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]],
+                     args: argparse.Namespace) -> dict[str, Any]:
+    """Print one model's table and the issue's targets; return its part of the JSON report."""
+    tgt, equal = targets(rows), bitwise(results)
+    print_table(model, rows, args)
+    print_targets(model, tgt, equal, cpu_ratios(rows))
+    return {"contenders": rows, "ratios_and_targets": tgt, "bitwise_equal": equal,
+            "ratios_and_targets_on_min_round": targets(rows, "min_round_s"), "cpu_ratios": cpu_ratios(rows),
+            "num_params": num_params(bench)}
+
+
+def gpu_model_report(model: str, bench: Bench, results: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]],
+                     args: argparse.Namespace) -> dict[str, Any]:
+    """Print one model's table and the GPU ratios; return its part of the JSON report."""
+    ratios, equal, errors = gpu_ratios(rows), bitwise(results), relative_errors(results)
+    print_table(model, rows, args)
+    print(f"-- {model} on {args.device}: ratios of median round times (> 1: the second one is faster)")
+    for key, value in ratios.items():
+        print(f"   {key:<58} {'n/a' if value is None else f'{value:.2f}x'}")
+    for key, value in equal.items():
+        print(f"   bitwise {key:<50} {value}")
+    print(f"   relative error of the final weights vs serial_t1: {errors}")
+    return {"contenders": rows, "gpu_ratios": ratios, "gpu_ratios_on_min_round": gpu_ratios(rows, "min_round_s"),
+            "bitwise_equal": equal, "relative_error_vs_serial_t1": errors, "num_params": num_params(bench)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -613,19 +763,19 @@ def main(argv: list[str] | None = None) -> None:
     args.examples_per_client = args.examples_per_client or int(statistics.median(len(s) for s in shares))
     report: dict[str, Any] = {"machine": machine(), "code": code_version(), "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "models": {}}
     print(json.dumps(report["machine"]))
+    if args.device != "cpu":
+        report["device"] = gpu_info(args.device)
+        print(json.dumps(report["device"]))
     with tempfile.TemporaryDirectory(prefix="fedsim-bench-") as tmp:
         for model in args.models.split(","):
             bench = make_bench(model, data, shares, args)
             contenders = [make_contender(name, bench, args, Path(tmp) / model) for name in args.contenders.split(",")]
             results = run_interleaved(bench, contenders)
             rows = {k: summarize(v, args.warmup) for k, v in results.items()}
-            tgt, equal = targets(rows), bitwise(results)
-            print_table(model, rows, args)
-            print_targets(model, tgt, equal, cpu_ratios(rows))
-            report["models"][model] = {"contenders": rows, "ratios_and_targets": tgt, "bitwise_equal": equal,
-                                       "ratios_and_targets_on_min_round": targets(rows, "min_round_s"),
-                                       "cpu_ratios": cpu_ratios(rows),
-                                       "num_params": sum(p.numel() for p in bench.model_factory().parameters())}
+            if gpu_report(args):
+                report["models"][model] = gpu_model_report(model, bench, results, rows, args)
+            else:
+                report["models"][model] = cpu_model_report(model, bench, results, rows, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.out}")
