@@ -634,9 +634,17 @@ def gpu_info(device: str) -> dict[str, Any]:
         "device": device, "name": torch.cuda.get_device_name(device), "capability": list(torch.cuda.get_device_capability(device)),
         "total_memory_gib": round(props.total_memory / 2**30, 1), "multiprocessors": props.multi_processor_count,
         "device_count": torch.cuda.device_count(), "torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(), "tf32_cudnn": _tf32_cudnn(),
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
     }
+
+
+def _tf32_cudnn() -> bool | None:
+    """cuDNN's TF32 switch (convolutions: the CNN), or None where torch refuses the legacy flag."""
+    try:
+        return bool(torch.backends.cudnn.allow_tf32)
+    except RuntimeError:
+        return None
 
 
 def machine() -> dict[str, Any]:

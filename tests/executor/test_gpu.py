@@ -1,39 +1,68 @@
-"""GPU placement (runs only where CUDA is available; skipped elsewhere)."""
+"""GPU placement and the executors' CUDA paths (runs only where CUDA is available; skipped elsewhere)."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from torch import nn
 
 from fedsim.client import Client
 from fedsim.data.federated import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
-from fedsim.executor import ProcessExecutor, SerialExecutor
-from fedsim.models import MLP2NN
-from fedsim.server import Server
-from fedsim.strategy import FedAvg
+from fedsim.executor import Executor, ProcessExecutor, SerialExecutor, VmapExecutor
+from fedsim.models import MLP2NN, LogisticRegression
+from fedsim.server import RunResult, Server
+from fedsim.strategy import FedAvg, FedProx, Scaffold, Strategy
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
+TOLERANCE = 1e-5  # vmap vs serial: relative error of the final weights (as in test_vmap.py, on CPU)
+MODELS: dict[str, Callable[[], nn.Module]] = {
+    "mlr": functools.partial(LogisticRegression, input_shape=(60,), num_classes=10),
+    "2nn": functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32),
+}
 
-def _run(executor):  # type: ignore[no-untyped-def]
+
+def _run(executor: Executor, model: str = "2nn", optimizer: Callable | None = None, strategy: Strategy | None = None) -> RunResult:
+    """2 rounds of 8 Synthetic(1,1) clients of unequal sizes (2 to 6 local steps of batch 8)."""
     data = federate(synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+    client = functools.partial(Client, batch_size=8, **({"optimizer": optimizer} if optimizer else {}))
     server = Server(
-        model_factory=functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32),
-        clients=make_clients(data, functools.partial(Client, batch_size=8)), train_data=data.train,
-        test_data=data.test, strategy=FedAvg(), executor=executor, num_rounds=2, clients_per_round=8, seed=1,
+        model_factory=MODELS[model], clients=make_clients(data, client), train_data=data.train,
+        test_data=data.test, strategy=strategy or FedAvg(), executor=executor, num_rounds=2, clients_per_round=8, seed=1,
     )
     return server.run()
+
+
+def _rows(result: RunResult) -> list[dict]:
+    return [c for r in result.history for c in r["clients"]]
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.fixture
+def full_fp32() -> Iterator[None]:
+    """Plain fp32 matmuls (no TF32) for the comparisons, whatever the environment set (these models have no
+    convolutions, so cuDNN's own TF32 switch does not matter)."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 @pytest.mark.parametrize("per_gpu", [1, 2, 4])
 def test_workers_report_their_gpu(per_gpu: int) -> None:
     gpus = torch.cuda.device_count()
     result = _run(ProcessExecutor(devices="auto", workers_per_device=per_gpu))
-    rows = [c for r in result.history for c in r["clients"]]
+    rows = _rows(result)
     assert {c["device"] for c in rows} <= {f"cuda:{i}" for i in range(gpus)}
     for row in rows:
         worker_index = int(row["worker"][1:])
@@ -44,3 +73,37 @@ def test_gpu_process_matches_gpu_serial() -> None:
     serial = _run(SerialExecutor(device="cuda:0")).params
     process = _run(ProcessExecutor(devices=["cuda:0"], workers=2)).params
     assert torch.allclose(serial, process, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_size", [None, 3], ids=["auto_chunk", "chunk3"])
+@pytest.mark.parametrize("model", ["mlr", "2nn"])
+def test_gpu_vmap_matches_gpu_serial(model: str, chunk_size: int | None, full_fp32: None) -> None:
+    """The vmap executor on cuda:0 against the serial executor on cuda:0. ``chunk_size=None`` is the GPU's
+    automatic size (all 8 clients in one vectorised pass); 3 gives chunks of 3, 3 and 2 clients, so
+    vectorised steps, eager tails that continue them, and a chunk trained eagerly from its first step."""
+    serial = _run(SerialExecutor(device="cuda:0"), model)
+    vmapped = _run(VmapExecutor(devices=["cuda:0"], chunk_size=chunk_size), model)
+    assert _relative_error(vmapped.params, serial.params) <= TOLERANCE
+    assert _rows(vmapped) and all(row["device"] == "cuda:0" for row in _rows(vmapped))
+    assert all(row["device"] == "cuda:0" for row in _rows(serial))
+    assert {row["worker"] for row in _rows(vmapped)} == {"vmap0"}
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, nesterov=True), functools.partial(torch.optim.Adam, lr=0.01)],
+    ids=["sgd_nesterov", "adam"],
+)
+def test_gpu_vmap_optimizer_state_matches_gpu_serial(optimizer: Callable, full_fp32: None) -> None:
+    """Stacked optimizer state on the GPU, handed to a torch.optim optimizer for the eager tail (chunks of 3)."""
+    serial = _run(SerialExecutor(device="cuda:0"), "2nn", optimizer=optimizer)
+    vmapped = _run(VmapExecutor(devices=["cuda:0"], chunk_size=3), "2nn", optimizer=optimizer)
+    assert _relative_error(vmapped.params, serial.params) <= TOLERANCE
+
+
+@pytest.mark.parametrize("strategy", [functools.partial(FedProx, mu=0.5), Scaffold], ids=["fedprox", "scaffold"])
+def test_gpu_vmap_strategy_terms_match_gpu_serial(strategy: Callable[[], Strategy], full_fp32: None) -> None:
+    """Per-client config numbers (FedProx's μ) and model-sized vectors (SCAFFOLD's correction) on the GPU."""
+    serial = _run(SerialExecutor(device="cuda:0"), "2nn", strategy=strategy())
+    vmapped = _run(VmapExecutor(devices=["cuda:0"], chunk_size=3), "2nn", strategy=strategy())
+    assert _relative_error(vmapped.params, serial.params) <= TOLERANCE
