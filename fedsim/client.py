@@ -18,7 +18,7 @@ from torch import nn
 
 from fedsim.data.tensor_data import TensorData
 from fedsim.params import flatten
-from fedsim.strategy.base import LocalTraining
+from fedsim.strategy.base import LocalTraining, hook_before_step
 from fedsim.types import ClientUpdate
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -134,6 +134,7 @@ class Client:
         batch_size = int(config.get("batch_size", self.batch_size))
         device = next(model.parameters()).device
         optimizer = self.make_optimizer(model, config)
+        hook_before_step(local, model, optimizer)
         model.train()
         epoch_losses = [self._run_epoch(model, optimizer, data, batch_size, generator, device) for _ in range(epochs)]
         steps = epochs * math.ceil(self.num_train / batch_size)

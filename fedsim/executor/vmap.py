@@ -172,7 +172,9 @@ def vectorised_local(local: LocalTraining | None) -> LocalTraining | None:
     client half that changes training but has no vectorised form."""
     if local is None or type(local).functional_term is not LocalTraining.functional_term:
         return local
-    if type(local).loss_term is LocalTraining.loss_term and type(local).begin is LocalTraining.begin:
+    hooks = ("begin", "loss_term", "before_step")
+    changes_training = any(getattr(type(local), hook) is not getattr(LocalTraining, hook) for hook in hooks)
+    if not changes_training:
         return None  # adds nothing
     raise VmapUnsupportedError(
         f"executor=vmap cannot run the strategy's client half {type(local).__name__}: it has no functional_term() "

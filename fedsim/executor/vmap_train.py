@@ -26,7 +26,7 @@ from fedsim.data.tensor_data import TensorData
 from fedsim.executor import vmap_optim
 from fedsim.executor.vmap_optim import OptimizerSpec, Tensors
 from fedsim.params import ParamLayout, load_flat
-from fedsim.strategy.base import LocalTraining
+from fedsim.strategy.base import LocalTraining, hook_before_step
 from fedsim.types import ClientUpdate, FitTask
 
 
@@ -124,7 +124,7 @@ def _train_longest_first(ctx: ChunkModel, global_params: torch.Tensor, plans: Se
     numbers = _stack_numbers(plans, device, ctx.layout, set(trainable))
     rows, mask = _step_tensors(plans, device)
     live = [sum(p.num_steps > t for p in plans) for t in range(rows.shape[0])]
-    grad_fn = vmap(grad_and_value(_objective(ctx, fixed, trainable, plans[0].client.per_example_loss)))
+    grad_fn = vmap(grad_and_value(_objective(ctx, fixed, trainable, plans[0].client.per_example_loss), has_aux=True))
     losses = torch.zeros(rows.shape[0], k, device=device)
     for t, n in enumerate(live):
         if n <= EAGER_TAIL:  # a vectorised call costs the same for one client as for many: finish one by one
@@ -132,9 +132,9 @@ def _train_longest_first(ctx: ChunkModel, global_params: torch.Tensor, plans: Se
                 _finish_eagerly(ctx, global_params, plans[i], t, _client_view(params, i), _client_state(spec, state, i), losses[:, i])
             break
         x, y = _gather(ctx.data.x, rows[t, :n]), _gather(ctx.data.y, rows[t, :n])
-        grads, objective = grad_fn(_prefix(params, n), x, y, mask[t, :n], _prefix(numbers, n))
+        grads, (_, reported) = grad_fn(_prefix(params, n), x, y, mask[t, :n], _prefix(numbers, n))
         vmap_optim.step(spec, _prefix(params, n), grads, _prefix(state, n), _prefix(hyper, n), first=t == 0)
-        losses[t, :n] = objective.detach()
+        losses[t, :n] = reported.detach()
     flat = _flatten_stacked(ctx.layout, params, fixed, k)
     per_client = losses.double().cpu().T.tolist()
     return [_update(plan, flat[i], per_client[i], ctx) for i, plan in enumerate(plans)]
@@ -163,6 +163,7 @@ def _finish_eagerly(
         for name, p in named.items():
             p.copy_(params[name])
     optimizer = client.make_optimizer(model, config)
+    hook_before_step(ctx.local, model, optimizer)
     if start > 0:
         give_state(optimizer, named)
     model.train()
@@ -207,14 +208,21 @@ def _objective(
     ctx: ChunkModel, fixed: Tensors, anchor: Tensors, per_example_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ) -> Callable[..., torch.Tensor]:
     """One client's batch objective as a pure function of its parameters: the masked mean of the
-    per-example loss, plus the strategy's functional client-side term (e.g. FedProx's)."""
+    per-example loss, plus the strategy's functional client-side term (e.g. FedProx's); and, as the
+    auxiliary output, the loss to report (the term only if it is a ``loss_term``, as in ``Client.fit``)."""
     model, local = ctx.model, ctx.local
+    reports_term = local is not None and type(local).loss_term is not LocalTraining.loss_term
 
-    def objective(params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, numbers: Tensors) -> torch.Tensor:
+    def objective(
+        params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, numbers: Tensors
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = functional_call(model, {**fixed, **params}, (x,))
         loss = (per_example_loss(logits, y) * mask).sum() / mask.sum().clamp(min=1)
         term = local.functional_term(params, anchor, numbers) if local is not None else None
-        return loss if term is None else loss + term
+        if term is None:
+            return loss, loss.detach()
+        total = loss + term
+        return total, (total if reports_term else loss).detach()
 
     return objective
 

@@ -1,6 +1,6 @@
 """Aggregation strategies: the base class, pure aggregation math, and one file per algorithm."""
 
-from fedsim.strategy.base import LocalTraining, Strategy
+from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.strategy.fedavg import FedAvg
 from fedsim.strategy.fedprox import FedProx, ProximalTerm
 from fedsim.strategy.scaffold import ControlCorrection, Scaffold
@@ -9,5 +9,5 @@ from fedsim.strategy.server_opt import FedAdagrad, FedAdam, FedAvgM, FedOpt, Fed
 
 __all__ = [
     "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedOpt", "FedProx", "FedYogi", "Krum", "LocalTraining", "Median",
-    "ProximalTerm", "Scaffold", "ControlCorrection", "Strategy", "TrimmedMean",
+    "ProximalTerm", "Scaffold", "ControlCorrection", "Strategy", "TrimmedMean", "gradients",
 ]

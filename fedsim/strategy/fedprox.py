@@ -1,4 +1,4 @@
-"""FedProx: FedAvg aggregation plus a proximal term μ/2 ‖w − w_global‖² in every client's loss,
+"""FedProx: FedAvg aggregation plus a proximal term μ/2 ‖w − w_global‖² in every client's objective,
 keeping stragglers' partial work.
 
 Li, Sahu, Zaheer, Sanjabi, Talwalkar, Smith. "Federated Optimization in Heterogeneous Networks."
@@ -13,13 +13,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.strategy.base import LocalTraining, Strategy
+from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.strategy.functional import weighted_average
 from fedsim.types import ClientUpdate
 
 
 class ProximalTerm(LocalTraining):
-    """Client half: remembers the global weights at the start of a task and adds μ/2 ‖w − w_global‖²."""
+    """Client half: remembers the global weights at the start of a task and minimises μ/2 ‖w − w_global‖²
+    too, by adding its gradient μ (w − w_global) to every step's gradients (so the reported training
+    loss is the data loss alone)."""
 
     def __init__(self) -> None:
         self.mu = 0.0
@@ -27,13 +29,14 @@ class ProximalTerm(LocalTraining):
 
     def begin(self, model: nn.Module, config: dict[str, Any]) -> None:
         self.mu = float(config.get("prox_mu", 0.0))
-        self.anchor = [p.detach().clone() for p in model.parameters()]
+        self.anchor = [p.detach().clone() for p in model.parameters() if p.requires_grad]
 
-    def loss_term(self, model: nn.Module) -> torch.Tensor | None:
+    def before_step(self, model: nn.Module) -> None:
         if self.mu == 0.0:
-            return None
-        squared = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), self.anchor))
-        return 0.5 * self.mu * squared  # type: ignore[return-value]
+            return
+        params, grads = gradients(model)
+        with torch.no_grad():
+            torch._foreach_add_(grads, torch._foreach_sub(params, self.anchor), alpha=self.mu)
 
     def functional_term(
         self, params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor], numbers: dict[str, torch.Tensor]

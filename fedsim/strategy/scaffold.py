@@ -7,8 +7,8 @@ Federated Learning." ICML 2020. Algorithm 1 with option II for the client contro
                c_i⁺ = c_i − c + (x − y) / (K η_l)
     server:    x ← x + η_g · mean_i (y_i − x);   c ← c + (|S| / N) · mean_i (c_i⁺ − c_i)
 
-Both halves live here. The gradient correction (c − c_i) enters local training as the linear loss
-term ⟨c − c_i, y⟩, whose gradient is exactly c − c_i. Client control variates live in a client-state
+Both halves live here. The gradient correction (c − c_i) is added to every step's gradients before
+the optimizer step (under ``executor=vmap``: as the linear term ⟨c − c_i, y⟩, whose gradient it is). Client control variates live in a client-state
 store (memory or disk) touched only for sampled clients; c_i⁺ is computed on the server from the
 returned weights, the client's step count and learning rate, so nothing but the correction travels.
 """
@@ -24,12 +24,12 @@ import torch
 from torch import nn
 
 from fedsim.state import ClientStateStore, make_store
-from fedsim.strategy.base import LocalTraining, Strategy
+from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.types import ClientUpdate
 
 
 class ControlCorrection(LocalTraining):
-    """Client half: adds ⟨c − c_i, w⟩ to the loss so every gradient is corrected by c − c_i."""
+    """Client half: adds c − c_i to every step's gradients (the gradient of the linear term ⟨c − c_i, w⟩)."""
 
     def __init__(self) -> None:
         self.pieces: list[tuple[nn.Parameter, torch.Tensor]] = []
@@ -46,14 +46,18 @@ class ControlCorrection(LocalTraining):
                 offsets[name] = (offset, value.shape)
                 offset += value.numel()
         for name, param in model.named_parameters():
+            if not param.requires_grad:  # frozen: no gradient to correct (and not in gradients(model))
+                continue
             start, shape = offsets[name]
             piece = correction[start : start + param.numel()].view(shape).to(device)
             self.pieces.append((param, piece))
 
-    def loss_term(self, model: nn.Module) -> torch.Tensor | None:
+    def before_step(self, model: nn.Module) -> None:
         if not self.pieces:
-            return None
-        return sum((param * piece).sum() for param, piece in self.pieces)  # type: ignore[return-value]
+            return
+        _, grads = gradients(model)
+        with torch.no_grad():
+            torch._foreach_add_(grads, [piece for _, piece in self.pieces])
 
     def functional_term(
         self, params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor], numbers: dict[str, Any]

@@ -27,19 +27,70 @@ def test_proximal_term_known_answer_and_gradient() -> None:
         model.bias.copy_(torch.tensor([0.5]))
     term = ProximalTerm()
     term.begin(model, {"prox_mu": 2.0})
-    assert float(term.loss_term(model).detach()) == 0.0  # at the anchor
+    term.before_step(model)  # at the anchor, no gradients yet: zeros appear, nothing is added
+    assert torch.equal(model.weight.grad, torch.zeros(1, 2)) and torch.equal(model.bias.grad, torch.zeros(1))
     with torch.no_grad():
         model.weight.add_(torch.tensor([[1.0, -2.0]]))  # w - w_g = (1, -2), bias unchanged
-    value = term.loss_term(model)
-    assert float(value.detach()) == pytest.approx(0.5 * 2.0 * (1.0 + 4.0))  # mu/2 * ||d||^2 = 5
-    value.backward()
-    assert torch.equal(model.weight.grad, torch.tensor([[2.0, -4.0]]))  # mu * d
+    model.weight.grad = torch.tensor([[10.0, 20.0]])
+    term.before_step(model)
+    assert torch.equal(model.weight.grad, torch.tensor([[12.0, 16.0]]))  # + mu * d
+    assert torch.equal(model.bias.grad, torch.zeros(1))
+
+
+class WrittenOutProximal(ProximalTerm):
+    """μ/2 Σ ‖p − a‖² written out as a loss term, for autograd to differentiate (the reference)."""
+
+    def before_step(self, model: nn.Module) -> None:
+        pass
+
+    def loss_term(self, model: nn.Module) -> torch.Tensor | None:
+        trained = [p for p in model.parameters() if p.requires_grad]
+        return 0.5 * self.mu * sum(((p - a) ** 2).sum() for p, a in zip(trained, self.anchor))  # type: ignore[return-value]
+
+
+class OwnStep(Client):
+    """A client with its own train_step (gradient clipping), as docs/writing-a-strategy.md allows."""
+
+    def train_step(self, model, optimizer, x, y):  # type: ignore[no-untyped-def]
+        optimizer.zero_grad(set_to_none=True)
+        loss = self.objective(model, x, y)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 100.0)
+        optimizer.step()
+        return float(loss.detach())
+
+
+@pytest.mark.parametrize("client_class", [Client, OwnStep])
+def test_proximal_term_trains_as_the_written_out_loss_term(client_class: type[Client]) -> None:
+    """Client.fit with the gradient added before each step equals autograd of the written-out term, on a
+    deep model with momentum, a frozen layer and (OwnStep) an overridden train_step; the reported loss
+    is the data loss alone."""
+    data = synthetic(num_devices=1, min_size=80, max_size=80, seed=2).train
+    weights, losses = [], []
+    for local in (ProximalTerm(), WrittenOutProximal(), None):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(60, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 10))
+        model[2].weight.requires_grad_(False)
+        client = client_class(0, range(64), epochs=3, batch_size=8,
+                              optimizer=functools.partial(torch.optim.SGD, lr=0.5, momentum=0.9))
+        update = client.fit(model, data, config={"prox_mu": 0.5}, generator=torch.Generator().manual_seed(1), local=local)
+        weights.append(update.params)
+        losses.append(update.epoch_losses)
+    fast, written, plain = weights
+    assert torch.allclose(fast, written, rtol=1e-5, atol=1e-6)
+    assert (fast - plain).norm() > 100 * (fast - written).norm()  # the term really changes training
+    assert losses[0][0] < losses[1][0]  # the written-out loss term's value is reported; the fast term's is not
 
 
 def test_proximal_term_is_off_when_mu_is_zero() -> None:
+    model = nn.Linear(2, 1)
     term = ProximalTerm()
-    term.begin(nn.Linear(2, 1), {})
-    assert term.loss_term(nn.Linear(2, 1)) is None
+    term.begin(model, {})
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    model.weight.grad, model.bias.grad = torch.ones(1, 2), torch.ones(1)
+    term.before_step(model)
+    assert torch.equal(model.weight.grad, torch.ones(1, 2)) and torch.equal(model.bias.grad, torch.ones(1))
 
 
 def test_server_half_known_answer_keeps_every_update() -> None:

@@ -59,11 +59,39 @@ def test_client_half_corrects_the_gradient_by_c_minus_ci() -> None:
     correction = np.array([1.0, -2.0, 3.0], dtype=np.float32)  # state_dict order: weight (1x2), bias (1)
     half = ControlCorrection()
     half.begin(model, {"scaffold_correction": correction})
-    half.loss_term(model).backward()
-    assert torch.equal(model.weight.grad, torch.tensor([[1.0, -2.0]]))
+    model.weight.grad = torch.tensor([[10.0, 20.0]])  # the bias has no gradient yet: it gets the correction alone
+    half.before_step(model)
+    assert torch.equal(model.weight.grad, torch.tensor([[11.0, 18.0]]))
     assert torch.equal(model.bias.grad, torch.tensor([3.0]))
     half.begin(model, {"scaffold_correction": np.zeros(0, dtype=np.float32)})
-    assert half.loss_term(model) is None  # first round: nothing to correct
+    half.before_step(model)  # first round: nothing to correct
+    assert torch.equal(model.weight.grad, torch.tensor([[11.0, 18.0]]))
+
+
+def test_client_half_trains_as_the_written_out_linear_term() -> None:
+    """Client.fit with c − c_i added before each step equals autograd of ⟨c − c_i, w⟩ as a loss term, with
+    momentum and a frozen layer (whose slice of the correction is ignored)."""
+
+    class WrittenOut(ControlCorrection):
+        def before_step(self, model: nn.Module) -> None:
+            pass
+
+        def loss_term(self, model: nn.Module) -> torch.Tensor | None:
+            return sum((param * piece).sum() for param, piece in self.pieces)  # type: ignore[return-value]
+
+    data = synthetic(num_devices=1, min_size=80, max_size=80, seed=2).train
+    size = 60 * 16 + 16 + 16 * 10 + 10
+    correction = np.random.default_rng(0).normal(scale=0.1, size=size).astype(np.float32)
+    weights = []
+    for half in (ControlCorrection(), WrittenOut()):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(60, 16), nn.Tanh(), nn.Linear(16, 10))
+        model[0].bias.requires_grad_(False)
+        client = Client(0, range(64), epochs=2, batch_size=8, optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9))
+        update = client.fit(model, data, config={"scaffold_correction": correction},
+                            generator=torch.Generator().manual_seed(1), local=half)
+        weights.append(update.params)
+    assert torch.allclose(weights[0], weights[1], rtol=1e-5, atol=1e-6)
 
 
 def _run(strategy, executor) -> torch.Tensor:  # type: ignore[no-untyped-def]
