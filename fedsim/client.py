@@ -93,13 +93,14 @@ class Client:
 
     def train_step(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
-    ) -> float:
-        """One optimisation step on one batch; returns the batch objective."""
+    ) -> float | torch.Tensor:
+        """One optimisation step on one batch; returns the batch objective, as a float or a detached 0-d
+        tensor (the default: a float would wait for a GPU to finish every step)."""
         optimizer.zero_grad(set_to_none=True)
         loss = self.objective(model, x, y)
         loss.backward()
         optimizer.step()
-        return float(loss.detach())
+        return loss.detach()
 
     def make_optimizer(self, model: nn.Module, config: dict[str, Any]) -> torch.optim.Optimizer:
         """Build this round's optimizer; a ``lr`` in the round config overrides the factory's."""
@@ -161,15 +162,22 @@ class Client:
         generator: torch.Generator,
         device: torch.device,
     ) -> float:
-        """One pass over the client's shuffled training indices; returns the example-weighted mean loss."""
+        """One pass over the client's shuffled training indices; returns the example-weighted mean loss.
+
+        Batch losses are summed in float64 where ``train_step`` leaves them (on a GPU: on the GPU), so the
+        device is waited for once per epoch, not once per step; the sum equals a Python float sum bit for bit.
+        """
         order = torch.from_numpy(self.train_indices)[torch.randperm(self.num_train, generator=generator)]
-        total, seen = 0.0, 0
+        order = order.to(data.x.device)  # data already on the GPU: index it there, no copy per step
+        total: float | torch.Tensor = 0.0
+        seen = 0
         for start in range(0, self.num_train, batch_size):
             idx = order[start : start + batch_size]
             x, y = data.x[idx].to(device, non_blocking=True), data.y[idx].to(device, non_blocking=True)
-            total += self.train_step(model, optimizer, x, y) * len(idx)
+            loss = self.train_step(model, optimizer, x, y)
+            total = total + (loss.double() if isinstance(loss, torch.Tensor) else loss) * len(idx)
             seen += len(idx)
-        return total / max(seen, 1)
+        return float(total) / max(seen, 1)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: TensorData, *, batch_size: int = 256) -> dict[str, float]:
