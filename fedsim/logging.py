@@ -25,12 +25,24 @@ class RunLogger:
     """Writes one record per round to ``run_dir/metrics.jsonl`` and ``run_dir/tensorboard``.
 
     With ``run_dir=None`` nothing is written to disk (the history is still kept in memory).
-    ``progress=None`` shows the bar only on a terminal.
+    ``progress=None`` shows the bar only on a terminal. ``client_rows_in_memory=False`` keeps only each
+    round's scalars in :attr:`history`: the per-client rows (about 0.6 KiB per client and round as
+    Python objects, so 60 MB over 1,000 rounds of 100 clients) then live only in ``metrics.jsonl``, where
+    :func:`read_records` finds them, and memory stays flat however long the run. ``python -m fedsim``
+    runs this way.
     """
 
-    def __init__(self, run_dir: str | Path | None = None, *, tensorboard: bool = True, progress: bool | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path | None = None,
+        *,
+        tensorboard: bool = True,
+        progress: bool | None = None,
+        client_rows_in_memory: bool = True,
+    ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.progress = progress
+        self.client_rows_in_memory = client_rows_in_memory
         self._tensorboard = tensorboard
         self.history: list[dict[str, Any]] = []
         self._clients: list[dict[str, Any]] = []
@@ -57,18 +69,19 @@ class RunLogger:
         with rounds × clients); those come back from ``earlier``, the interrupted run's ``metrics.jsonl``,
         for every round whose scalars match it. A round whose rows cannot be found is kept without them,
         with one warning."""
-        self.history = [dict(record) for record in history]
-        missing = _add_client_rows(self.history, read_records(earlier) if earlier is not None else {})
+        records = [dict(record) for record in history]
+        missing = _add_client_rows(records, read_records(earlier) if earlier is not None else {})
         if missing:
             log.warning("resume: the per-client rows of %d round(s) were not found in %s; those rounds keep their "
                         "scalars only", missing, earlier)
         if self._jsonl is not None:
             self._jsonl.seek(0)
             self._jsonl.truncate()
-            for record in self.history:
+            for record in records:
                 self._jsonl.write(json.dumps(record) + "\n")
             self._jsonl.flush()
             self._fresh = False
+        self.history = records if self.client_rows_in_memory else without_client_rows(records)
         if self._writer is not None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -133,7 +146,7 @@ class RunLogger:
         record: dict[str, Any] = {"round": round_num, **{k: _plain(v) for k, v in metrics.items()}}
         if self._clients:
             record["clients"], self._clients = self._clients, []
-        self.history.append(record)
+        self.history.append(record if self.client_rows_in_memory else without_client_rows([record])[0])
         if self._jsonl is not None:
             if self._fresh:  # a new run: whatever an earlier run left in this directory goes
                 self._jsonl.seek(0)

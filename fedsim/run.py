@@ -89,7 +89,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
     model_factory = functools.partial(
         _instantiate(cfg.model), input_shape=data.train.input_shape, num_classes=data.train.num_classes
     )
-    logger = RunLogger(run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress)
+    logger = RunLogger(run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress, client_rows_in_memory=False)
     logger.log_label_distribution(label_counts(data))
     server = Server(
         model_factory=model_factory,

@@ -175,7 +175,7 @@ def test_resume_errors_are_one_line(tmp_path: Path, uninterrupted: dict[str, Pat
 # --- checkpoints keep the history's scalars; the per-client rows come back from metrics.jsonl ---------------
 
 
-def _small_server(run_dir: Path, num_rounds: int):  # noqa: ANN202 - a Server
+def _small_server(run_dir: Path, num_rounds: int, rows_in_memory: bool = True):  # noqa: ANN202 - a Server
     import functools
 
     from fedsim.client import Client
@@ -192,7 +192,7 @@ def _small_server(run_dir: Path, num_rounds: int):  # noqa: ANN202 - a Server
     return Server(
         model_factory=functools.partial(LogisticRegression, (60,), 10), clients=make_clients(data, Client),
         train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=SerialExecutor(), num_rounds=num_rounds,
-        clients_per_round=3, seed=5, logger=RunLogger(run_dir, tensorboard=False, progress=False),
+        clients_per_round=3, seed=5, logger=RunLogger(run_dir, tensorboard=False, progress=False, client_rows_in_memory=rows_in_memory),
         checkpoint_dir=run_dir / "checkpoints", checkpoint_every=1,
     )
 
@@ -214,6 +214,23 @@ def test_checkpoints_leave_client_rows_to_metrics_jsonl_and_resume_restores_them
     resumed.run()
     assert _records(tmp_path / "cut") == _records(tmp_path / "full")
     assert all(len(record["clients"]) == 3 for record in _records(tmp_path / "cut"))
+
+
+def test_client_rows_can_live_on_disk_only_and_resume_still_writes_them(tmp_path: Path) -> None:
+    """client_rows_in_memory=False (as python -m fedsim runs): the history holds scalars only, metrics.jsonl
+    holds the same rows as with them in memory, through a resume too."""
+    full = _small_server(tmp_path / "full", 5).run()
+    first = _small_server(tmp_path / "lean", 3, rows_in_memory=False)
+    assert not any("clients" in record for record in first.run().history)
+    resumed = _small_server(tmp_path / "lean", 5, rows_in_memory=False)
+    resumed.resume(tmp_path / "lean")
+    lean = resumed.run()
+    assert not any("clients" in record for record in lean.history)
+    assert [{k: v for k, v in r.items() if not k.startswith(MEASURED)} for r in lean.history] == [
+        {k: v for k, v in r.items() if k != "clients" and not k.startswith(MEASURED)} for r in full.history
+    ]
+    assert _records(tmp_path / "lean") == _records(tmp_path / "full")
+    assert all(len(record["clients"]) == 3 for record in _records(tmp_path / "lean"))
 
 
 def test_resume_without_metrics_jsonl_keeps_the_scalars_and_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

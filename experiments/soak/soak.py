@@ -87,7 +87,7 @@ def build(args: argparse.Namespace, run_dir: Path) -> tuple[Server, Workload, Pr
     clients = make_clients(data, client_factory)
     model_factory = functools.partial(LogisticRegression, input_shape=data.train.input_shape, num_classes=data.train.num_classes)
     executor = ProcessExecutor(devices="cpu", workers=args.workers, threads=1)
-    logger = RunLogger(run_dir, tensorboard=False, progress=False)
+    logger = RunLogger(run_dir, tensorboard=False, progress=False, client_rows_in_memory=args.client_rows_in_memory)
     server = Server(
         model_factory=model_factory, clients=clients, train_data=data.train, test_data=data.test,
         strategy=FedAvg(), executor=executor, num_rounds=args.rounds, clients_per_round=args.per_round,
@@ -230,7 +230,7 @@ def print_summary(result: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"worker log bytes: {result['worker_log_bytes']}; final eval: {result['final_eval']}")
     kept = [s for s in result["samples"] if s["round"] >= args.warmup_rounds]
     print(f"RunLogger.history as JSON: {kept[0]['history_json_bytes']} -> {kept[-1]['history_json_bytes']} bytes "
-          "(kept in memory by design: one record per round, with its clients)")
+          f"(one record per round; client rows in memory: {args.client_rows_in_memory})")
     growth = result["server_python_growth"]
     if growth:
         first, last = growth["rounds"]
@@ -253,6 +253,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--per-round", type=int, default=10)
     p.add_argument("--num-devices", type=int, default=30, help="Synthetic devices = clients")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--client-rows-in-memory", action="store_true",
+                   help="keep the per-client rows in RunLogger.history too (the Python API's default; "
+                        "python -m fedsim keeps them in metrics.jsonl only, as this script does without the flag)")
     p.add_argument("--rss-tolerance-mib", type=float, default=4.0)
     p.add_argument("--attribution-rounds", type=int, default=100,
                    help="length of the separate tracemalloc run that attributes the server's heap growth (0: skip)")
