@@ -7,6 +7,7 @@ import functools
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from fedsim.client import Client
@@ -33,6 +34,20 @@ def test_rejection_reasons() -> None:
     assert "dtype torch.float64" in rejection_reason(_update(torch.ones(4, dtype=torch.float64)), ref)
     assert "2 non-finite" in rejection_reason(_update(torch.tensor([1.0, float("nan"), float("inf"), 0.0])), ref)
     assert "num_examples" in rejection_reason(_update(torch.ones(4), n=0), ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_finiteness_check_at_the_edges_of_the_range(dtype: torch.dtype) -> None:
+    """Values at the largest finite magnitude pass (a sum must not overflow into a false alarm); a lone
+    inf, opposite infs (whose sum is NaN) and a NaN among huge values are caught, in every float type."""
+    top = torch.finfo(dtype).max
+    ref = torch.zeros(1000, dtype=dtype)
+    assert rejection_reason(_update(torch.full((1000,), top, dtype=dtype)), ref) is None
+    assert rejection_reason(_update(torch.full((1000,), -top, dtype=dtype)), ref) is None
+    for bad in ([float("-inf")], [float("inf"), float("-inf")], [float("nan")]):
+        params = torch.full((1000,), top, dtype=dtype)
+        params[: len(bad)] = torch.tensor(bad, dtype=dtype)
+        assert f"{len(bad)} non-finite" in rejection_reason(_update(params), ref)
 
 
 class NaNClient(Client):
