@@ -28,9 +28,9 @@ Contenders (per model):
 ``--device cuda`` (or ``cuda:N``) trains on that GPU: ``serial_t*`` is ``SerialExecutor(device=..., threads=*)``,
 ``central_t*`` trains there with the data copied there once, and the default contenders become
 ``serial_t1,process_g1,process_g2,process_g4,central_t1``; the CPU-only contenders (``process_w*``, ``naive_*``)
-are refused. Every round ends synchronised: fedsim's executors return CPU tensors, and the driver calls
-``torch.cuda.synchronize(device)`` after each round of a contender that trains on a GPU from this process
-(for ``central_t*``, whose last ``optimizer.step()`` may still be queued). The results JSON gets a
+are refused. Every round ends synchronised (fedsim's executors return CPU tensors; ``central_t*`` reads
+its summed loss after its last step), and the driver also calls ``torch.cuda.synchronize(device)`` after
+each round of a contender that trains on a GPU from this process, as a safeguard. The results JSON gets a
 ``device`` entry (name, capability, memory, CUDA version, TF32 settings) and GPU ratios instead of the
 CPU targets; that GPU report is also what a CPU run with a ``process_g*`` contender prints.
 
@@ -371,7 +371,9 @@ class NaiveContender:
 class CentralContender:
     """One model, the union of each round's sampled clients' examples, the same steps and batch size.
 
-    On a GPU ``device`` the training data is copied there once, here (not timed), and the model lives there.
+    On a GPU ``device`` the training data is copied there once, here (not timed), and the model lives there;
+    each pass's batch order is moved there once and the losses are summed there and read once per round,
+    as fedsim's ``Client`` does per epoch (``read_every_loss``, the CPU behaviour, reads each one).
     """
 
     def __init__(self, name: str, bench: Bench, threads: int, device: str = "cpu") -> None:
@@ -379,6 +381,7 @@ class CentralContender:
             data = TensorData(bench.data.x.to(device), bench.data.y.to(device), bench.data.num_classes)
             bench = replace(bench, data=data)
         self.name, self.bench, self.threads, self.device = name, bench, threads, device
+        self.read_every_loss = device == "cpu"
         self.steps_done: list[int] = []
 
     def start(self) -> None:
@@ -400,8 +403,9 @@ class CentralContender:
         union = torch.from_numpy(np.concatenate([b.client_indices[c] for c in ids]))
         gen = torch.Generator().manual_seed(b.seed * 100_003 + round_num)
         steps, done = b.steps(ids), 0
+        total = torch.zeros((), dtype=torch.float64, device=b.data.x.device)
         while done < steps:
-            order = union[torch.randperm(len(union), generator=gen)]
+            order = union[torch.randperm(len(union), generator=gen)].to(b.data.x.device)
             for start in range(0, len(order), b.batch_size):
                 if done == steps:
                     break
@@ -411,8 +415,12 @@ class CentralContender:
                 loss = nn.functional.cross_entropy(self.model(x), y)
                 loss.backward()
                 self.optimizer.step()
-                float(loss.detach())  # fedsim's Client reads every loss too
+                if self.read_every_loss:
+                    float(loss.detach())  # the loss is read (on a CPU this costs what fedsim's tensor sum costs)
+                else:
+                    total += loss.detach().double()  # a GPU is waited for once per round, not once per step
                 done += 1
+        float(total)
         self.steps_done.append(done)
 
     def close(self) -> None:
@@ -498,9 +506,10 @@ def parent_devices(contender: Any) -> list[str]:
 def synchronize_cuda(devices: list[str]) -> None:
     """Wait until the CUDA devices among ``devices`` have finished their queued work (CPU: no-op).
 
-    fedsim's serial and vmap executors return CPU tensors and read every loss, so their rounds already
-    end synchronised, and process workers hand back results in shared CPU memory; a centralized
-    contender's last ``optimizer.step()`` may still be queued on the GPU when its round returns.
+    Rounds already end synchronised: fedsim's serial and vmap executors copy every update to a CPU
+    tensor (which waits for the GPU), process workers hand back results in shared CPU memory, and the
+    centralized contenders read a loss after their last step. This is the safeguard that keeps a
+    contender that stops doing so from being timed short.
     """
     for device in devices:
         if device.startswith("cuda") and torch.cuda.is_initialized():
