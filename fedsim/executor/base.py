@@ -110,10 +110,16 @@ def retry_or_fail(
 
 @contextmanager
 def _task_global_rng(seed: int, device: torch.device) -> Iterator[None]:
-    """Seed torch's global RNG (CPU, and the task's GPU) from the task seed; restore it on exit."""
+    """Seed torch's global RNG (CPU, and the task's GPU) from the task seed; restore it on exit.
+
+    Not ``torch.manual_seed``: on a machine without an initialised GPU it queues a lazy seed for every
+    accelerator type, formatting a stack trace each time (67 µs per task here, against 1 µs)."""
     gpus = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=gpus, device_type="cuda"):
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(seed)
         yield
 
 

@@ -58,3 +58,13 @@ class PrintingClient(Client):
     def fit(self, model, data, **kwargs):  # type: ignore[no-untyped-def]
         print(f"hello from client {self.client_id}")
         return super().fit(model, data, **kwargs)
+
+
+def dropout_mlp(input_shape: tuple[int, ...], num_classes: int) -> "torch.nn.Module":
+    """A small MLP with dropout: its training draws from torch's global RNG, which every task seeds."""
+    import torch
+
+    return torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(input_shape[0], 32), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+        torch.nn.Linear(32, num_classes),
+    )

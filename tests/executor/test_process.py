@@ -78,6 +78,22 @@ def test_bitwise_equal_to_serial(workers: int, tmp_path: Path) -> None:
     assert_all_gone(worker_pids(tmp_path))
 
 
+def test_dropout_is_the_same_in_every_worker_and_in_serial() -> None:
+    """Dropout draws from torch's global RNG, which each task seeds from its own seed: the weights do not
+    depend on which worker ran a task, after which other tasks, or on the parent's RNG."""
+    data = _data()
+
+    def final(executor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        torch.manual_seed(len(str(executor)))  # a different parent RNG state for every executor
+        return Server(
+            model_factory=functools.partial(fault_clients.dropout_mlp, (60,), 10),
+            clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)), train_data=data.train,
+            test_data=data.test, strategy=FedAvg(), executor=executor, num_rounds=2, clients_per_round=PER_ROUND, seed=7,
+        ).run().params
+
+    assert torch.equal(final(ProcessExecutor(devices="cpu", workers=3)), final(SerialExecutor()))
+
+
 def test_raising_client_is_reported_and_policy_applies(tmp_path: Path) -> None:
     with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
         run(ProcessExecutor(devices="cpu", workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))
