@@ -23,18 +23,23 @@ def physical_cores() -> int:
 
 
 def resolve_devices(devices: str | Sequence[str]) -> list[str]:
-    """``"auto"`` → every visible GPU, else ``["cpu"]``; ``"cpu"`` or ``"cuda:0"`` → one; a list as given."""
+    """``"auto"`` → every visible GPU, else ``["cpu"]``; ``"cpu"`` or ``"cuda:0"`` → one; a list as given.
+    A bare ``"cuda"`` means ``"cuda:0"`` (a worker pins an indexed device)."""
     if isinstance(devices, str):
         if devices == "auto":
             count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             return [f"cuda:{i}" for i in range(count)] or ["cpu"]
         devices = [devices]
     resolved = [str(torch.device(d)) for d in devices]
+    resolved = ["cuda:0" if name == "cuda" else name for name in resolved]
     if not resolved:
         raise ValueError("executor.devices must name at least one device (or be 'auto')")
     for name in resolved:
         if name.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"executor.devices asks for {name} but no CUDA device is visible; use executor.devices=cpu or auto")
+        if name.startswith("cuda") and torch.device(name).index >= torch.cuda.device_count():
+            raise ValueError(f"executor.devices asks for {name} but only {torch.cuda.device_count()} CUDA device(s) are "
+                             "visible (cuda:0 onwards); use executor.devices=auto")
     return resolved
 
 

@@ -68,7 +68,7 @@ class VmapExecutor(Executor):
         check_clients(workload.clients)
         local = vectorised_local(workload.local)
         layout = ParamLayout.of(models[0])
-        self._chunk = self.chunk_size or auto_chunk_size(layout.numel, self.devices[0])
+        self._chunk = self.chunk_size or auto_chunk_size(layout.numel, self.devices[0], gpu_free_bytes=_free_bytes(self.devices))
         self._contexts = [
             ChunkModel(model, layout, _to_device(workload.train_data, model), local, f"vmap{i}") for i, model in enumerate(models)
         ]
@@ -100,14 +100,25 @@ class VmapExecutor(Executor):
         self._workload = None
 
 
-def auto_chunk_size(numel: int, device: str, cpu_budget_bytes: int = 64 * 2**20) -> int:
-    """128 clients per pass on a GPU. On a CPU, as many as keep the chunk's parameters, gradients and
-    optimizer state (about 16 bytes per parameter and client) within ``cpu_budget_bytes``, between 8 and
-    128: stacked state that outgrows the caches makes every optimizer step memory-bound (measured on the
-    2NN, 200k parameters: 16–32 clients per pass were 1.7x faster than 100; docs/performance.md)."""
+def auto_chunk_size(numel: int, device: str, cpu_budget_bytes: int = 64 * 2**20, gpu_free_bytes: int | None = None) -> int:
+    """Clients per vectorised pass, from the chunk's parameters, gradients and optimizer state (about 16
+    bytes per parameter and client).
+
+    On a GPU: 128, or fewer if that state would take more than a quarter of the smallest device's free
+    memory (``gpu_free_bytes``), at least 1. On a CPU: as many as keep it within ``cpu_budget_bytes``,
+    between 8 and 128: stacked state that outgrows the caches makes every optimizer step memory-bound
+    (measured on the 2NN, 200k parameters: 16–32 clients per pass were 1.7x faster than 100;
+    docs/performance.md)."""
+    per_client = max(16 * numel, 1)
     if device.startswith("cuda"):
-        return 128
-    return max(8, min(128, cpu_budget_bytes // max(16 * numel, 1)))
+        return 128 if gpu_free_bytes is None else max(1, min(128, gpu_free_bytes // 4 // per_client))
+    return max(8, min(128, cpu_budget_bytes // per_client))
+
+
+def _free_bytes(devices: Sequence[str]) -> int | None:
+    """The smallest free memory among the CUDA ``devices``, or ``None`` when none is a GPU."""
+    gpus = [torch.device(d) for d in devices if d.startswith("cuda")]
+    return min(torch.cuda.mem_get_info(d)[0] for d in gpus) if gpus else None
 
 
 def make_chunks(plans: Sequence[ClientPlan], chunk_size: int) -> list[list[ClientPlan]]:

@@ -76,13 +76,23 @@ def init_state(spec: OptimizerSpec, params: Tensors) -> Tensors:
     return state
 
 
-def step(spec: OptimizerSpec, params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors, first: bool) -> None:
+def step(
+    spec: OptimizerSpec, params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors, first: bool, decay: bool = True
+) -> None:
     """One optimizer step for every client, in place on ``params`` and ``state`` (``grads`` are consumed).
-    ``first``: no client has stepped before."""
+    ``first``: no client has stepped before. ``decay=False``: no client has weight decay (see
+    :func:`any_decay`; deciding it from ``hyper`` would wait for a GPU on every step)."""
+    if decay:
+        _decay(grads, params, hyper)
     if spec.kind == "sgd":
         _sgd(dict(spec.flags), params, grads, state, hyper, first)
     else:
         _adam(params, grads, state, hyper)
+
+
+def any_decay(specs: list[OptimizerSpec]) -> bool:
+    """Whether any of these clients' optimizers has weight decay."""
+    return any(dict(s.hyper)["weight_decay"] != 0.0 for s in specs)
 
 
 def _per_client(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -92,13 +102,11 @@ def _per_client(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def _decay(grads: Tensors, params: Tensors, hyper: Tensors) -> None:
     """``g ← g + λ·p`` (L2 weight decay, as torch.optim adds it to the gradient)."""
-    if bool(hyper["weight_decay"].any()):
-        for name, g in grads.items():
-            g.addcmul_(_per_client(hyper["weight_decay"], g), params[name])
+    for name, g in grads.items():
+        g.addcmul_(_per_client(hyper["weight_decay"], g), params[name])
 
 
 def _sgd(flags: dict[str, bool], params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors, first: bool) -> None:
-    _decay(grads, params, hyper)
     for name, p in params.items():
         g = grads[name]
         if flags["momentum"]:
@@ -112,7 +120,6 @@ def _sgd(flags: dict[str, bool], params: Tensors, grads: Tensors, state: Tensors
 
 
 def _adam(params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors) -> None:
-    _decay(grads, params, hyper)
     state["step"] += 1
     bias1 = (1 - hyper["beta1"].double() ** state["step"]).float()
     bias2_sqrt = (1 - hyper["beta2"].double() ** state["step"]).sqrt().float()
@@ -128,12 +135,15 @@ def _adam(params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors) -> No
 def to_torch_state(spec: OptimizerSpec, optimizer: torch.optim.Optimizer, named: dict[str, torch.nn.Parameter],
                    state: Tensors, i: int) -> None:
     """Give a fresh ``torch.optim`` optimizer client ``i``'s state (after at least one vectorised step), so
-    that it continues exactly where the vectorised optimizer stopped."""
+    that it continues exactly where the vectorised optimizer stopped. Adam's ``step`` is a float32 tensor
+    on the CPU, or on the parameter's device for ``capturable``/``fused`` Adam, as torch.optim keeps it."""
+    group = optimizer.param_groups[0]
+    step_device = "cpu" if not (group.get("capturable") or group.get("fused")) else None
     for name, param in named.items():
         if spec.kind == "sgd" and dict(spec.flags)["momentum"]:
             optimizer.state[param]["momentum_buffer"] = state[f"buf.{name}"][i].clone()
         elif spec.kind == "adam":
+            step = torch.tensor(float(state["step"][i]), dtype=torch.float32, device=step_device or param.device)
             optimizer.state[param].update(
-                step=torch.tensor(float(state["step"][i])), exp_avg=state[f"m.{name}"][i].clone(),
-                exp_avg_sq=state[f"v.{name}"][i].clone(),
+                step=step, exp_avg=state[f"m.{name}"][i].clone(), exp_avg_sq=state[f"v.{name}"][i].clone(),
             )

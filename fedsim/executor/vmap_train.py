@@ -120,6 +120,7 @@ def _train_longest_first(ctx: ChunkModel, global_params: torch.Tensor, plans: Se
     params = {n: v.unsqueeze(0).repeat(k, *([1] * v.dim())) for n, v in trainable.items()}
     spec = plans[0].optimizer
     hyper = vmap_optim.stack_hyper([p.optimizer for p in plans], device)
+    decay = vmap_optim.any_decay([p.optimizer for p in plans])
     state = vmap_optim.init_state(spec, params)
     numbers = _stack_numbers(plans, device, ctx.layout, set(trainable))
     rows, mask = _step_tensors(plans, device)
@@ -133,7 +134,7 @@ def _train_longest_first(ctx: ChunkModel, global_params: torch.Tensor, plans: Se
             break
         x, y = _gather(ctx.data.x, rows[t, :n]), _gather(ctx.data.y, rows[t, :n])
         grads, (_, reported) = grad_fn(_prefix(params, n), x, y, mask[t, :n], _prefix(numbers, n))
-        vmap_optim.step(spec, _prefix(params, n), grads, _prefix(state, n), _prefix(hyper, n), first=t == 0)
+        vmap_optim.step(spec, _prefix(params, n), grads, _prefix(state, n), _prefix(hyper, n), first=t == 0, decay=decay)
         losses[t, :n] = reported.detach()
     flat = _flatten_stacked(ctx.layout, params, fixed, k)
     per_client = losses.double().cpu().T.tolist()

@@ -75,8 +75,6 @@ def test_gpu_process_matches_gpu_serial() -> None:
     assert torch.allclose(serial, process, atol=1e-5)
 
 
-@pytest.mark.xfail(strict=False, reason="suspected: resolve_devices keeps a bare 'cuda' and the worker's "
-                   "torch.cuda.set_device(torch.device('cuda')) raises ValueError (no index)")
 def test_bare_cuda_device_name_reaches_the_workers() -> None:
     """``devices="cuda"`` (no index, as a config may say it) means the current GPU, as it does for ``.to("cuda")``."""
     rows = _rows(_run(ProcessExecutor(devices="cuda", workers=1)))
@@ -109,8 +107,6 @@ def test_gpu_vmap_optimizer_state_matches_gpu_serial(optimizer: Callable, full_f
     assert _relative_error(vmapped.params, serial.params) <= TOLERANCE
 
 
-@pytest.mark.xfail(strict=False, reason="suspected: vmap_optim.to_torch_state gives the eager tail's Adam a CPU step "
-                   "tensor, which fused=True / capturable=True Adam refuses on a GPU")
 @pytest.mark.parametrize("flag", ["fused", "capturable"])
 def test_gpu_vmap_fused_or_capturable_adam_matches_gpu_serial(flag: str, full_fp32: None) -> None:
     """Adam with its state on the GPU (``step`` included): the eager tail must hand it a GPU step tensor."""

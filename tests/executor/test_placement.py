@@ -47,3 +47,10 @@ def test_devices() -> None:
         assert resolve_devices("auto") == ["cpu"]
         with pytest.raises(ValueError, match="no CUDA device is visible"):
             resolve_devices(["cuda:0"])
+        with pytest.raises(ValueError, match="asks for cuda:0 but no CUDA"):  # a bare "cuda" is GPU 0
+            resolve_devices("cuda")
+    else:
+        count = torch.cuda.device_count()
+        assert resolve_devices("cuda") == ["cuda:0"]
+        with pytest.raises(ValueError, match=f"asks for cuda:{count} but only {count} CUDA device"):
+            resolve_devices([f"cuda:{count}"])

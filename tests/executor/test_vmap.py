@@ -304,6 +304,9 @@ def test_auto_chunk_size_follows_the_model_size() -> None:
     assert auto_chunk_size(199_210, "cpu") == 21  # 2NN: 64 MiB / (16 B x 199,210)
     assert auto_chunk_size(1_663_370, "cpu") == 8  # CNN: the floor
     assert auto_chunk_size(1_663_370, "cuda:0") == 128
+    assert auto_chunk_size(1_663_370, "cuda:0", gpu_free_bytes=140 * 2**30) == 128  # 3.4 GB of state: fits
+    assert auto_chunk_size(1_663_370, "cuda:0", gpu_free_bytes=2**30) == 10  # a quarter of 1 GiB / 26.6 MB
+    assert auto_chunk_size(100_000_000, "cuda:0", gpu_free_bytes=2**30) == 1  # never 0
 
 
 def test_executor_vmap_from_the_command_line(tmp_path: Path) -> None:
