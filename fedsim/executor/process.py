@@ -96,13 +96,21 @@ class ProcessExecutor(Executor):
         torch.set_num_threads(1)  # the workers own the cores while they train; the parent only copies results
         try:
             while pending or any(w.task is not None for w in self._workers):
-                for worker in self._workers:
-                    if worker.task is None and pending:
-                        worker.assign(pending.popleft())
+                self._assign(pending)
                 self._collect(results, pending, attempts)
         finally:
             torch.set_num_threads(previous)
         return [results[cid] for cid in sorted(results)]
+
+    def _assign(self, pending: deque[FitTask]) -> None:
+        """Give every idle worker a task; then queue one more behind a busy worker's only while at least
+        one task per worker is left, so that the round's last tasks go to whichever worker is free first."""
+        for worker in self._workers:
+            if worker.task is None and pending:
+                worker.assign(pending.popleft())
+        for worker in self._workers:
+            if worker.has_room and len(pending) >= len(self._workers):
+                worker.assign(pending.popleft())
 
     def _collect(self, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int]) -> None:
         """Wait briefly for results, deaths or timeouts of busy workers and handle each."""
@@ -118,9 +126,11 @@ class ProcessExecutor(Executor):
                 self._replace(worker, results, pending, attempts, f"client timed out after {self.client_timeout_s:g} s")
 
     def _replace(self, worker: WorkerHandle, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int], reason: str) -> None:
-        """Kill ``worker``, start a fresh one in its slot, and retry or fail its task."""
+        """Kill ``worker``, start a fresh one in its slot, retry or fail the task it was training, and put the
+        tasks queued behind it (never started) back at the front of ``pending``."""
         task = worker.task
         assert task is not None
+        pending.extendleft(reversed(worker.queued()))
         worker.kill()
         log.warning("round %d client %d: %s; replacing the worker", task.round_num, task.client_id, reason)
         fresh = self._launch(worker.index)

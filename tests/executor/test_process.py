@@ -22,10 +22,13 @@ from fedsim.data.federated import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
+from fedsim.executor.base import Workload
 from fedsim.logging import RunLogger
 from fedsim.models import MLP2NN
+from fedsim.params import flatten
 from fedsim.server import RoundFailedError, RunResult, Server
 from fedsim.strategy import FedAvg
+from fedsim.types import ClientFailure, ClientUpdate, FitTask
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fault_clients  # noqa: E402  (workers import it by the same name: spawn copies sys.path)
@@ -118,6 +121,30 @@ def test_sigkilled_worker_is_replaced_and_result_unchanged(tmp_path: Path) -> No
     pids = worker_pids(tmp_path)
     assert int(marker.read_text()) in pids and len(pids) == 3  # two workers + one replacement
     assert_all_gone(pids)
+
+
+def test_tasks_queued_behind_a_killed_worker_run_again_without_using_retries(tmp_path: Path) -> None:
+    """One worker holds the task it trains and the next one; it dies on the first. With no retries
+    allowed, the first fails, and the queued one (never started) still trains, equal to serial."""
+    data = _data()
+    model_factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)
+    tasks = [FitTask(client_id=i, round_num=1, seed=100 + i, config={}) for i in range(4)]
+    global_params = flatten(model_factory())
+    killing = make_clients(data, functools.partial(fault_clients.KillOnceClient, epochs=2, batch_size=8, victim=0,
+                                                     marker=str(tmp_path / "killed")))
+    executor = ProcessExecutor(devices="cpu", workers=1, max_retries=0)
+    executor.start(Workload(model_factory, killing, data.train, log_dir=tmp_path))
+    try:
+        results = executor.fit(global_params, tasks)
+    finally:
+        executor.close()
+    serial = SerialExecutor()
+    serial.start(Workload(model_factory, make_clients(data, functools.partial(Client, epochs=2, batch_size=8)), data.train))
+    expected = serial.fit(global_params, tasks)
+    assert (tmp_path / "killed").exists()
+    assert isinstance(results[0], ClientFailure) and "SIGKILL" in results[0].error
+    for got, want in zip(results[1:], expected[1:]):
+        assert isinstance(got, ClientUpdate) and torch.equal(got.params, want.params)
 
 
 def test_sigkilled_worker_without_retries_says_possibly_out_of_memory(tmp_path: Path) -> None:
