@@ -41,7 +41,7 @@ class LocalTraining:
 
         For a term whose gradient is known this is much cheaper than :meth:`loss_term`, whose autograd
         graph is built and walked on every step (FedProx's proximal term on the MNIST 2NN: a step costs
-        1.3× FedAvg's this way, 2.1× as a loss term; see docs/performance.md). The term's value is then
+        1.42× FedAvg's this way, 2.10× as a loss term; see docs/performance.md). The term's value is then
         not part of the reported training loss. It runs inside ``optimizer.step()`` (a step pre-hook), so
         an overridden :meth:`~fedsim.client.Client.train_step` gets it too; gradients an optimizer
         computes inside its own ``closure`` (L-BFGS) do not.
