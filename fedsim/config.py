@@ -41,6 +41,7 @@ class RunSchema:
     num_rounds: int = 30
     clients_per_round: int = 10
     eval_every: int = 1
+    eval_device: str = "auto"
     client_test_fraction: float = 0.2
     min_success_fraction: float = 1.0
     checkpoint_every: int = 0
@@ -89,11 +90,21 @@ def _validate_run(cfg: DictConfig) -> None:
     _require(cfg.num_rounds >= 1, "num_rounds", "must be >= 1", cfg.num_rounds)
     _require(cfg.clients_per_round >= 1, "clients_per_round", "must be >= 1", cfg.clients_per_round)
     _require(cfg.eval_every >= 1, "eval_every", "must be >= 1", cfg.eval_every)
+    _check_eval_device(cfg.eval_device)
     _require(0 <= cfg.client_test_fraction < 1, "client_test_fraction", "must be in [0, 1)", cfg.client_test_fraction)
     _require(0 < cfg.min_success_fraction <= 1, "min_success_fraction", "must be in (0, 1]", cfg.min_success_fraction)
     _require(cfg.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0: only at the end)", cfg.checkpoint_every)
     _require(cfg.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1", cfg.keep_checkpoints)
     _require(cfg.resume is None or isinstance(cfg.resume, (bool, str)), "resume", "must be true, false or a path", cfg.resume)
+
+
+def _check_eval_device(name: str) -> None:
+    from fedsim.evaluation import eval_device  # torch is imported anyway by the time a run is validated
+
+    try:
+        eval_device(name)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _validate_client(client: DictConfig) -> None:

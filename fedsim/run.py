@@ -102,6 +102,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         clients_per_round=cfg.clients_per_round,
         seed=cfg.seed,
         eval_every=cfg.eval_every,
+        eval_device=cfg.eval_device,
         min_success_fraction=cfg.min_success_fraction,
         stragglers=Stragglers(fraction=cfg.stragglers.fraction, epochs=cfg.stragglers.epochs, seed=cfg.seed),
         logger=logger,

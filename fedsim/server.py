@@ -18,6 +18,8 @@ from fedsim.client import Client, evaluate_indices
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
 from fedsim.early_stop import EarlyStop
+from fedsim.evaluation import DeviceEvaluator
+from fedsim.evaluation import eval_device as eval_device_named
 from fedsim.logging import RunLogger, process_rss_mb, without_client_rows
 from fedsim.params import flatten, load_flat
 from fedsim.seeding import init_seed, sampling_rng, task_seed
@@ -50,7 +52,8 @@ class Server:
     ``model_factory()`` builds a fresh model (the server seeds its initialisation from ``seed``).
     A round aggregates when at least ``min_success_fraction`` of its sampled clients succeeded;
     otherwise the run stops with :class:`RoundFailedError` naming the failures. The centralized
-    ``test_data`` is evaluated every ``eval_every`` rounds and after the last one. ``stragglers``
+    ``test_data`` is evaluated every ``eval_every`` rounds and after the last one, on ``eval_device``
+    (``"auto"``: the first GPU if there is one, see :mod:`fedsim.evaluation`). ``stragglers``
     simulates clients that manage fewer local epochs; the strategy decides whether their work counts.
     """
 
@@ -67,6 +70,7 @@ class Server:
         clients_per_round: int,
         seed: int = 0,
         eval_every: int = 1,
+        eval_device: str = "auto",
         min_success_fraction: float = 1.0,
         stragglers: Stragglers | None = None,
         logger: RunLogger | None = None,
@@ -85,6 +89,7 @@ class Server:
         self.logger = logger or RunLogger(None)
         self.model = _initial_model(model_factory, seed)
         self.params = flatten(self.model)
+        self.evaluator = DeviceEvaluator(self.model, eval_device_named(eval_device))
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_every, self.keep_checkpoints = checkpoint_every, keep_checkpoints
         self.start_round, self.stopped_early, self.stop_reason = 1, False, "completed"
@@ -239,18 +244,17 @@ class Server:
         """Loss and accuracy of the current global model on the centralized test set."""
         if self.test_data is None or len(self.test_data) == 0:
             return {}
-        load_flat(self.model, self.params)
-        result = evaluate_indices(self.model, self.test_data)
+        result = evaluate_indices(self.evaluator.load(self.params), self.evaluator.on_device(self.test_data))
         return {"eval/loss": result["loss"], "eval/accuracy": result["accuracy"]}
 
 
     def evaluate_clients(self, client_ids: Sequence[int]) -> dict[str, float]:
         """Federated evaluation: the global model on the local test splits of ``client_ids``
         (this round's sampled clients), example-weighted; empty when they hold no test data."""
-        load_flat(self.model, self.params)
+        model = self.evaluator.load(self.params)
         loss_sum, correct_sum, total = 0.0, 0.0, 0
         for cid in client_ids:
-            result = self.clients[cid].evaluate(self.model, self.train_data)
+            result = self.clients[cid].evaluate(model, self.train_data)
             n = int(result["num_examples"])
             if n:
                 loss_sum, correct_sum, total = loss_sum + result["loss"] * n, correct_sum + result["accuracy"] * n, total + n

@@ -212,6 +212,8 @@ def test_experiment_presets_set_their_groups() -> None:
         ("min_success_fraction=0", "min_success_fraction"),
         ("client.epochs=0", "client.epochs"),
         ("seed=-1", "seed"),
+        ("eval_device=gpu", "eval_device"),
+        ("eval_device=cuda:63", "eval_device"),
     ],
 )
 def test_build_server_rejects_bad_values_with_one_line_naming_the_field(override: str, field: str) -> None:

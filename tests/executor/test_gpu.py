@@ -122,3 +122,21 @@ def test_gpu_vmap_strategy_terms_match_gpu_serial(strategy: Callable[[], Strateg
     serial = _run(SerialExecutor(device="cuda:0"), "2nn", strategy=strategy())
     vmapped = _run(VmapExecutor(devices=["cuda:0"], chunk_size=3), "2nn", strategy=strategy())
     assert _relative_error(vmapped.params, serial.params) <= TOLERANCE
+
+
+def test_server_evaluates_on_the_gpu_with_the_cpus_answers(full_fp32: None) -> None:
+    """eval_device=cuda:0 (what auto picks here) changes no weight and metrics only in the last bits."""
+    data = federate(synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+
+    def run(device: str) -> RunResult:
+        return Server(
+            model_factory=MODELS["2nn"], clients=make_clients(data, functools.partial(Client, batch_size=8)),
+            train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=SerialExecutor(),
+            num_rounds=2, clients_per_round=8, seed=1, eval_device=device,
+        ).run()
+
+    on_gpu, on_cpu = run("cuda:0"), run("cpu")
+    assert torch.equal(on_gpu.params, on_cpu.params) and next(on_gpu.model.parameters()).device.type == "cpu"
+    for g, c in zip(on_gpu.history, on_cpu.history):
+        for key in ("eval/loss", "eval/accuracy", "eval/client_loss", "eval/client_accuracy"):
+            assert g[key] == pytest.approx(c[key], rel=1e-5), key
