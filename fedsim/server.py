@@ -18,8 +18,7 @@ from fedsim.client import Client, evaluate_indices
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
 from fedsim.early_stop import EarlyStop
-from fedsim.evaluation import DeviceEvaluator
-from fedsim.evaluation import eval_device as eval_device_named
+from fedsim.evaluation import DeviceEvaluator, eval_device as eval_device_named
 from fedsim.logging import RunLogger, process_rss_mb, without_client_rows
 from fedsim.params import flatten, load_flat
 from fedsim.seeding import init_seed, sampling_rng, task_seed
@@ -246,7 +245,6 @@ class Server:
             return {}
         result = evaluate_indices(self.evaluator.load(self.params), self.evaluator.on_device(self.test_data))
         return {"eval/loss": result["loss"], "eval/accuracy": result["accuracy"]}
-
 
     def evaluate_clients(self, client_ids: Sequence[int]) -> dict[str, float]:
         """Federated evaluation: the global model on the local test splits of ``client_ids``

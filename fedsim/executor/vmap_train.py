@@ -214,9 +214,7 @@ def _objective(
     model, local = ctx.model, ctx.local
     reports_term = local is not None and type(local).loss_term is not LocalTraining.loss_term
 
-    def objective(
-        params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, numbers: Tensors
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def objective(params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, numbers: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
         logits = functional_call(model, {**fixed, **params}, (x,))
         loss = (per_example_loss(logits, y) * mask).sum() / mask.sum().clamp(min=1)
         term = local.functional_term(params, anchor, numbers) if local is not None else None
