@@ -207,7 +207,7 @@ def _split_state(ctx: ChunkModel, global_params: torch.Tensor) -> tuple[Tensors,
 
 def _objective(
     ctx: ChunkModel, fixed: Tensors, anchor: Tensors, per_example_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-) -> Callable[..., torch.Tensor]:
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """One client's batch objective as a pure function of its parameters: the masked mean of the
     per-example loss, plus the strategy's functional client-side term (e.g. FedProx's); and, as the
     auxiliary output, the loss to report (the term only if it is a ``loss_term``, as in ``Client.fit``)."""
