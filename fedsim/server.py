@@ -182,6 +182,7 @@ class Server:
         client_ids = self.strategy.sample(round_num, len(self.clients), self.clients_per_round, sampling_rng(self.seed, round_num))
         tasks = [FitTask(cid, round_num, task_seed(self.seed, round_num, cid), self._client_config(round_num, cid)) for cid in client_ids]
         results = sorted(self.executor.fit(self.params, tasks), key=lambda r: r.client_id)
+        fit_s = time.perf_counter() - start
         succeeded = self._apply_failure_policy(round_num, results)
         updates = self._reject_bad_updates(round_num, succeeded)
         rows = [_client_row(u, self.params) for u in updates]
@@ -193,8 +194,11 @@ class Server:
         metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
         metrics["client/num_aggregated"] = float(len(kept))
         if round_num % self.eval_every == 0 or round_num == self.num_rounds:
+            eval_start = time.perf_counter()
             metrics.update(self.evaluate())
             metrics.update(self.evaluate_clients(client_ids))
+            metrics["time/eval_s"] = time.perf_counter() - eval_start
+        metrics["time/fit_s"] = fit_s
         metrics["time/round_s"] = time.perf_counter() - start
         metrics["system/rss_mb"] = process_rss_mb()
         return metrics

@@ -94,6 +94,10 @@ def test_eval_every_evaluates_on_schedule_and_after_the_last_round() -> None:
     evaluated = [r["round"] for r in result.history if "eval/accuracy" in r]
     assert evaluated == [2, 4, 5]
     assert all("train/loss" in r and "time/round_s" in r for r in result.history)
+    assert all(0 < r["time/fit_s"] < r["time/round_s"] for r in result.history)
+    evaluated = [r for r in result.history if "eval/accuracy" in r]
+    assert evaluated and all(0 < r["time/eval_s"] < r["time/round_s"] - r["time/fit_s"] + 1e-9 for r in evaluated)
+    assert all(("time/eval_s" in r) == ("eval/accuracy" in r) for r in result.history)
 
 
 def test_server_rejects_more_clients_per_round_than_clients() -> None:
