@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from fedsim.early_stop import EarlyStop
 from fedsim.evaluation import DeviceEvaluator, eval_device as eval_device_named
 from fedsim.logging import RunLogger, process_rss_mb, without_client_rows
 from fedsim.params import flatten, load_flat
+from fedsim.round_metrics import client_row, train_metrics
 from fedsim.seeding import init_seed, sampling_rng, task_seed
 from fedsim.stragglers import Stragglers
 from fedsim.strategy.base import Strategy
@@ -185,12 +185,12 @@ class Server:
         fit_s = time.perf_counter() - start
         succeeded = self._apply_failure_policy(round_num, results)
         updates = self._reject_bad_updates(round_num, succeeded)
-        rows = [_client_row(u, self.params) for u in updates]
+        rows = [client_row(u, self.params) for u in updates]
         kept = [u for u in updates if self.strategy.keeps_stragglers or self.stragglers.epochs_for(round_num, u.client_id) is None]
         if kept:  # otherwise nothing sound (or only dropped stragglers) arrived: keep the previous model
             self.params = self._aggregate(round_num, kept)
         self.logger.log_clients(round_num, rows)
-        metrics = _train_metrics(updates, len(results))
+        metrics = train_metrics(updates, len(results))
         metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
         metrics["client/num_aggregated"] = float(len(kept))
         if round_num % self.eval_every == 0 or round_num == self.num_rounds:
@@ -280,27 +280,3 @@ def _initial_model(model_factory: Callable[[], nn.Module], seed: int) -> nn.Modu
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed(seed))
         return model_factory()
-
-
-def _client_row(update: ClientUpdate, global_params: torch.Tensor) -> dict[str, Any]:
-    return {
-        "client_id": update.client_id,
-        "num_examples": update.num_examples,
-        "train_loss": update.metrics.get("train_loss"),
-        "update_norm": float(torch.linalg.vector_norm(update.params - global_params)),
-        "epoch_losses": list(update.epoch_losses),
-        "worker": update.worker,
-        "device": update.device,
-    }
-
-
-def _train_metrics(updates: list[ClientUpdate], num_sampled: int) -> dict[str, float]:
-    """Example-weighted mean training loss and client counts of one round."""
-    examples = sum(u.num_examples for u in updates)
-    loss = sum(u.metrics.get("train_loss", 0.0) * u.num_examples for u in updates) / examples if examples else math.nan
-    return {
-        "train/loss": loss,
-        "client/num_sampled": float(num_sampled),
-        "client/num_failed": float(num_sampled - len(updates)),  # raised, died, timed out or rejected
-        "client/num_examples": float(examples),
-    }
