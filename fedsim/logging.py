@@ -1,7 +1,8 @@
 """Run observability: TensorBoard event files, ``metrics.jsonl``, a progress bar and one log line per evaluation.
 
 Scalars share their names across TensorBoard and ``metrics.jsonl`` (e.g. ``train/loss``,
-``eval/accuracy``, ``client/num_sampled``, ``time/round_s``), grouped by prefix.
+``eval/accuracy``, ``client/num_sampled``, ``time/round_s``), grouped by prefix; a user's client metrics
+are ``fit/<name>`` and a strategy's scalars ``strategy/<name>`` (see :mod:`fedsim.round_metrics`).
 """
 
 from __future__ import annotations
@@ -108,18 +109,28 @@ class RunLogger:
             self._writer.add_text(tag, f"```\n{text}\n```", round_num)
 
     def log_clients(self, round_num: int, rows: list[dict[str, Any]]) -> None:
-        """Per-client details of a round (id, examples, train loss, per-epoch losses, worker, device).
+        """Per-client details of a round (id, examples, train loss, per-epoch losses, worker, device, the
+        client's own ``metrics``).
 
-        They go into the round's ``metrics.jsonl`` record under ``"clients"`` and, as a histogram of
-        client training losses, into TensorBoard (``client/train_loss``).
+        They go into the round's ``metrics.jsonl`` record under ``"clients"`` and, as histograms over the
+        clients, into TensorBoard: ``client/train_loss``, ``client/update_norm`` and ``client/fit/<name>``
+        for each client metric of the user's (its round mean is the scalar ``fit/<name>``; a tag holds
+        either scalars or histograms, never both).
         """
         self._clients = rows
         if self._writer is None:
             return
         for key in ("train_loss", "update_norm"):
-            values = [r[key] for r in rows if r.get(key) is not None and math.isfinite(r[key])]
-            if values:
-                self._writer.add_histogram(f"client/{key}", np.asarray(values), round_num)
+            self._histogram(f"client/{key}", [r.get(key) for r in rows], round_num)
+        names = dict.fromkeys(name for r in rows for name in r.get("metrics", {}))
+        for name in names:
+            self._histogram(f"client/fit/{name}", [r.get("metrics", {}).get(name) for r in rows], round_num)
+
+    def _histogram(self, tag: str, values: list[Any], round_num: int) -> None:
+        """A TensorBoard histogram of the finite ``values``; nothing when there are none."""
+        finite = [v for v in values if v is not None and math.isfinite(v)]
+        if self._writer is not None and finite:
+            self._writer.add_histogram(tag, np.asarray(finite), round_num)
 
     def log_label_distribution(self, label_counts: np.ndarray) -> None:
         """The partition at round 0 as an image: one row per client (at most 200), one column per class,

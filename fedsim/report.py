@@ -1,10 +1,13 @@
-"""Compare the runs of a sweep: ``python -m fedsim.report <sweep dir> [--target 0.6] [--out DIR]``.
+"""Compare the runs of a sweep: ``python -m fedsim.report <sweep dir> [--target 0.6] [--out DIR] [--metric NAME]``.
 
 Every directory under the sweep dir that holds a ``metrics.jsonl`` is a run, finished or not. Runs are
 grouped into configurations by their Hydra overrides (``.hydra/overrides.yaml``, else the directory name)
 without ``seed``; each configuration gets one table row and one ``report.csv`` row (seeds, final and best
 test accuracy mean ± std over seeds, rounds to reach ``--target``, mean wall time) and one curve in
-``accuracy.png`` (needs matplotlib: ``pip install fedsim[plot]``). Reads files only; no Hydra, no torch.
+``accuracy.png`` (needs matplotlib: ``pip install fedsim[plot]``). ``--metric NAME`` (repeatable) adds a
+column for any scalar of ``metrics.jsonl`` (``eval/loss``, ``fit/personal_loss``, ``strategy/h_norm``): its
+value in the last round that logged it, mean ± std over the seeds that logged it. Reads files only; no
+Hydra, no torch.
 """
 
 from __future__ import annotations
@@ -12,16 +15,18 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import re
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedsim.report_runs import Run, load_runs, split_seed  # noqa: F401  (split_seed: part of this module's API)
 
 PROG = "fedsim.report"
+METRIC_NAME = re.compile(r"[A-Za-z0-9_.\-/]+")  # as fedsim.round_metrics.NAME (not imported: no torch here)
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class ConfigStats:
     to_target: float | None  # mean rounds to target over the seeds that reached it
     reached: int
     wall_time_s: float | None
+    metrics: dict[str, tuple[float | None, float | None]] = field(default_factory=dict, hash=False)  # --metric
 
 
 def group_runs(runs: Sequence[Run]) -> dict[tuple[str, ...], list[Run]]:
@@ -48,9 +54,12 @@ def group_runs(runs: Sequence[Run]) -> dict[tuple[str, ...], list[Run]]:
 
 
 def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation (n - 1); std is ``None`` for fewer than two values."""
+    """Mean and sample standard deviation (n - 1); std is ``None`` for fewer than two values, NaN when
+    a value is NaN or infinite."""
     if not values:
         return None, None
+    if not all(math.isfinite(v) for v in values):
+        return statistics.fmean(values), math.nan if len(values) > 1 else None
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
@@ -59,8 +68,10 @@ def rounds_to_target(curve: Sequence[tuple[int, float]], target: float) -> int |
     return next((round_num for round_num, acc in curve if acc >= target), None)
 
 
-def aggregate(config: tuple[str, ...], runs: Sequence[Run], target: float | None = None) -> ConfigStats:
-    """Summarise one configuration over its seeds. Unfinished runs count with what they have logged."""
+def aggregate(config: tuple[str, ...], runs: Sequence[Run], target: float | None = None,
+              metrics: Sequence[str] = ()) -> ConfigStats:
+    """Summarise one configuration over its seeds. Unfinished runs count with what they have logged.
+    Each of ``metrics`` gets the mean ± std of its final value over the seeds that logged it."""
     evaluated = [r for r in runs if r.curve]
     hits = [n for n in (rounds_to_target(r.curve, target) for r in runs) if n is not None] if target is not None else []
     return ConfigStats(
@@ -73,6 +84,7 @@ def aggregate(config: tuple[str, ...], runs: Sequence[Run], target: float | None
         to_target=statistics.fmean(hits) if hits else None,
         reached=len(hits),
         wall_time_s=statistics.fmean(r.wall_time_s for r in runs) if runs else None,
+        metrics={name: mean_std([r.finals[name] for r in runs if name in r.finals]) for name in metrics},
     )
 
 
@@ -104,13 +116,15 @@ def table_rows(stats: Sequence[ConfigStats], target: float | None) -> list[list[
     short, _ = labels([s.config for s in stats])
     header = ["configuration", "seeds", "rounds", "final acc", "best acc"]
     header += [f"rounds to {target:g}"] if target is not None else []
-    rows = [header + ["wall s"]]
+    names = list(stats[0].metrics) if stats else []
+    rows = [header + ["wall s"] + names]
     for s in stats:
         lo, hi = s.rounds
         row = [short[s.config], f"{s.finished}/{s.total}", f"{hi}" if lo == hi else f"{lo}-{hi}", _pm(s.final), _pm(s.best)]
         if target is not None:
             row.append(f"{s.to_target:g} ({s.reached}/{s.total})" if s.to_target is not None else f"- (0/{s.total})")
-        rows.append(row + ["-" if s.wall_time_s is None else f"{s.wall_time_s:.1f}"])
+        row.append("-" if s.wall_time_s is None else f"{s.wall_time_s:.1f}")
+        rows.append(row + [_pm(s.metrics[name]) for name in names])
     return rows
 
 
@@ -136,6 +150,8 @@ def csv_rows(stats: Sequence[ConfigStats], target: float | None = None) -> list[
         if target is not None:
             row.update(target=target, rounds_to_target_mean=s.to_target, seeds_reached_target=s.reached)
         row["wall_time_s_mean"] = s.wall_time_s
+        for name, (mean, std) in s.metrics.items():
+            row.update({f"{name}_mean": mean, f"{name}_std": std})
         rows.append({k: "" if v is None else v for k, v in row.items()})
     return rows
 
@@ -188,11 +204,19 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _metric(text: str) -> str:
+    if not METRIC_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be a scalar name such as fit/personal_loss, got {text!r}")
+    return text
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun dir (or any dir holding run dirs)")
     parser.add_argument("--target", type=_fraction, default=None, help="report rounds to reach this test accuracy")
     parser.add_argument("--out", type=Path, default=None, help="where report.csv and accuracy.png go (default: sweep_dir)")
+    parser.add_argument("--metric", type=_metric, action="append", default=[], metavar="NAME",
+                        help="add a column: this scalar's final value, mean ± std over seeds (repeatable)")
     return parser.parse_args(argv)
 
 
@@ -205,10 +229,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: no runs (metrics.jsonl) under {root}", file=sys.stderr)
         return 2
     groups = group_runs(runs)
-    stats = [aggregate(config, members, args.target) for config, members in groups.items()]
+    metrics = list(dict.fromkeys(args.metric))
+    stats = [aggregate(config, members, args.target, metrics) for config, members in groups.items()]
     print(format_table(stats, args.target))
     for line in unfinished_lines(runs, root):
         print(line)
+    for name in metrics:
+        if not any(name in r.finals for r in runs):
+            print(f"{PROG}: no run logged {name}")
     out: Path = args.out if args.out is not None else root
     out.mkdir(parents=True, exist_ok=True)
     write_csv(csv_rows(stats, args.target), out / "report.csv")

@@ -4,9 +4,10 @@ and Hydra's ``.hydra/`` files of every run, finished or not. Files only; no Hydr
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ import yaml
 
 @dataclass(frozen=True)
 class Run:
-    """One run directory, read back. ``curve`` holds ``(round, eval/accuracy)`` for evaluated rounds."""
+    """One run directory, read back. ``curve`` holds ``(round, eval/accuracy)`` for evaluated rounds;
+    ``finals`` every scalar's value in the last round that logged it (NaN where that was ``null``)."""
 
     path: Path
     config: tuple[str, ...]  # sorted overrides without seed
@@ -24,6 +26,7 @@ class Run:
     curve: tuple[tuple[int, float], ...]
     finished: bool  # ended for good (see _finished)
     wall_time_s: float
+    finals: dict[str, float] = field(default_factory=dict, hash=False)
 
 
 def find_run_dirs(root: Path) -> list[Path]:
@@ -99,7 +102,20 @@ def load_run(run_dir: Path, root: Path) -> Run:
         wall = float(summary["wall_time_s"])
     else:
         wall = sum(float(r["time/round_s"]) for r in records if r.get("time/round_s") is not None)
-    return Run(run_dir, config, seed, rounds, curve, finished, wall)
+    return Run(run_dir, config, seed, rounds, curve, finished, wall, final_scalars(records))
+
+
+def final_scalars(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Each scalar's value in the last record holding it; ``null`` (a non-finite value) reads as NaN.
+    Non-numeric fields (``clients``) and ``round`` are left out."""
+    finals: dict[str, float] = {}
+    for record in records:
+        for name, value in record.items():
+            if value is None:
+                finals[name] = math.nan
+            elif isinstance(value, (int, float)) and not isinstance(value, bool) and name != "round":
+                finals[name] = float(value)
+    return finals
 
 
 def _finished(summary: dict[str, Any] | None, rounds: int, num_rounds: Any) -> bool:
