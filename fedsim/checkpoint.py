@@ -39,35 +39,48 @@ def save_checkpoint(directory: str | Path, round_num: int, state: dict[str, Any]
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob("round-*.ckpt*.tmp"):  # left by a write that a crash interrupted
         stale.unlink(missing_ok=True)
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    body = buffer.getvalue()
     path = checkpoint_path(directory, round_num)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(MAGIC + hashlib.sha256(body).digest() + body)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        _fsync_directory(directory)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_verified(path, state)
     for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
     return path
 
 
+def write_verified(path: Path, obj: Any, *, durable: bool = True) -> None:
+    """Write ``MAGIC | sha256 | torch.save(obj)`` to ``path`` atomically (temporary file, rename); with
+    ``durable`` also fsync the file and its directory, so it survives a power cut once this returns."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    body = buffer.getvalue()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(MAGIC + hashlib.sha256(body).digest() + body)
+            handle.flush()
+            if durable:
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        if durable:
+            _fsync_directory(path.parent)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Verify and load one checkpoint; :class:`CheckpointError` names the file and the problem."""
-    path = Path(path)
+    return read_verified(Path(path), "checkpoint")
+
+
+def read_verified(path: Path, what: str) -> Any:
+    """Read what :func:`write_verified` wrote: the checksum first, then ``torch.load(weights_only=True)``;
+    :class:`CheckpointError` names the file (``what``: "checkpoint", "client state") and the problem."""
     try:
         data = path.read_bytes()
     except OSError as error:
-        raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror}") from None
+        raise CheckpointError(f"cannot read {what} {path}: {error.strerror}") from None
     if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _DIGEST:
-        raise CheckpointError(f"{path} is not a fedsim checkpoint (or is truncated)")
+        raise CheckpointError(f"{path} is not a fedsim {what} (or is truncated)")
     digest, body = data[len(MAGIC) : len(MAGIC) + _DIGEST], data[len(MAGIC) + _DIGEST :]
     if hashlib.sha256(body).digest() != digest:
         raise CheckpointError(f"{path} is corrupt: its checksum does not match its contents")

@@ -120,17 +120,37 @@ class Client:
         generator: torch.Generator,
         round_num: int = 0,
         local: LocalTraining | None = None,
+        state: dict[str, Any] | None = None,
     ) -> ClientUpdate:
         """Train ``model`` in place on this client's data and return its weights as an update.
 
         Every random choice (batch order) comes from ``generator``, never from the global RNG, so the
         result depends only on the global weights, the data and the generator's seed. ``local`` is the
         strategy's client half (see :class:`~fedsim.strategy.base.LocalTraining`), if it has one.
+
+        ``state`` is this client's state (a private copy, see :mod:`fedsim.client_state`): an override
+        that keeps values across rounds (a counter, a personal model) reads and changes this dict, never
+        ``self``, which must be the same at the start of every task. What ``state`` holds when ``fit``
+        returns becomes the client's new state if the server accepts the update.
         """
         config = dict(config or {})
+        state = {} if state is None else state
         self._local = local
-        if local is not None:
-            local.begin(model, config)
+        try:
+            if local is not None:
+                local.begin_task(model, config, state)
+            update = self._train(model, data, config, generator, round_num, local)
+            if local is not None:
+                local.end_task(model, config, state)
+        finally:
+            self._local = None  # a Client is the same after a task as before it
+        return update
+
+    def _train(
+        self, model: nn.Module, data: TensorData, config: dict[str, Any], generator: torch.Generator,
+        round_num: int, local: LocalTraining | None,
+    ) -> ClientUpdate:
+        """The local epochs of :meth:`fit` and the update they produce."""
         epochs = int(config.get("epochs", self.epochs))
         batch_size = int(config.get("batch_size", self.batch_size))
         device = next(model.parameters()).device

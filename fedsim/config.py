@@ -46,6 +46,7 @@ class RunSchema:
     min_success_fraction: float = 1.0
     checkpoint_every: int = 0
     keep_checkpoints: int = 3
+    state_store: str = "memory"
     resume: Any = None
     data: Any = field(default_factory=dict)
     partition: Any = field(default_factory=dict)
@@ -95,6 +96,7 @@ def _validate_run(cfg: DictConfig) -> None:
     _require(0 < cfg.min_success_fraction <= 1, "min_success_fraction", "must be in (0, 1]", cfg.min_success_fraction)
     _require(cfg.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0: only at the end)", cfg.checkpoint_every)
     _require(cfg.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1", cfg.keep_checkpoints)
+    _require(cfg.state_store in ("memory", "disk"), "state_store", "must be memory or disk", cfg.state_store)
     _require(cfg.resume is None or isinstance(cfg.resume, (bool, str)), "resume", "must be true, false or a path", cfg.resume)
 
 

@@ -110,6 +110,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         checkpoint_every=cfg.checkpoint_every,
         keep_checkpoints=cfg.keep_checkpoints,
         early_stop=EarlyStop(cfg.early_stop.target_accuracy, cfg.early_stop.patience),
+        state_store=cfg.state_store,
     )
     if cfg.resume not in (None, False):
         if cfg.resume is True and run_dir is None:
@@ -147,19 +148,48 @@ def run_config(cfg: DictConfig, run_dir: str | Path | None = None) -> RunResult:
     """Build and run one configuration; writes ``summary.json`` into ``run_dir`` when given."""
     start = time.perf_counter()
     server = build_server(cfg, run_dir)
-    result = server.run()
+    try:
+        result = server.run()
+    except Exception as error:  # summary.json says so (finished: false); the last good checkpoint stays
+        _record_error(server, cfg, run_dir, time.perf_counter() - start, error)
+        raise
     summary = record_summary(server, result, cfg, run_dir, time.perf_counter() - start)
     log.info("final test accuracy %.4f after %d rounds (%.1f s)", summary["final_accuracy"] or float("nan"), summary["rounds"], summary["wall_time_s"])
     return result
 
 
-def record_summary(server: Server, result: RunResult, cfg: DictConfig, run_dir: str | Path | None, wall_time_s: float) -> dict[str, Any]:
-    """Write ``summary.json`` and the HParams entry of a run that ended (completed, stopped early or interrupted)."""
-    summary = {**summarize(result, wall_time_s), "finished": not result.stopped_early, "stop_reason": result.stop_reason}
+def record_summary(
+    server: Server, result: RunResult | None, cfg: DictConfig, run_dir: str | Path | None, wall_time_s: float,
+    error: BaseException | None = None,
+) -> dict[str, Any]:
+    """Write ``summary.json`` and the HParams entry of a run that ended (completed, stopped early or interrupted),
+    or that stopped on ``error`` (then ``result`` is ``None``: not finished, ``stop_reason`` is ``"error: <one line>"``
+    and the other fields come from the rounds completed so far)."""
+    if error is None:
+        assert result is not None
+        summary = {**summarize(result, wall_time_s), "finished": not result.stopped_early, "stop_reason": result.stop_reason}
+    else:
+        so_far = RunResult(server.params, server.model, server.logger.history)
+        summary = {**summarize(so_far, wall_time_s), "finished": False, "stop_reason": f"error: {_error_line(error)}"}
     if run_dir is not None:
         (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         server.logger.log_hparams(flat_hparams(cfg), summary)
     return summary
+
+
+def _record_error(server: Server, cfg: DictConfig, run_dir: str | Path | None, wall_time_s: float, error: BaseException) -> None:
+    """:func:`record_summary` for a run stopped by ``error``; a failure to write it never hides ``error``."""
+    try:
+        record_summary(server, None, cfg, run_dir, wall_time_s, error=error)
+    except Exception as problem:  # noqa: BLE001
+        log.warning("could not write summary.json after the error: %s", problem)
+
+
+def _error_line(error: BaseException) -> str:
+    """One line for ``summary.json``: a round failure's own message, else the error's type and first line."""
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    return first if isinstance(error, RoundFailedError) or not text else f"{type(error).__name__}: {first}"
 
 
 def summarize(result: RunResult, wall_time_s: float) -> dict[str, float | int | None]:
@@ -186,12 +216,15 @@ def _hydra_main(cfg: DictConfig) -> None:
     with _stop_on_signals(server):  # restored afterwards: the next multirun job must not reach this server
         try:
             result = server.run()
-        except RoundFailedError as error:
-            print(f"fedsim: error: {error}", file=sys.stderr)
-            sys.exit(1)
         except KeyboardInterrupt:
             print("fedsim: interrupted; workers stopped (no checkpoint for the unfinished round)", file=sys.stderr)
             sys.exit(130)
+        except Exception as error:  # summary.json: finished false, the error as stop_reason
+            _record_error(server, cfg, run_dir, time.perf_counter() - start, error)
+            if not isinstance(error, RoundFailedError):
+                raise  # not a round failure (a bug?): keep the traceback
+            print(f"fedsim: error: {error}", file=sys.stderr)
+            sys.exit(1)
         summary = record_summary(server, result, cfg, run_dir, time.perf_counter() - start)
     if result.stopped_early:
         print(f"fedsim: interrupted: stopped after round {summary['rounds']}, checkpoint in {run_dir}/checkpoints; "

@@ -12,15 +12,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.checkpoint import CheckpointError, save_checkpoint, resolve as resolve_checkpoint
+from fedsim.checkpoint import CheckpointError, list_checkpoints, save_checkpoint, resolve as resolve_checkpoint
+from fedsim.client_state import ClientStateStore
 from fedsim.client import Client, evaluate_indices
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
 from fedsim.early_stop import EarlyStop
 from fedsim.evaluation import DeviceEvaluator, eval_device as eval_device_named
 from fedsim.logging import RunLogger, process_rss_mb, without_client_rows
-from fedsim.params import flatten, load_flat
-from fedsim.round_metrics import client_row, train_metrics
+from fedsim.context import RunContext
+from fedsim.params import ParamLayout, flatten, load_flat
+from fedsim.round_metrics import client_row, strategy_scalars, train_metrics
 from fedsim.seeding import init_seed, sampling_rng, task_seed
 from fedsim.stragglers import Stragglers
 from fedsim.strategy.base import Strategy
@@ -32,6 +34,11 @@ log = logging.getLogger("fedsim")
 
 class RoundFailedError(RuntimeError):
     """Too few clients of a round succeeded for the failure policy to aggregate."""
+
+
+class ClientMisuseError(RoundFailedError):
+    """A client broke a rule that keeps results independent of the executor (it changed ``self`` during a
+    task, or left a state that a checkpoint cannot hold); stops the run whatever the failure policy."""
 
 
 @dataclass
@@ -54,6 +61,8 @@ class Server:
     ``test_data`` is evaluated every ``eval_every`` rounds and after the last one, on ``eval_device``
     (``"auto"``: the first GPU if there is one, see :mod:`fedsim.evaluation`). ``stragglers``
     simulates clients that manage fewer local epochs; the strategy decides whether their work counts.
+    ``state_store`` (``"memory"`` or ``"disk"``) keeps the clients' states between rounds
+    (:mod:`fedsim.client_state`); with checkpoints, under ``<checkpoint_dir>/client_state``.
     """
 
     def __init__(
@@ -77,6 +86,7 @@ class Server:
         checkpoint_every: int = 0,
         keep_checkpoints: int = 3,
         early_stop: EarlyStop | None = None,
+        state_store: str = "memory",
     ) -> None:
         self.stragglers = stragglers or Stragglers()
         _check_settings(num_rounds, eval_every, clients_per_round, len(clients), self.stragglers)
@@ -94,6 +104,9 @@ class Server:
         self.start_round, self.stopped_early, self.stop_reason = 1, False, "completed"
         self._stop_requested = False
         self.early_stop = early_stop or EarlyStop()
+        state_dir = self.checkpoint_dir / "client_state" if self.checkpoint_dir is not None else None
+        self.client_states = ClientStateStore(state_store, state_dir)
+        strategy.setup(self.run_context())  # here, so that a strategy's objection comes before any work
 
     @property
     def stop_requested(self) -> bool:
@@ -107,25 +120,44 @@ class Server:
         """Run the remaining rounds and return the final model; workers are released even on error.
 
         A checkpoint is written every ``checkpoint_every`` rounds (0: never in between), at the end,
-        and when a stop was requested.
+        and when a stop was requested. When round k raises (:class:`RoundFailedError`,
+        :class:`StrategyError`, an executor's error...), the checkpoint of round k-1 is written if it is
+        not on disk yet, from the state as it was when round k-1 ended, and the error propagates.
         """
+        if self.start_round == 1:
+            self.client_states.clear()  # a fresh run: whatever an earlier run left in this directory goes
         workload = Workload(
             self.model_factory, self.clients, self.train_data, log_dir=self.logger.run_dir, local=self.strategy.local_training()
         )
         self.executor.start(workload)
+        last_good = self._snapshot(self.start_round - 1)  # not on disk yet; what an error falls back to
         try:
             for round_num in self.logger.rounds(self.start_round, self.num_rounds):
                 self.logger.log_round(round_num, self.run_round(round_num))
                 self._decide_stop(round_num)
                 if self._checkpoint_due(round_num):
                     self.save_checkpoint(round_num)
+                    last_good = None
+                else:
+                    last_good = self._snapshot(round_num)
                 if self.stop_reason != "completed":
                     break
+        except Exception:  # a second Ctrl-C (KeyboardInterrupt) only stops; run.py reports it
+            self._save_last_good(last_good)
+            raise
         finally:
             self.executor.close()
             self.logger.close()
         load_flat(self.model, self.params)
         return RunResult(self.params, self.model, self.logger.history, self.stopped_early, self.stop_reason)
+
+    def run_context(self) -> RunContext:
+        """What the strategy is told about the run (:meth:`Strategy.setup`)."""
+        return RunContext(
+            layout=ParamLayout.of(self.model), num_clients=len(self.clients),
+            num_examples=tuple(c.num_train for c in self.clients), clients_per_round=self.clients_per_round,
+            num_rounds=self.num_rounds, seed=self.seed, run_dir=self.logger.run_dir, start_round=self.start_round,
+        )
 
     def _decide_stop(self, round_num: int) -> None:
         """After a round: a signal interrupts the run (``stopped_early``); early stopping ends it."""
@@ -151,15 +183,18 @@ class Server:
             "params": self.params.clone(),
             "strategy": self.strategy.state_dict(),
             "history": without_client_rows(self.logger.history),  # the rows live in metrics.jsonl
+            "client_state_round": self.client_states.round,  # its entries live in client_state/, versioned
             "fingerprint": self._fingerprint(),
         }
 
     def _fingerprint(self) -> dict[str, int]:
         return {"seed": self.seed, "num_clients": len(self.clients), "clients_per_round": self.clients_per_round, "num_params": self.params.numel()}
 
-    def save_checkpoint(self, round_num: int) -> Path:
+    def save_checkpoint(self, round_num: int, state: dict[str, Any] | None = None) -> Path:
+        """Write the checkpoint of ``round_num``: ``state`` (an earlier :meth:`state_dict`), else the current state."""
         assert self.checkpoint_dir is not None
-        path = save_checkpoint(self.checkpoint_dir, round_num, self.state_dict(round_num), keep=self.keep_checkpoints)
+        state = self.state_dict(round_num) if state is None else state
+        path = save_checkpoint(self.checkpoint_dir, round_num, state, keep=self.keep_checkpoints)
         log.info("round %d: checkpoint %s", round_num, path)
         return path
 
@@ -169,28 +204,48 @@ class Server:
         if state.get("fingerprint") != self._fingerprint():
             raise CheckpointError(f"{path} belongs to another run setup: {state.get('fingerprint')} != {self._fingerprint()}")
         self.params = state["params"].to(self.params.dtype)
-        self.strategy.load_state_dict(state["strategy"])
         self.start_round = int(state["round"]) + 1
+        self.strategy.setup(self.run_context())  # told again, before its state comes back
+        self.strategy.load_state_dict(state["strategy"])
+        self._restore_client_states(path, int(state.get("client_state_round", state["round"])))
         self.logger.restore(state["history"], self.start_round, earlier=path.parent.parent / "metrics.jsonl")
         self.early_stop.replay(state["history"])
         log.info("resumed from %s: continuing at round %d", path, self.start_round)
         return path
 
+    def _restore_client_states(self, checkpoint: Path, round_num: int) -> None:
+        """Show the clients' states as of the checkpoint's round: this run's own entries, or the ones copied in
+        from the run directory the checkpoint belongs to."""
+        source = checkpoint.parent / "client_state"
+        own = self.client_states.directory
+        if own is not None and source.resolve() == own.resolve():
+            self.client_states.rewind(round_num)
+        elif source.is_dir():
+            self.client_states.import_from(source, round_num)
+        else:
+            self.client_states.rewind(round_num)
+
     def run_round(self, round_num: int) -> dict[str, float]:
         """One round; returns its metrics. Updates ``self.params`` unless no client succeeded."""
         start = time.perf_counter()
         client_ids = self.strategy.sample(round_num, len(self.clients), self.clients_per_round, sampling_rng(self.seed, round_num))
-        tasks = [FitTask(cid, round_num, task_seed(self.seed, round_num, cid), self._client_config(round_num, cid)) for cid in client_ids]
+        tasks = [
+            FitTask(cid, round_num, task_seed(self.seed, round_num, cid), self._client_config(round_num, cid), self.client_states.get(cid))
+            for cid in client_ids
+        ]
         results = sorted(self.executor.fit(self.params, tasks), key=lambda r: r.client_id)
         fit_s = time.perf_counter() - start
         succeeded = self._apply_failure_policy(round_num, results)
         updates = self._reject_bad_updates(round_num, succeeded)
         rows = [client_row(u, self.params) for u in updates]
         kept = [u for u in updates if self.strategy.keeps_stragglers or self.stragglers.epochs_for(round_num, u.client_id) is None]
+        from_strategy: dict[str, float] = {}
         if kept:  # otherwise nothing sound (or only dropped stragglers) arrived: keep the previous model
             self.params = self._aggregate(round_num, kept)
+            from_strategy = self._strategy_scalars(round_num)
+        self._commit_client_states(round_num, kept)
         self.logger.log_clients(round_num, rows)
-        metrics = train_metrics(updates, len(results))
+        metrics = train_metrics(updates, len(results)) | from_strategy
         metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
         metrics["client/num_aggregated"] = float(len(kept))
         if round_num % self.eval_every == 0 or round_num == self.num_rounds:
@@ -203,6 +258,13 @@ class Server:
         metrics["system/rss_mb"] = process_rss_mb()
         return metrics
 
+    def _commit_client_states(self, round_num: int, kept: list[ClientUpdate]) -> None:
+        """Make the accepted updates' new states the clients' states from now on; collect versions that no
+        kept checkpoint needs any more."""
+        self.client_states.commit(round_num, {u.client_id: u.state for u in kept if u.state is not None})
+        kept_rounds = [int(p.stem.split("-")[1]) for p in list_checkpoints(self.checkpoint_dir)] if self.checkpoint_dir else []
+        self.client_states.collect(kept_rounds)
+
     def _client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
         """The strategy's per-client config, with fewer epochs for a simulated straggler."""
         config = self.strategy.client_config(round_num, client_id)
@@ -212,6 +274,9 @@ class Server:
     def _apply_failure_policy(self, round_num: int, results: list[TaskResult]) -> list[ClientUpdate]:
         updates = [r for r in results if isinstance(r, ClientUpdate)]
         failures = [r for r in results if isinstance(r, ClientFailure)]
+        fatal = next((f for f in failures if f.fatal), None)
+        if fatal is not None:  # a misuse that would make results depend on the executor: never tolerated
+            raise ClientMisuseError(f"round {round_num}: {fatal.error}")
         for failure in failures:
             self.logger.log_text("failures", f"client {failure.client_id} (worker {failure.worker}): {failure.error}\n{failure.traceback}", round_num)
         if not updates or len(updates) < self.min_success_fraction * len(results):
@@ -223,14 +288,32 @@ class Server:
         return updates
 
     def _aggregate(self, round_num: int, updates: list[ClientUpdate]) -> torch.Tensor:
+        """The strategy's new global weights, checked before anything uses them: a strategy that raises or
+        returns something unusable (not a tensor, wrong shape or dtype, NaN/inf) stops the run with a
+        :class:`StrategyError` naming it, and the model stays the previous round's."""
         name = type(self.strategy).__name__
         try:
             new = self.strategy.aggregate(round_num, self.params, updates)
-        except ValueError as error:  # e.g. too few survivors for a robust rule
-            raise RoundFailedError(f"round {round_num}: {name} could not aggregate: {error}") from error
-        if not isinstance(new, torch.Tensor) or new.shape != self.params.shape:
-            raise RoundFailedError(f"round {round_num}: {name}.aggregate must return a tensor of shape {tuple(self.params.shape)}")
-        return new.to(self.params.dtype)
+        except ValueError as error:  # the strategy refuses the round, e.g. too few survivors for a robust rule
+            raise StrategyError(f"round {round_num}: {name} could not aggregate: {_first_line(error)}") from error
+        except Exception as error:  # a bug in the strategy: the one line names it, the traceback is logged and chained
+            import traceback
+
+            line = f"{name}.aggregate raised {type(error).__name__}: {_first_line(error)}"
+            self.logger.log_text("strategy", f"{line}\n{traceback.format_exc()}", round_num)
+            raise StrategyError(f"round {round_num}: {line}") from error
+        problem = _unusable_params(new, self.params)
+        if problem is not None:
+            raise StrategyError(f"round {round_num}: {name}.aggregate returned {problem}; the model of round {round_num - 1} is kept")
+        return new
+
+    def _strategy_scalars(self, round_num: int) -> dict[str, float]:
+        """:meth:`Strategy.round_metrics`, named ``strategy/<name>``; a bad name or value stops the round like a
+        bad aggregate."""
+        try:
+            return strategy_scalars(self.strategy, round_num)
+        except ValueError as error:
+            raise StrategyError(f"round {round_num}: {_first_line(error)}") from error
 
     def _reject_bad_updates(self, round_num: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
         """Drop updates that do not fit the global model (shape, dtype, non-finite values, bad counts)."""
@@ -264,6 +347,23 @@ class Server:
             return {}
         return {"eval/client_loss": loss_sum / total, "eval/client_accuracy": correct_sum / total}
 
+    def _snapshot(self, round_num: int) -> dict[str, Any] | None:
+        """:meth:`state_dict` after ``round_num`` (cloned), kept in memory in case the next round fails; ``None``
+        without checkpoints or before round 1."""
+        return self.state_dict(round_num) if self.checkpoint_dir is not None and round_num >= 1 else None
+
+    def _save_last_good(self, state: dict[str, Any] | None) -> None:
+        """After an error: write the last completed round's checkpoint unless it is on disk already.
+        A failure to write it is logged, so the original error is the one that propagates."""
+        from fedsim.checkpoint import checkpoint_path
+
+        if state is None or self.checkpoint_dir is None or checkpoint_path(self.checkpoint_dir, state["round"]).exists():
+            return
+        try:
+            self.save_checkpoint(state["round"], state)
+        except Exception as error:  # noqa: BLE001 - never hide the error that stopped the run
+            log.warning("could not write the checkpoint of round %d after the error: %s", state["round"], error)
+
 
 def _check_settings(num_rounds: int, eval_every: int, clients_per_round: int, num_clients: int, stragglers: Stragglers) -> None:
     """Refuse impossible round settings with one line; warn about stragglers that cannot straggle."""
@@ -280,3 +380,27 @@ def _initial_model(model_factory: Callable[[], nn.Module], seed: int) -> nn.Modu
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed(seed))
         return model_factory()
+
+
+class StrategyError(RoundFailedError):
+    """The strategy's ``aggregate`` raised or returned unusable weights; the message names the strategy."""
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _unusable_params(new: object, reference: torch.Tensor) -> str | None:
+    """Why ``new`` cannot become the global weights (``reference``'s shape and dtype, all finite), or ``None``."""
+    if not isinstance(new, torch.Tensor):
+        return f"a {type(new).__name__}, not a tensor"
+    if new.shape != reference.shape:
+        return f"shape {tuple(new.shape)} but the global model has {tuple(reference.shape)}"
+    if new.dtype != reference.dtype:
+        return f"dtype {new.dtype} but the global model has {reference.dtype} (cast with .to(global_params.dtype))"
+    if not bool(torch.isfinite(new.sum(dtype=torch.float64))):  # any NaN/inf reaches the sum; no model-sized mask
+        bad = int((~torch.isfinite(new)).sum())
+        if bad:
+            return f"{bad} non-finite values (NaN or inf)"
+    return None

@@ -18,13 +18,16 @@ class FitTask:
 
     ``seed`` seeds the task's own ``torch.Generator`` (derived from ``(run seed, round, client id)``),
     so a task gives the same result wherever and however often it runs. ``config`` is the fresh
-    per-client dict from ``Strategy.client_config``.
+    per-client dict from ``Strategy.client_config``. ``state`` is the client's state as the server
+    committed it after the previous round the client took part in (``{}`` before its first), the same
+    for every attempt of the task; see :mod:`fedsim.state`.
     """
 
     client_id: int
     round_num: int
     seed: int
     config: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,9 @@ class ClientUpdate:
     """What a client sends back: its trained weights as one flat CPU tensor and how many examples it used.
 
     ``metrics`` holds scalars such as ``train_loss`` (mean over all local steps); ``epoch_losses`` the
-    mean loss of each local epoch. ``worker`` and ``device`` record where the task ran.
+    mean loss of each local epoch. ``worker`` and ``device`` record where the task ran. ``state`` is the
+    client's new state (CPU tensors and plain values), which the server commits only if it accepts the
+    update; ``None`` leaves the client's state as it was.
     """
 
     client_id: int
@@ -43,11 +48,17 @@ class ClientUpdate:
     epoch_losses: tuple[float, ...] = ()
     worker: str = "main"
     device: str = "cpu"
+    state: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class ClientFailure:
-    """A client task that raised (or whose worker died or timed out), with the full traceback as text."""
+    """A client task that raised (or whose worker died or timed out), with the full traceback as text.
+
+    ``fatal``: a misuse that would make the run depend on the executor (a ``Client`` that changed its own
+    attributes, a state value that cannot be checkpointed); the server stops the run on it whatever the
+    failure policy says.
+    """
 
     client_id: int
     round_num: int
@@ -55,6 +66,7 @@ class ClientFailure:
     traceback: str
     worker: str = "main"
     attempts: int = 1
+    fatal: bool = False
 
 
 TaskResult = Union[ClientUpdate, ClientFailure]

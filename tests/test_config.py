@@ -17,6 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
+from fedsim.context import RunContext
+from fedsim.params import ParamLayout
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig
 
@@ -137,9 +140,12 @@ def _check_client(cfg: DictConfig, option: str) -> None:
 def _check_strategy(cfg: DictConfig, option: str) -> None:
     strategy = instantiate(cfg.strategy)
     assert isinstance(strategy, Strategy)
-    # seven clients: enough for the robust rules (Krum needs 2f + 3)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 2), torch.nn.Linear(2, 1))  # 5 values: 4 + 1 (last layer: 2 + 1)
+    strategy.setup(RunContext(layout=ParamLayout.of(model), num_clients=10, num_examples=tuple(range(1, 11)),
+                              clients_per_round=10, num_rounds=2, seed=0))
+    # ten clients: enough for the robust rules (Krum needs 2f + 3; trimmed_mean's beta=0.1 must trim one)
     metrics = {"local_steps": 2.0, "lr": 0.1}  # what Client.fit reports (SCAFFOLD needs them)
-    updates = [ClientUpdate(i, 1, torch.linspace(-1, 1, 5) * i, i + 1, metrics=metrics) for i in range(7)]
+    updates = [ClientUpdate(i, 1, torch.linspace(-1, 1, 5) * i, i + 1, metrics=metrics) for i in range(10)]
     new = strategy.aggregate(1, torch.full((5,), 0.5), updates)
     assert new.shape == (5,) and new.dtype == torch.float32 and torch.isfinite(new).all()
     strategy.load_state_dict(strategy.state_dict())  # checkpoints round-trip

@@ -21,7 +21,9 @@ from torch import nn
 
 from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
+from fedsim.executor import client_guard
 from fedsim.params import load_flat
+from fedsim.state_values import copy_state, state_problem
 from fedsim.strategy.base import LocalTraining
 from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
 
@@ -72,23 +74,37 @@ def run_task(
 
     Code that draws from torch's global RNG anyway (dropout, random augmentation) sees it seeded from
     the task seed for the duration of the task, and the caller's RNG state is restored afterwards: the
-    result never depends on which tasks ran before on the same worker.
-    An exception inside client code becomes a :class:`ClientFailure` with the full traceback.
+    result never depends on which tasks ran before on the same worker. The client trains on a private copy
+    of the task's state; what that copy holds afterwards comes back as the update's new state.
+    An exception inside client code becomes a :class:`ClientFailure` with the full traceback; a client
+    that changed its own attributes, or left a state a checkpoint cannot hold, a fatal one.
     """
     try:
         load_flat(model, global_params)
         generator = torch.Generator().manual_seed(task.seed)
+        state = copy_state(task.state)
+        before = client_guard.snapshot(client)
         with _task_global_rng(task.seed, next(model.parameters()).device):
-            update = client.fit(model, data, config=task.config, generator=generator, round_num=task.round_num, local=local)
-        return _with_worker(update, worker)
+            update = client.fit(
+                model, data, config=task.config, generator=generator, round_num=task.round_num, local=local, state=state
+            )
+        changed = client_guard.changed_attribute(client, before)
+        if changed is not None:
+            return _failure(task, worker, client_guard.mutation_message(client, changed), fatal=True)
+        new_state = update.state if update.state is not None else state
+        problem = state_problem(new_state, f"client {task.client_id}'s state")
+        if problem is not None:
+            return _failure(task, worker, problem, fatal=True)
+        return replace(update, worker=worker, state=copy_state(new_state))
     except Exception as error:  # noqa: BLE001 - client code may raise anything; it becomes data
-        return ClientFailure(
-            client_id=task.client_id,
-            round_num=task.round_num,
-            error=f"{type(error).__name__}: {error}",
-            traceback=tb.format_exc(),
-            worker=worker,
-        )
+        return _failure(task, worker, f"{type(error).__name__}: {error}", traceback=tb.format_exc())
+
+
+def _failure(task: FitTask, worker: str, error: str, *, traceback: str = "", fatal: bool = False) -> ClientFailure:
+    return ClientFailure(
+        client_id=task.client_id, round_num=task.round_num, error=error, traceback=traceback or error,
+        worker=worker, fatal=fatal,
+    )
 
 
 def retry_or_fail(
@@ -123,5 +139,3 @@ def _task_global_rng(seed: int, device: torch.device) -> Iterator[None]:
         yield
 
 
-def _with_worker(update: ClientUpdate, worker: str) -> ClientUpdate:
-    return replace(update, worker=worker)

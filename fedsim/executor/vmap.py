@@ -33,7 +33,7 @@ from fedsim.strategy.base import LocalTraining
 from fedsim.types import ClientFailure, FitTask, TaskResult
 
 # Client methods that executor=vmap replaces with its own vectorised loop: a subclass must not override them.
-_BUILT_IN_LOOP = ("fit", "_run_epoch", "train_step", "objective", "loss")
+_BUILT_IN_LOOP = ("fit", "_train", "_run_epoch", "train_step", "objective", "loss")
 
 
 class VmapExecutor(Executor):
@@ -181,6 +181,12 @@ def check_clients(clients: Sequence[Client]) -> None:
 def vectorised_local(local: LocalTraining | None) -> LocalTraining | None:
     """The strategy's client half if it has a ``functional_term``, ``None`` if it changes nothing; refuse a
     client half that changes training but has no vectorised form."""
+    stateful = [hook for hook in ("begin_task", "end_task") if getattr(type(local), hook, None) is not getattr(LocalTraining, hook)]
+    if local is not None and stateful:
+        raise VmapUnsupportedError(
+            f"executor=vmap cannot run the strategy's client half {type(local).__name__}: it keeps client state "
+            f"({type(local).__name__}.{stateful[0]}), which has no vectorised form yet; use executor=process"
+        )
     if local is None or type(local).functional_term is not LocalTraining.functional_term:
         return local
     hooks = ("begin", "loss_term", "before_step")

@@ -2,12 +2,13 @@
 
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.strategy.fedavg import FedAvg
+from fedsim.strategy.fedper import FedPer, PersonalLayers
 from fedsim.strategy.fedprox import FedProx, ProximalTerm
 from fedsim.strategy.scaffold import ControlCorrection, Scaffold
 from fedsim.strategy.robust import Krum, Median, TrimmedMean
 from fedsim.strategy.server_opt import FedAdagrad, FedAdam, FedAvgM, FedOpt, FedYogi
 
 __all__ = [
-    "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedOpt", "FedProx", "FedYogi", "Krum", "LocalTraining", "Median",
-    "ProximalTerm", "Scaffold", "ControlCorrection", "Strategy", "TrimmedMean", "gradients",
+    "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedOpt", "FedPer", "FedProx", "FedYogi", "Krum", "LocalTraining", "Median",
+    "PersonalLayers", "ProximalTerm", "Scaffold", "ControlCorrection", "Strategy", "TrimmedMean", "gradients",
 ]

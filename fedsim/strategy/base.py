@@ -3,7 +3,9 @@
 One method is required, :meth:`Strategy.aggregate`. The other hooks have sensible defaults:
 :meth:`sample` (uniform without replacement), :meth:`client_config` (a fresh dict per client),
 :meth:`state_dict` / :meth:`load_state_dict` (for checkpoints; stateless strategies return ``{}``) and
-:meth:`check` (reject an unworkable number of clients per round before any training).
+:meth:`check` (reject an unworkable number of clients per round before any training), :meth:`setup`
+(told about the run once: parameter layout, clients, seed, run directory) and :meth:`round_metrics`
+(scalars of its own, logged as ``strategy/<name>``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsim.context import RunContext
 from fedsim.types import ClientUpdate
 
 
@@ -30,6 +33,17 @@ class LocalTraining:
 
     def begin(self, model: nn.Module, config: dict[str, Any]) -> None:
         """Called once per task, before the first step."""
+
+    def begin_task(self, model: nn.Module, config: dict[str, Any], state: dict[str, Any]) -> None:
+        """Called once per task, before the first step, with the client's state (see :mod:`fedsim.client_state`):
+        a private copy that this client half may read and change (what it holds after :meth:`end_task`
+        becomes the client's new state if the server accepts the update). The default calls :meth:`begin`;
+        override this instead when the client half keeps per-client values across rounds."""
+        self.begin(model, config)
+
+    def end_task(self, model: nn.Module, config: dict[str, Any], state: dict[str, Any]) -> None:
+        """Called once per task after the last step (``model`` holds the trained weights): write what the
+        client keeps into ``state``. The default does nothing."""
 
     def loss_term(self, model: nn.Module) -> torch.Tensor | None:
         """An extra term for the batch loss, or ``None``. Its value is part of the reported training loss."""
@@ -90,6 +104,12 @@ class Strategy:
 
     keeps_stragglers: bool = True
 
+    def setup(self, context: RunContext) -> None:
+        """Called once when the server is built (before any training, so a ``ValueError`` here is reported
+        like a bad config value), and again on a resume, just before :meth:`load_state_dict`: the parameter
+        layout, client count and sizes, seed and run directory. Keep what you need on ``self``; the
+        default keeps nothing."""
+
     def local_training(self) -> LocalTraining | None:
         """The client half of this algorithm, or ``None`` when clients train plainly (the default)."""
         return None
@@ -116,6 +136,12 @@ class Strategy:
     ) -> torch.Tensor:
         """Return the new global parameters (flat). ``updates`` come sorted by client id and non-empty."""
         raise NotImplementedError(f"{type(self).__name__} must implement aggregate()")
+
+    def round_metrics(self, round_num: int) -> dict[str, float]:
+        """Scalars of your own for the round just aggregated (e.g. a norm, a chosen client); the server
+        logs them as ``strategy/<name>`` in ``metrics.jsonl`` and TensorBoard. Called after every
+        :meth:`aggregate`; the default reports nothing."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume this strategy (tensors and plain values only)."""

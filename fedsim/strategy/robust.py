@@ -50,20 +50,26 @@ class TrimmedMean(Strategy):
             raise ValueError(f"strategy.beta must be in [0, 0.5) (got {beta!r})")
         self.beta = beta
 
-    def check(self, clients_per_round: int) -> None:
-        """Reject a round size where β > 0 trims nothing (a silent plain mean) or keeps no value."""
-        n, k = clients_per_round, trim_count(clients_per_round, self.beta)
+    def _require(self, n: int, what: str, fix: str) -> None:
+        """Refuse ``n`` values per coordinate where β > 0 trims nothing (a silent plain mean) or none is kept."""
+        k = trim_count(n, self.beta)
         if n - 2 * k < 1:
-            raise ValueError(f"strategy=trimmed_mean with beta={self.beta} keeps no value of {n} clients per round; "
-                             "lower strategy.beta")
+            raise ValueError(f"strategy=trimmed_mean with beta={self.beta} keeps no value of {n} {what}; lower strategy.beta")
         if self.beta > 0 and k == 0:
-            raise ValueError(f"strategy=trimmed_mean with beta={self.beta} trims floor(beta*{n}) = 0 of {n} clients "
-                             "per round; raise strategy.beta or clients_per_round, or set strategy.beta=0 for the mean")
+            raise ValueError(f"strategy=trimmed_mean with beta={self.beta} trims floor(beta*{n}) = 0 of {n} {what}; "
+                             f"{fix}, or set strategy.beta=0 for the mean")
+
+    def check(self, clients_per_round: int) -> None:
+        self._require(clients_per_round, "clients per round", "raise strategy.beta or clients_per_round")
 
     def aggregate(
         self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
     ) -> torch.Tensor:
-        return trimmed_mean(_stack(updates), self.beta)
+        # failed, rejected or dropped clients can leave fewer updates than check() was told: refuse, do not
+        # quietly turn into the plain mean
+        stack = _stack(updates)
+        self._require(len(updates), "updates left in the round", "raise strategy.beta or min_success_fraction")
+        return trimmed_mean(stack, self.beta)
 
 
 class Krum(Strategy):

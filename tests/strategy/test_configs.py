@@ -25,7 +25,7 @@ OPTIONS = sorted(p.stem for p in (Path(CONFIG_DIR) / "strategy").glob("*.yaml"))
 OVERRIDES: dict[str, tuple[str, object]] = {
     "mu": ("1.5", 1.5), "server_lr": ("0.25", 0.25), "momentum": ("0.5", 0.5), "beta2": ("0.9", 0.9),
     "tau": ("0.01", 0.01), "bias_correction": ("true", True), "initial_accumulator": ("0.5", 0.5),
-    "beta": ("0.25", 0.25), "f": ("2", 2), "m": ("3", 3),
+    "beta": ("0.25", 0.25), "f": ("2", 2), "m": ("3", 3), "personal_layers": ("fc", "fc"),
 }
 STORE_KEYS = {"state_store", "state_dir"}  # SCAFFOLD's store: checked through the store it builds
 

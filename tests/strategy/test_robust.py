@@ -130,6 +130,32 @@ def test_trimmed_mean_check() -> None:
         TrimmedMean(0.1).check(5)  # β > 0 but nothing trimmed would silently be the plain mean
 
 
+def test_trimmed_mean_refuses_a_round_that_failures_left_too_small() -> None:
+    # check(10) passed (trims 1 per side), but failures left 9 updates: floor(0.1*9) = 0 would be the plain mean
+    TrimmedMean(0.1).check(10)
+    nine = _updates([[float(i)] * 3 for i in range(9)])
+    with pytest.raises(ValueError) as error:
+        TrimmedMean(0.1).aggregate(1, GLOBAL, nine)
+    assert str(error.value) == ("strategy=trimmed_mean with beta=0.1 trims floor(beta*9) = 0 of 9 updates left in the "
+                                "round; raise strategy.beta or min_success_fraction, or set strategy.beta=0 for the mean")
+    torch.testing.assert_close(TrimmedMean(0.1).aggregate(1, GLOBAL, [*nine, *_updates([[100.0] * 3])]),
+                               torch.full((3,), 4.5))  # 10 updates: trims 0 and 100, the mean of 1..8
+    assert torch.equal(TrimmedMean(0.0).aggregate(1, GLOBAL, nine), torch.full((3,), 4.0))  # beta=0 is the mean
+    with pytest.raises(ValueError, match=r"trims floor\(beta\*1\) = 0 of 1 updates left"):
+        TrimmedMean(0.49).aggregate(1, GLOBAL, nine[:1])
+
+
+def test_krum_refuses_a_round_that_failures_left_too_small() -> None:
+    Krum(f=1).check(5)
+    with pytest.raises(ValueError, match=r"^strategy=krum needs at least 2f\+3 = 5 clients per round \(f=1\) but the round has 4; "):
+        Krum(f=1).aggregate(1, torch.zeros(2), _updates(LINE[:4]))
+
+
+def _trims(n: int, beta: float) -> bool:
+    """Whether TrimmedMean(beta) accepts a round of n updates (beta = 0, or it trims at least one per side)."""
+    return beta == 0 or F.trim_count(n, beta) > 0
+
+
 def test_other_strategies_accept_any_round_size() -> None:
     Strategy().check(1)
     Median().check(1)
@@ -222,7 +248,8 @@ def test_median_and_trimmed_mean_ignore_client_order_bitwise(case: tuple[list[Cl
     shuffled = [updates[i] for i in perm]
     x = torch.zeros_like(updates[0].params)
     assert torch.equal(Median().aggregate(1, x, updates), Median().aggregate(1, x, shuffled))
-    assert torch.equal(TrimmedMean(beta).aggregate(1, x, updates), TrimmedMean(beta).aggregate(1, x, shuffled))
+    if _trims(len(updates), beta):  # otherwise TrimmedMean refuses the round (see below)
+        assert torch.equal(TrimmedMean(beta).aggregate(1, x, updates), TrimmedMean(beta).aggregate(1, x, shuffled))
 
 
 @settings(max_examples=40, deadline=None)
@@ -256,7 +283,7 @@ def test_identical_clients_leave_the_model_unchanged(values: list[float], f: int
     x = torch.tensor(values, dtype=torch.float32)
     n = 2 * f + 3 + extra
     updates = [ClientUpdate(i, 1, x.clone(), i + 1) for i in range(n)]
-    for s in (Median(), TrimmedMean(beta), Krum(f), Krum(f, n - f)):
+    for s in (Median(), TrimmedMean(beta if _trims(n, beta) else 0.0), Krum(f), Krum(f, n - f)):
         assert torch.equal(s.aggregate(1, x, updates), x)
 
 
@@ -279,7 +306,7 @@ def test_results_stay_within_the_honest_range_with_up_to_f_outliers(case: tuple[
     updates, honest, f = case
     n = len(updates)
     low, high = honest.min(dim=0).values, honest.max(dim=0).values
-    beta = (f + 0.5) / n  # < 0.5 since n ≥ 2f + 3, and trims exactly f per side
+    beta = (f + 0.5) / n if f else 0.0  # < 0.5 since n ≥ 2f + 3, and trims exactly f per side (0: the mean)
     assert F.trim_count(n, beta) == f
     m = data.draw(st.integers(1, n - f))
     for s in (Median(), TrimmedMean(beta), Krum(f), Krum(f, m)):
