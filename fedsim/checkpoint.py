@@ -97,6 +97,15 @@ def list_checkpoints(directory: str | Path) -> list[Path]:
     return sorted(directory.glob("round-*.ckpt")) if directory.is_dir() else []
 
 
+def drop_checkpoints_after(directory: str | Path, round_num: int) -> list[Path]:
+    """Delete the checkpoints of rounds after ``round_num`` in ``directory`` (a resume from an older one
+    abandons them); returns what was deleted."""
+    later = [path for path in list_checkpoints(directory) if int(path.stem.split("-")[1]) > round_num]
+    for path in later:
+        path.unlink(missing_ok=True)
+    return later
+
+
 def load_latest(directory: str | Path) -> tuple[Path, dict[str, Any]]:
     """The newest checkpoint that verifies; a bad newer one is skipped with a warning."""
     candidates = list_checkpoints(directory)

@@ -39,6 +39,11 @@ class Client:
     one round; a strategy may add its own keys and a matching client subclass may read them.
     """
 
+    task_attributes: tuple[str, ...] = ()
+    """Attributes that a subclass sets during a task and that only mean something within it (e.g. the weights
+    the task started from, read by an overridden :meth:`loss`): they are put back after every task. Any other
+    attribute a task changes is an error (keep values across rounds in client state, see :meth:`fit`)."""
+
     def __init__(
         self,
         client_id: int,
@@ -128,7 +133,7 @@ class Client:
         result depends only on the global weights, the data and the generator's seed. ``local`` is the
         strategy's client half (see :class:`~fedsim.strategy.base.LocalTraining`), if it has one.
 
-        ``state`` is this client's state (a private copy, see :mod:`fedsim.client_state`): an override
+        ``state`` is this client's state (a private copy, see :mod:`fedsim.state`): an override
         that keeps values across rounds (a counter, a personal model) reads and changes this dict, never
         ``self``, which must be the same at the start of every task. What ``state`` holds when ``fit``
         returns becomes the client's new state if the server accepts the update.

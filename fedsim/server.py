@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.checkpoint import CheckpointError, list_checkpoints, save_checkpoint, resolve as resolve_checkpoint
-from fedsim.client_state import ClientStateStore
+from fedsim.checkpoint import CheckpointError, checkpoint_path, drop_checkpoints_after, list_checkpoints, save_checkpoint, resolve as resolve_checkpoint
+from fedsim.state import ClientStateStore, restore_states
 from fedsim.client import Client, evaluate_indices
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
@@ -22,23 +22,17 @@ from fedsim.evaluation import DeviceEvaluator, eval_device as eval_device_named
 from fedsim.logging import RunLogger, process_rss_mb, without_client_rows
 from fedsim.context import RunContext
 from fedsim.params import ParamLayout, flatten, load_flat
-from fedsim.round_metrics import client_row, strategy_scalars, train_metrics
+from fedsim.round_metrics import client_row, train_metrics
+from fedsim.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
 from fedsim.seeding import init_seed, sampling_rng, task_seed
 from fedsim.stragglers import Stragglers
 from fedsim.strategy.base import Strategy
-from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
-from fedsim.updates import rejection_reason
+from fedsim.strategy_guard import checked_aggregate, checked_scalars
+from fedsim.types import ClientUpdate, FitTask
+from fedsim.updates import apply_failure_policy, sound_updates
 
 log = logging.getLogger("fedsim")
-
-
-class RoundFailedError(RuntimeError):
-    """Too few clients of a round succeeded for the failure policy to aggregate."""
-
-
-class ClientMisuseError(RoundFailedError):
-    """A client broke a rule that keeps results independent of the executor (it changed ``self`` during a
-    task, or left a state that a checkpoint cannot hold); stops the run whatever the failure policy."""
+__all__ = ["ClientMisuseError", "RoundFailedError", "RunResult", "Server", "StrategyError"]
 
 
 @dataclass
@@ -62,7 +56,7 @@ class Server:
     (``"auto"``: the first GPU if there is one, see :mod:`fedsim.evaluation`). ``stragglers``
     simulates clients that manage fewer local epochs; the strategy decides whether their work counts.
     ``state_store`` (``"memory"`` or ``"disk"``) keeps the clients' states between rounds
-    (:mod:`fedsim.client_state`); with checkpoints, under ``<checkpoint_dir>/client_state``.
+    (:mod:`fedsim.state`); with checkpoints, under ``<checkpoint_dir>/client_state``.
     """
 
     def __init__(
@@ -107,6 +101,7 @@ class Server:
         state_dir = self.checkpoint_dir / "client_state" if self.checkpoint_dir is not None else None
         self.client_states = ClientStateStore(state_store, state_dir)
         strategy.setup(self.run_context())  # here, so that a strategy's objection comes before any work
+        executor.check(self._workload())  # likewise the executor's (e.g. what vmap cannot vectorise)
 
     @property
     def stop_requested(self) -> bool:
@@ -126,10 +121,7 @@ class Server:
         """
         if self.start_round == 1:
             self.client_states.clear()  # a fresh run: whatever an earlier run left in this directory goes
-        workload = Workload(
-            self.model_factory, self.clients, self.train_data, log_dir=self.logger.run_dir, local=self.strategy.local_training()
-        )
-        self.executor.start(workload)
+        self.executor.start(self._workload())
         last_good = self._snapshot(self.start_round - 1)  # not on disk yet; what an error falls back to
         try:
             for round_num in self.logger.rounds(self.start_round, self.num_rounds):
@@ -150,6 +142,9 @@ class Server:
             self.logger.close()
         load_flat(self.model, self.params)
         return RunResult(self.params, self.model, self.logger.history, self.stopped_early, self.stop_reason)
+
+    def _workload(self) -> Workload:
+        return Workload(self.model_factory, self.clients, self.train_data, log_dir=self.logger.run_dir, local=self.strategy.local_training())
 
     def run_context(self) -> RunContext:
         """What the strategy is told about the run (:meth:`Strategy.setup`)."""
@@ -207,23 +202,13 @@ class Server:
         self.start_round = int(state["round"]) + 1
         self.strategy.setup(self.run_context())  # told again, before its state comes back
         self.strategy.load_state_dict(state["strategy"])
-        self._restore_client_states(path, int(state.get("client_state_round", state["round"])))
+        if restore_states(self.client_states, path, int(state.get("client_state_round", state["round"]))):
+            for later in drop_checkpoints_after(path.parent, int(state["round"])):  # rounds the resume abandons
+                log.warning("resume from round %d: removed %s, a checkpoint of the abandoned later rounds", state["round"], later)
         self.logger.restore(state["history"], self.start_round, earlier=path.parent.parent / "metrics.jsonl")
         self.early_stop.replay(state["history"])
         log.info("resumed from %s: continuing at round %d", path, self.start_round)
         return path
-
-    def _restore_client_states(self, checkpoint: Path, round_num: int) -> None:
-        """Show the clients' states as of the checkpoint's round: this run's own entries, or the ones copied in
-        from the run directory the checkpoint belongs to."""
-        source = checkpoint.parent / "client_state"
-        own = self.client_states.directory
-        if own is not None and source.resolve() == own.resolve():
-            self.client_states.rewind(round_num)
-        elif source.is_dir():
-            self.client_states.import_from(source, round_num)
-        else:
-            self.client_states.rewind(round_num)
 
     def run_round(self, round_num: int) -> dict[str, float]:
         """One round; returns its metrics. Updates ``self.params`` unless no client succeeded."""
@@ -235,14 +220,14 @@ class Server:
         ]
         results = sorted(self.executor.fit(self.params, tasks), key=lambda r: r.client_id)
         fit_s = time.perf_counter() - start
-        succeeded = self._apply_failure_policy(round_num, results)
-        updates = self._reject_bad_updates(round_num, succeeded)
+        succeeded = apply_failure_policy(round_num, results, self.min_success_fraction, self.logger)
+        updates = sound_updates(round_num, succeeded, self.params, self.logger)
         rows = [client_row(u, self.params) for u in updates]
         kept = [u for u in updates if self.strategy.keeps_stragglers or self.stragglers.epochs_for(round_num, u.client_id) is None]
         from_strategy: dict[str, float] = {}
         if kept:  # otherwise nothing sound (or only dropped stragglers) arrived: keep the previous model
-            self.params = self._aggregate(round_num, kept)
-            from_strategy = self._strategy_scalars(round_num)
+            self.params = checked_aggregate(self.strategy, round_num, self.params, kept, self.logger)
+            from_strategy = checked_scalars(self.strategy, round_num)
         self._commit_client_states(round_num, kept)
         self.logger.log_clients(round_num, rows)
         metrics = train_metrics(updates, len(results)) | from_strategy
@@ -270,61 +255,6 @@ class Server:
         config = self.strategy.client_config(round_num, client_id)
         epochs = self.stragglers.epochs_for(round_num, client_id)
         return config if epochs is None else {**config, "epochs": epochs}
-
-    def _apply_failure_policy(self, round_num: int, results: list[TaskResult]) -> list[ClientUpdate]:
-        updates = [r for r in results if isinstance(r, ClientUpdate)]
-        failures = [r for r in results if isinstance(r, ClientFailure)]
-        fatal = next((f for f in failures if f.fatal), None)
-        if fatal is not None:  # a misuse that would make results depend on the executor: never tolerated
-            raise ClientMisuseError(f"round {round_num}: {fatal.error}")
-        for failure in failures:
-            self.logger.log_text("failures", f"client {failure.client_id} (worker {failure.worker}): {failure.error}\n{failure.traceback}", round_num)
-        if not updates or len(updates) < self.min_success_fraction * len(results):
-            first = failures[0]
-            raise RoundFailedError(
-                f"round {round_num}: {len(failures)} of {len(results)} clients failed "
-                f"(min_success_fraction={self.min_success_fraction}); first: client {first.client_id}: {first.error}"
-            )
-        return updates
-
-    def _aggregate(self, round_num: int, updates: list[ClientUpdate]) -> torch.Tensor:
-        """The strategy's new global weights, checked before anything uses them: a strategy that raises or
-        returns something unusable (not a tensor, wrong shape or dtype, NaN/inf) stops the run with a
-        :class:`StrategyError` naming it, and the model stays the previous round's."""
-        name = type(self.strategy).__name__
-        try:
-            new = self.strategy.aggregate(round_num, self.params, updates)
-        except ValueError as error:  # the strategy refuses the round, e.g. too few survivors for a robust rule
-            raise StrategyError(f"round {round_num}: {name} could not aggregate: {_first_line(error)}") from error
-        except Exception as error:  # a bug in the strategy: the one line names it, the traceback is logged and chained
-            import traceback
-
-            line = f"{name}.aggregate raised {type(error).__name__}: {_first_line(error)}"
-            self.logger.log_text("strategy", f"{line}\n{traceback.format_exc()}", round_num)
-            raise StrategyError(f"round {round_num}: {line}") from error
-        problem = _unusable_params(new, self.params)
-        if problem is not None:
-            raise StrategyError(f"round {round_num}: {name}.aggregate returned {problem}; the model of round {round_num - 1} is kept")
-        return new
-
-    def _strategy_scalars(self, round_num: int) -> dict[str, float]:
-        """:meth:`Strategy.round_metrics`, named ``strategy/<name>``; a bad name or value stops the round like a
-        bad aggregate."""
-        try:
-            return strategy_scalars(self.strategy, round_num)
-        except ValueError as error:
-            raise StrategyError(f"round {round_num}: {_first_line(error)}") from error
-
-    def _reject_bad_updates(self, round_num: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
-        """Drop updates that do not fit the global model (shape, dtype, non-finite values, bad counts)."""
-        sound = []
-        for update in updates:
-            reason = rejection_reason(update, self.params)
-            if reason is None:
-                sound.append(update)
-            else:
-                self.logger.log_text("rejected", f"client {update.client_id}: {reason}", round_num)
-        return sound
 
     def evaluate(self) -> dict[str, float]:
         """Loss and accuracy of the current global model on the centralized test set."""
@@ -355,8 +285,6 @@ class Server:
     def _save_last_good(self, state: dict[str, Any] | None) -> None:
         """After an error: write the last completed round's checkpoint unless it is on disk already.
         A failure to write it is logged, so the original error is the one that propagates."""
-        from fedsim.checkpoint import checkpoint_path
-
         if state is None or self.checkpoint_dir is None or checkpoint_path(self.checkpoint_dir, state["round"]).exists():
             return
         try:
@@ -380,27 +308,3 @@ def _initial_model(model_factory: Callable[[], nn.Module], seed: int) -> nn.Modu
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed(seed))
         return model_factory()
-
-
-class StrategyError(RoundFailedError):
-    """The strategy's ``aggregate`` raised or returned unusable weights; the message names the strategy."""
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def _unusable_params(new: object, reference: torch.Tensor) -> str | None:
-    """Why ``new`` cannot become the global weights (``reference``'s shape and dtype, all finite), or ``None``."""
-    if not isinstance(new, torch.Tensor):
-        return f"a {type(new).__name__}, not a tensor"
-    if new.shape != reference.shape:
-        return f"shape {tuple(new.shape)} but the global model has {tuple(reference.shape)}"
-    if new.dtype != reference.dtype:
-        return f"dtype {new.dtype} but the global model has {reference.dtype} (cast with .to(global_params.dtype))"
-    if not bool(torch.isfinite(new.sum(dtype=torch.float64))):  # any NaN/inf reaches the sum; no model-sized mask
-        bad = int((~torch.isfinite(new)).sum())
-        if bad:
-            return f"{bad} non-finite values (NaN or inf)"
-    return None

@@ -37,7 +37,9 @@ class ClientUpdate:
     ``metrics`` holds scalars such as ``train_loss`` (mean over all local steps); ``epoch_losses`` the
     mean loss of each local epoch. ``worker`` and ``device`` record where the task ran. ``state`` is the
     client's new state (CPU tensors and plain values), which the server commits only if it accepts the
-    update; ``None`` leaves the client's state as it was.
+    update. Every executor fills it in: a custom ``fit`` may leave it ``None``, which means "the ``state``
+    dict that ``fit`` received, as ``fit`` left it"; a result with ``None`` never reaches the server's commit
+    except from ``executor=vmap`` for clients whose state no hook changes (their state stays as it was).
     """
 
     client_id: int

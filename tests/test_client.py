@@ -238,6 +238,7 @@ class ProximalUser(Client):
     """A user's own client class with its own hyper-parameter ``mu`` (FedProx-style pull to the start)."""
 
     fitted: dict[int, int] = {}
+    task_attributes = ("_anchor",)  # set at the start of every task, read by loss(): never carried over
 
     def __init__(self, client_id: int, train_indices: Any, test_indices: Any = (), *, mu: float, **kwargs: Any) -> None:
         super().__init__(client_id, train_indices, test_indices, **kwargs)

@@ -140,7 +140,7 @@ def _check_client(cfg: DictConfig, option: str) -> None:
 def _check_strategy(cfg: DictConfig, option: str) -> None:
     strategy = instantiate(cfg.strategy)
     assert isinstance(strategy, Strategy)
-    model = torch.nn.Sequential(torch.nn.Linear(1, 2), torch.nn.Linear(2, 1))  # 5 values: 4 + 1 (last layer: 2 + 1)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.Linear(1, 1))  # 5 values: 2 + 1, then 1 + 1
     strategy.setup(RunContext(layout=ParamLayout.of(model), num_clients=10, num_examples=tuple(range(1, 11)),
                               clients_per_round=10, num_rounds=2, seed=0))
     # ten clients: enough for the robust rules (Krum needs 2f + 3; trimmed_mean's beta=0.1 must trim one)

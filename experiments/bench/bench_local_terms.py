@@ -80,7 +80,7 @@ class WrittenOutCorrection(ControlCorrection):
 def contenders(num_params: int) -> dict[str, tuple[LocalTraining | None, dict[str, Any]]]:
     """Each contender's client half and round config (μ = 0.01; a random SCAFFOLD correction)."""
     correction = np.random.default_rng(0).normal(scale=0.01, size=num_params).astype(np.float32)
-    prox, scaffold = {"prox_mu": 0.01}, {"scaffold_correction": correction}
+    prox, scaffold = {"prox_mu": 0.01}, {"scaffold_control": correction}  # c; with c_i = 0 the correction is c
     return {
         "fedavg": (None, {}),
         "fedprox_written": (WrittenOutProximal(), prox),

@@ -50,6 +50,10 @@ class Executor(ABC):
     def start(self, workload: Workload) -> None:
         """Prepare workers (models, data) once per run."""
 
+    def check(self, workload: Workload) -> None:
+        """Refuse, with a ``ValueError`` of one line, a workload this executor cannot run; called when the server
+        is built, before any work. The default accepts everything."""
+
     @abstractmethod
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
         """Train every task from ``global_params``; results sorted by client id."""
@@ -83,21 +87,35 @@ def run_task(
         load_flat(model, global_params)
         generator = torch.Generator().manual_seed(task.seed)
         state = copy_state(task.state)
-        before = client_guard.snapshot(client)
-        with _task_global_rng(task.seed, next(model.parameters()).device):
-            update = client.fit(
-                model, data, config=task.config, generator=generator, round_num=task.round_num, local=local, state=state
-            )
-        changed = client_guard.changed_attribute(client, before)
+        update, changed = _fit_guarded(model, client, data, task, generator, local, state)
         if changed is not None:
             return _failure(task, worker, client_guard.mutation_message(client, changed), fatal=True)
         new_state = update.state if update.state is not None else state
+        if local is not None:
+            local.update_state(new_state, task.config, global_params, update)
         problem = state_problem(new_state, f"client {task.client_id}'s state")
         if problem is not None:
             return _failure(task, worker, problem, fatal=True)
         return replace(update, worker=worker, state=copy_state(new_state))
     except Exception as error:  # noqa: BLE001 - client code may raise anything; it becomes data
         return _failure(task, worker, f"{type(error).__name__}: {error}", traceback=tb.format_exc())
+
+
+def _fit_guarded(
+    model: nn.Module, client: Client, data: TensorData, task: FitTask, generator: torch.Generator,
+    local: LocalTraining | None, state: dict,
+) -> tuple[ClientUpdate, str | None]:
+    """``client.fit`` under the task's seeded global RNG, and the attribute it changed on ``self`` (if any);
+    the client's declared ``task_attributes`` are put back whatever happens."""
+    before = client_guard.snapshot(client)
+    try:
+        with _task_global_rng(task.seed, next(model.parameters()).device):
+            update = client.fit(
+                model, data, config=task.config, generator=generator, round_num=task.round_num, local=local, state=state
+            )
+        return update, client_guard.changed_attribute(client, before)
+    finally:
+        client_guard.restore_task_attributes(client, before)
 
 
 def _failure(task: FitTask, worker: str, error: str, *, traceback: str = "", fatal: bool = False) -> ClientFailure:

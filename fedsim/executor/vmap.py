@@ -30,7 +30,8 @@ from fedsim.executor.vmap_optim import VmapUnsupportedError
 from fedsim.executor.vmap_train import EAGER_TAIL, ChunkModel, ClientPlan, plan_task, train_chunk
 from fedsim.params import ParamLayout, flatten
 from fedsim.strategy.base import LocalTraining
-from fedsim.types import ClientFailure, FitTask, TaskResult
+from fedsim.state_values import copy_state
+from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
 
 # Client methods that executor=vmap replaces with its own vectorised loop: a subclass must not override them.
 _BUILT_IN_LOOP = ("fit", "_train", "_run_epoch", "train_step", "objective", "loss")
@@ -61,6 +62,13 @@ class VmapExecutor(Executor):
         self._workload: Workload | None = None
         self._specs: dict = {}  # optimizer specs by (client class, factory, config), for this run
 
+    def check(self, workload: Workload) -> None:
+        """What :meth:`start` refuses without building anything on a device (model, clients, client half)."""
+        with torch.random.fork_rng(devices=[]):
+            check_model(workload.model_factory())
+        check_clients(workload.clients)
+        vectorised_local(workload.local)
+
     def start(self, workload: Workload) -> None:
         with torch.random.fork_rng(devices=[]):  # a throwaway initialisation must not advance the caller's RNG
             models = [workload.model_factory().to(device) for device in self.devices]
@@ -79,7 +87,8 @@ class VmapExecutor(Executor):
         if self._workload is None:
             raise RuntimeError("VmapExecutor.fit called before start()")
         clients, model = self._workload.clients, self._contexts[0].model
-        chunks = make_chunks([plan_task(clients[t.client_id], t, model, self._specs) for t in tasks], self._chunk)
+        local = self._contexts[0].local
+        chunks = make_chunks([plan_task(clients[t.client_id], t, model, self._specs, local) for t in tasks], self._chunk)
         previous = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         devices = len(self._contexts)
@@ -92,12 +101,25 @@ class VmapExecutor(Executor):
                     results = [r for share in shares for r in share.result()]
         finally:
             torch.set_num_threads(previous)
-        return sorted(results, key=lambda r: r.client_id)
+        by_id = {t.client_id: t for t in tasks}
+        return [with_new_state(self._workload.local, by_id[r.client_id], global_params, r) for r in sorted(results, key=lambda r: r.client_id)]
 
     def close(self) -> None:
         self._specs = {}
         self._contexts = []
         self._workload = None
+
+
+def with_new_state(local: LocalTraining | None, task: FitTask, global_params: torch.Tensor, result: TaskResult) -> TaskResult:
+    """The update with the client's new state from the client half's :meth:`~LocalTraining.update_state`
+    (as ``run_task`` does for the other executors). Without such a hook nothing under vmap can change a
+    client's state (vmap refuses custom ``fit`` methods and ``end_task``), so the result keeps ``state=None``
+    and the server keeps the committed state as it is."""
+    if not isinstance(result, ClientUpdate) or local is None or type(local).update_state is LocalTraining.update_state:
+        return result
+    state = copy_state(task.state)
+    local.update_state(state, task.config, global_params, result)
+    return replace(result, state=copy_state(state))
 
 
 def auto_chunk_size(numel: int, device: str, cpu_budget_bytes: int = 64 * 2**20, gpu_free_bytes: int | None = None) -> int:
@@ -181,15 +203,15 @@ def check_clients(clients: Sequence[Client]) -> None:
 def vectorised_local(local: LocalTraining | None) -> LocalTraining | None:
     """The strategy's client half if it has a ``functional_term``, ``None`` if it changes nothing; refuse a
     client half that changes training but has no vectorised form."""
-    stateful = [hook for hook in ("begin_task", "end_task") if getattr(type(local), hook, None) is not getattr(LocalTraining, hook)]
-    if local is not None and stateful:
+    if local is not None and type(local).end_task is not LocalTraining.end_task:
         raise VmapUnsupportedError(
             f"executor=vmap cannot run the strategy's client half {type(local).__name__}: it keeps client state "
-            f"({type(local).__name__}.{stateful[0]}), which has no vectorised form yet; use executor=process"
+            f"that depends on the trained model ({type(local).__name__}.end_task), which has no vectorised form "
+            "(write it with update_state instead if you can); use executor=process"
         )
     if local is None or type(local).functional_term is not LocalTraining.functional_term:
         return local
-    hooks = ("begin", "loss_term", "before_step")
+    hooks = ("begin", "begin_task", "loss_term", "before_step")
     changes_training = any(getattr(type(local), hook) is not getattr(LocalTraining, hook) for hook in hooks)
     if not changes_training:
         return None  # adds nothing

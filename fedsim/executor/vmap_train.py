@@ -26,6 +26,7 @@ from fedsim.data.tensor_data import TensorData
 from fedsim.executor import vmap_optim
 from fedsim.executor.vmap_optim import OptimizerSpec, Tensors
 from fedsim.params import ParamLayout, load_flat
+from fedsim.state_values import copy_state
 from fedsim.strategy.base import LocalTraining, hook_before_step
 from fedsim.types import ClientUpdate, FitTask
 
@@ -57,7 +58,9 @@ class ClientPlan:
         return len(self.sizes)
 
 
-def plan_task(client: Client, task: FitTask, model: nn.Module, spec_cache: dict | None = None) -> ClientPlan:
+def plan_task(
+    client: Client, task: FitTask, model: nn.Module, spec_cache: dict | None = None, local: LocalTraining | None = None
+) -> ClientPlan:
     """Draw the task's batch order from its generator exactly as :meth:`Client.fit` does.
 
     ``spec_cache`` remembers the optimizer each (client class, optimizer factory, config) builds, so a
@@ -81,8 +84,9 @@ def plan_task(client: Client, task: FitTask, model: nn.Module, spec_cache: dict 
     for epoch in range(epochs):
         padded[epoch, :n] = indices[torch.randperm(n, generator=generator)]
     sizes = ([batch_size] * (steps - 1) + [n - (steps - 1) * batch_size]) * epochs if steps else []
-    numbers = {k: float(v) for k, v in config.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    vectors = {k: v for k, v in config.items() if isinstance(v, np.ndarray)}
+    inputs = local.vectorised_inputs(config, dict(task.state)) if local is not None else config
+    numbers = {k: float(v) for k, v in inputs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    vectors = {k: v for k, v in inputs.items() if isinstance(v, np.ndarray)}
     return ClientPlan(task, client, padded.view(epochs * steps, batch_size), tuple(sizes), epochs, steps, spec, numbers, vectors)
 
 
@@ -158,7 +162,7 @@ def _finish_eagerly(
     model, client, config = ctx.model, plan.client, dict(plan.task.config)
     load_flat(model, global_params.to(ctx.device))
     if ctx.local is not None:
-        ctx.local.begin(model, config)  # the anchor is the global model, as in Client.fit
+        ctx.local.begin_task(model, config, copy_state(plan.task.state))  # anchored at the global model, as in Client.fit
     named = {name: p for name, p in model.named_parameters() if name in params}
     with torch.no_grad():
         for name, p in named.items():

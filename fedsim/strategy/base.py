@@ -35,15 +35,30 @@ class LocalTraining:
         """Called once per task, before the first step."""
 
     def begin_task(self, model: nn.Module, config: dict[str, Any], state: dict[str, Any]) -> None:
-        """Called once per task, before the first step, with the client's state (see :mod:`fedsim.client_state`):
-        a private copy that this client half may read and change (what it holds after :meth:`end_task`
-        becomes the client's new state if the server accepts the update). The default calls :meth:`begin`;
-        override this instead when the client half keeps per-client values across rounds."""
+        """Called once per task, before the first step, with the client's state (see :mod:`fedsim.state`): a
+        private copy that this client half may read (and change: what it holds at the end of the task becomes
+        the client's new state if the server accepts the update). The default calls :meth:`begin`; override
+        this instead when the client half reads per-client values kept across rounds. Under ``executor=vmap``
+        :meth:`functional_term` with :meth:`vectorised_inputs` stands in for it."""
         self.begin(model, config)
 
     def end_task(self, model: nn.Module, config: dict[str, Any], state: dict[str, Any]) -> None:
         """Called once per task after the last step (``model`` holds the trained weights): write what the
-        client keeps into ``state``. The default does nothing."""
+        client keeps into ``state`` (e.g. FedPer's personal layers). ``executor=vmap`` has no model per
+        client and refuses a client half that overrides this; prefer :meth:`update_state` where you can."""
+
+    def update_state(
+        self, state: dict[str, Any], config: dict[str, Any], global_params: torch.Tensor, update: ClientUpdate
+    ) -> None:
+        """After the task, on every executor (vmap included): change ``state`` from the task's ``config``, the
+        global weights it started from and the ``update`` it produced (trained weights, ``local_steps``,
+        ``lr``), e.g. SCAFFOLD's control variate. A pure function of those; the default does nothing."""
+
+    def vectorised_inputs(self, config: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+        """What :meth:`functional_term` receives as ``numbers`` under ``executor=vmap`` (numeric entries, and
+        numpy arrays as long as the flat weights), from the task's config and the client's state. The
+        default is the config itself; override it when the term depends on the client's state."""
+        return config
 
     def loss_term(self, model: nn.Module) -> torch.Tensor | None:
         """An extra term for the batch loss, or ``None``. Its value is part of the reported training loss."""

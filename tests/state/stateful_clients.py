@@ -80,3 +80,22 @@ class BadStateClient(Client):
     def fit(self, model, data, *, state=None, **kwargs):  # type: ignore[no-untyped-def]
         state["optimizer"] = object()
         return super().fit(model, data, state=state, **kwargs)
+
+
+class AnchoredClient(Client):
+    """Keeps the weights its task started from on ``self`` for ``loss`` (a proximal pull), declared as a task
+    attribute: allowed, and put back after every task."""
+
+    task_attributes = ("_anchor",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._anchor: list[torch.Tensor] | None = None
+
+    def fit(self, model, data, **kwargs):  # type: ignore[no-untyped-def]
+        self._anchor = [p.detach().clone() for p in model.parameters()]
+        return super().fit(model, data, **kwargs)
+
+    def loss(self, model, x, y):  # type: ignore[no-untyped-def]
+        assert self._anchor is not None
+        return super().loss(model, x, y) + 0.05 * sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), self._anchor))

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from fedsim.checkpoint import list_checkpoints, load_latest
-from fedsim.client_state import ClientStateStore
+from fedsim.state import ClientStateStore
 from fedsim.state_values import states_equal
 
 ROUNDS = 12
@@ -108,6 +108,8 @@ def test_resume_from_the_newest_and_from_an_older_checkpoint(tmp_path: Path, uni
     oldest = list_checkpoints(older / "checkpoints")[0]
     _run(older, f"resume={oldest}")  # rounds after it were already run once: their states must not leak in
     _assert_same_run(older, uninterrupted)
+    names = [p.name for p in list_checkpoints(older / "checkpoints")]
+    assert names == [p.name for p in list_checkpoints(uninterrupted / "checkpoints")]  # no stale later checkpoint kept
 
 
 def test_resume_from_another_run_directory_copies_the_states_it_needs(tmp_path: Path, uninterrupted: Path) -> None:

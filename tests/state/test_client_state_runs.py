@@ -135,3 +135,13 @@ def test_fedper_refuses_a_pattern_that_leaves_nothing_federated_before_any_work(
         build(SerialExecutor(), Client, strategy=FedPer(), rounds=1)
     with pytest.raises(ValueError, match="personal_layers='head' matches no entry of the model"):
         build(SerialExecutor(), Client, strategy=FedPer(personal_layers="head"), rounds=1)
+
+
+def test_declared_task_attributes_are_allowed_and_put_back_under_every_executor() -> None:
+    serial_server = build(SerialExecutor(), stateful_clients.AnchoredClient, rounds=3)
+    serial = serial_server.run()
+    assert all(c._anchor is None for c in serial_server.clients), "the serial executor's clients are put back too"
+    process = build(ProcessExecutor(devices="cpu", workers=2), stateful_clients.AnchoredClient, rounds=3).run()
+    assert torch.equal(serial.params, process.params)
+    plain = build(SerialExecutor(), Client, rounds=3).run()
+    assert not torch.equal(serial.params, plain.params), "the anchor must matter"

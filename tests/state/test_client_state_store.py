@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedsim.checkpoint import CheckpointError
-from fedsim.client_state import ClientStateStore
+from fedsim.state import ClientStateStore
 from fedsim.state_values import copy_state, state_problem, states_equal
 
 
@@ -24,10 +24,13 @@ def test_reads_see_the_newest_version_up_to_the_current_round(kind: str, tmp_pat
     store.commit(2, {8: _state(2.0)})
     store.commit(3, {7: _state(3.0)})
     assert states_equal(store.get(7), _state(3.0)) and states_equal(store.get(8), _state(2.0))
-    store.rewind(2)  # a resume from round 2's checkpoint
+    assert states_equal(store.get(7, round_num=2), _state(1.0))
+    store.rewind(2)  # a resume from round 2's checkpoint: round 3's version belongs to an abandoned run
+    assert states_equal(store.get(7), _state(1.0)) and store.num_entries() == 2
+    store.commit(3, {8: _state(4.0)})  # the resumed round 3 does not train client 7: it must not see the old r3
     assert states_equal(store.get(7), _state(1.0))
     store.rewind(0)
-    assert store.get(7) == {} and store.get(8) == {}
+    assert store.get(7) == {} and store.get(8) == {} and store.num_entries() == 0
 
 
 @pytest.mark.parametrize("kind", ["memory", "disk"])
@@ -61,9 +64,7 @@ def test_collect_keeps_exactly_what_kept_checkpoints_and_the_last_rounds_read(tm
     assert removed == 1  # only c0-r3: round 2 reads c0-r1, rounds 5 and 6 read c0-r5 and c1-r4 / c1-r6
     files = sorted(p.name for p in (tmp_path / "s").rglob("*.state"))
     assert files == ["c0-r1.state", "c0-r5.state", "c1-r2.state", "c1-r4.state", "c1-r6.state"]
-    store.rewind(2)
-    assert states_equal(store.get(0), _state(1.0)) and states_equal(store.get(1), _state(2.0))
-    store.rewind(6)
+    assert states_equal(store.get(0, round_num=2), _state(1.0)) and states_equal(store.get(1, round_num=2), _state(2.0))
     store.commit(7, {1: _state(7.0)})
     assert store.collect(needed_rounds=[]) == 3  # now rounds 7 and 6 only: c0-r1, c1-r2, c1-r4 go
 
@@ -78,6 +79,7 @@ def test_a_new_store_on_the_same_directory_finds_every_version(tmp_path: Path) -
     assert not list((tmp_path / "s").rglob("*.tmp")), "an interrupted write's leftover goes"
     again.rewind(1)
     assert states_equal(again.get(5), _state(1.0)) and states_equal(again.get(1234), _state(2.0))
+    assert not list((tmp_path / "s").rglob("c5-r2.state")), "a rewind deletes the abandoned version's file"
 
 
 def test_import_takes_each_clients_newest_version_up_to_the_round(tmp_path: Path) -> None:

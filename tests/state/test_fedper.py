@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 import vision_files  # noqa: E402
 
 from fedsim.checkpoint import load_latest  # noqa: E402
-from fedsim.client_state import ClientStateStore  # noqa: E402
+from fedsim.state import ClientStateStore  # noqa: E402
 from fedsim.context import RunContext  # noqa: E402
 from fedsim.models import McMahanCNN  # noqa: E402
 from fedsim.params import ParamLayout, flatten  # noqa: E402
@@ -75,3 +75,16 @@ def test_fedper_runs_on_the_cnn_from_the_command_line(tmp_path: Path) -> None:
     store.rewind(3)
     heads = [store.get(cid)[STATE_KEY]["classifier.3.weight"] for cid in store.clients()]
     assert len(heads) >= 2 and not torch.equal(heads[0], heads[1]), "each client keeps a head of its own"
+
+
+def test_vmap_refuses_fedper_in_one_line_before_any_work(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "fedsim", "model=mlp", "strategy=fedper", "executor=vmap", "num_rounds=2",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedsim: error: executor=vmap cannot run"), done.stderr
+    assert "PersonalLayers" in lines[0] and "executor=process" in lines[0]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not (tmp_path / "run" / "metrics.jsonl").read_text()

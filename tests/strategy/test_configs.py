@@ -15,7 +15,6 @@ import pytest
 from hydra.utils import get_method, instantiate
 
 from fedsim.run import CONFIG_DIR, build_server, compose
-from fedsim.state import DiskStateStore, MemoryStateStore
 from fedsim.strategy import Scaffold, Strategy
 
 ISSUE_4 = {"fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold", "median", "trimmed_mean", "krum"}
@@ -27,7 +26,6 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "tau": ("0.01", 0.01), "bias_correction": ("true", True), "initial_accumulator": ("0.5", 0.5),
     "beta": ("0.25", 0.25), "f": ("2", 2), "m": ("3", 3), "personal_layers": ("fc", "fc"),
 }
-STORE_KEYS = {"state_store", "state_dir"}  # SCAFFOLD's store: checked through the store it builds
 
 
 def _keys(option: str) -> list[str]:
@@ -50,7 +48,7 @@ def test_config_lists_every_constructor_parameter_with_its_default(option: str) 
 @pytest.mark.parametrize("option", OPTIONS)
 def test_every_parameter_is_overridable_from_the_command_line(option: str) -> None:
     defaults = compose([f"strategy={option}"]).strategy
-    for key in sorted(set(defaults) - {"_target_"} - STORE_KEYS):
+    for key in sorted(set(defaults) - {"_target_"}):
         assert key in OVERRIDES, f"add a non-default value for strategy.{key} to OVERRIDES"
         text, value = OVERRIDES[key]
         assert defaults[key] != value, key  # the override must be visible
@@ -58,18 +56,8 @@ def test_every_parameter_is_overridable_from_the_command_line(option: str) -> No
         assert getattr(strategy, key) == value, key
 
 
-def test_scaffold_store_is_chosen_from_the_command_line(tmp_path: Path) -> None:
-    assert isinstance(instantiate(compose(["strategy=scaffold"]).strategy).store, MemoryStateStore)
-    overrides = ["strategy=scaffold", "strategy.state_store=disk", f"strategy.state_dir={tmp_path / 'states'}",
-                 "strategy.server_lr=0.5"]
-    strategy = build_server(compose(overrides)).strategy  # through the composition root, as a run builds it
-    assert isinstance(strategy, Scaffold) and strategy.server_lr == 0.5
-    assert isinstance(strategy.store, DiskStateStore) and strategy.store.directory == tmp_path / "states"
-    assert (tmp_path / "states").is_dir()
-
-
 def test_a_bad_strategy_value_from_the_command_line_names_the_field() -> None:
     for overrides, message in ((["strategy=fedprox", "strategy.mu=-1"], "strategy.mu must be >= 0"),
-                               (["strategy=scaffold", "strategy.state_store=cloud"], "strategy.state_store")):
+                               (["strategy=scaffold", "state_store=cloud"], "state_store must be memory or disk")):
         with pytest.raises(ValueError, match=message):
             build_server(compose(overrides))

@@ -9,16 +9,16 @@ must give the same global weights, the same c and bitwise the same stored client
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedsim.state import DiskStateStore, MemoryStateStore
-from fedsim.strategy import FedAvg, FedProx, Scaffold
+from fedsim.context import RunContext
+from fedsim.params import ParamLayout
+from fedsim.strategy.scaffold import STATE_KEY, correction
+from fedsim.strategy import ControlCorrection, FedAvg, FedProx, Scaffold
 from fedsim.types import ClientUpdate
 
 _finite = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, allow_infinity=False, width=32)
@@ -121,100 +121,83 @@ def _scaffold_cases(draw: st.DrawFn, values: st.SearchStrategy[float] = _finite)
     )
 
 
-def _scaffold(case: ScaffoldCase, directory: str | None) -> Scaffold:
-    """A fresh SCAFFOLD, in memory (``directory=None``) or on disk, starting from the case's state."""
-    if directory is None:
-        strategy = Scaffold(server_lr=case.server_lr)
-    else:
-        strategy = Scaffold(server_lr=case.server_lr, state_store="disk", state_dir=directory)
-    control = None if case.control is None else case.control.clone()
-    states = {cid: s.clone() for cid, s in case.client_states.items()}
-    strategy.load_state_dict({"control": control, "num_clients": case.num_clients, "client_states": states})
+def _scaffold(case: ScaffoldCase) -> Scaffold:
+    """A fresh SCAFFOLD starting from the case's server state (c, N)."""
+    strategy = Scaffold(server_lr=case.server_lr)
+    strategy.setup(RunContext(layout=ParamLayout.of(torch.nn.Linear(1, 1)), num_clients=case.num_clients,
+                              num_examples=(1,) * case.num_clients, clients_per_round=1, num_rounds=5, seed=0))
+    strategy.load_state_dict({"control": None if case.control is None else case.control.clone()})
     return strategy
 
 
-Outcome = tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]
-
-
-def _outcome(strategy: Scaffold, x: torch.Tensor, updates: list[ClientUpdate]) -> Outcome:
-    """New global weights, new c and every stored client control variate after one round."""
-    new = strategy.aggregate(3, x, updates)
-    assert strategy.control is not None
-    return new, strategy.control.clone(), strategy.store.snapshot()
-
-
-def _assert_same_states(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor]) -> None:
-    assert sorted(a) == sorted(b)
-    assert all(torch.equal(a[cid], b[cid]) for cid in a)
+def _client_states(strategy: Scaffold, case: ScaffoldCase, x: torch.Tensor, updates: list[ClientUpdate]) -> dict[int, dict]:
+    """Each client's state after its task: what the client half's update_state makes of the case's cᵢ."""
+    states = {}
+    for update in updates:
+        state = {STATE_KEY: case.client_states[update.client_id].clone()} if update.client_id in case.client_states else {}
+        ControlCorrection().update_state(state, strategy.client_config(update.round_num, update.client_id), x, update)
+        states[update.client_id] = state
+    return states
 
 
 @settings(max_examples=40, deadline=None)
 @given(_scaffold_cases())
-def test_scaffold_ignores_client_order_with_memory_and_disk_stores(case: ScaffoldCase) -> None:
+def test_scaffold_ignores_client_order(case: ScaffoldCase) -> None:
     shuffled = [case.updates[i] for i in case.perm]
-    with tempfile.TemporaryDirectory() as d1, tempfile.TemporaryDirectory() as d2:
-        in_memory = [_scaffold(case, None), _scaffold(case, None)]
-        on_disk = [_scaffold(case, d1), _scaffold(case, d2)]
-        assert isinstance(in_memory[0].store, MemoryStateStore) and isinstance(on_disk[0].store, DiskStateStore)
-        orders = [case.updates, shuffled] * 2
-        outcomes = [_outcome(s, case.x, order) for s, order in zip(in_memory + on_disk, orders)]
-    (x_sorted, c_sorted, states_sorted), (x_shuffled, c_shuffled, states_shuffled) = outcomes[0], outcomes[1]
+    outcomes = []
+    for order in (case.updates, shuffled):
+        strategy = _scaffold(case)
+        states = _client_states(strategy, case, case.x, order)  # before aggregate: the tasks saw the round's c
+        outcomes.append((strategy.aggregate(3, case.x, order), strategy.control.clone(), states))
+    (x_sorted, c_sorted, states_sorted), (x_shuffled, c_shuffled, states_shuffled) = outcomes
     # each cᵢ⁺ depends on client i alone: bitwise equal whatever the order
-    _assert_same_states(states_sorted, states_shuffled)
+    assert states_sorted.keys() == states_shuffled.keys()
+    assert all(torch.equal(states_sorted[c][STATE_KEY], states_shuffled[c][STATE_KEY]) for c in states_sorted)
     # x and c are float64 sums over the clients, folded in the given order
     _close_up_to_one_ulp(x_shuffled, x_sorted)
     _close_up_to_one_ulp(c_shuffled, c_sorted)
-    # the disk store gives back exactly what the memory store does: same order, same bits
-    for memory, disk in ((outcomes[0], outcomes[2]), (outcomes[1], outcomes[3])):
-        assert torch.equal(memory[0], disk[0]) and torch.equal(memory[1], disk[1])
-        _assert_same_states(memory[2], disk[2])
-    # only this round's clients were touched
-    for cid, state in case.client_states.items():
-        if cid not in {u.client_id for u in case.updates}:
-            assert torch.equal(states_sorted[cid], state)
 
 
 @settings(max_examples=40, deadline=None)
-@given(_scaffold_cases(values=_integral), st.booleans())
-def test_scaffold_identical_clients_leave_the_model_unchanged(case: ScaffoldCase, on_disk: bool) -> None:
+@given(_scaffold_cases(values=_integral))
+def test_scaffold_identical_clients_leave_the_model_unchanged(case: ScaffoldCase) -> None:
     # Every client returns x: the weight deltas are exactly 0, so x + η_g·0 = x bitwise, whatever the
     # control variates; cᵢ⁺ = cᵢ − c + 0 = cᵢ − c bitwise; and c⁺ = c + (1/N')·Σ(cᵢ⁺ − cᵢ) = c·(1 − n/N'),
     # N' = max(N, n). The controls start as integers, so in the first round that last identity is exact
     # in float32 up to the final float64 → float32 rounding (hence one ulp).
-    with tempfile.TemporaryDirectory() as directory:
-        strategy = _scaffold(case, directory if on_disk else None)
-        x, n = case.x, len(case.updates)
-        for round_num in (3, 4, 5):
-            c = torch.zeros_like(x) if strategy.control is None else strategy.control.clone()
-            old = {u.client_id: strategy.store.get(u.client_id) for u in case.updates}
-            updates = [ClientUpdate(u.client_id, round_num, x.clone(), u.num_examples, u.metrics) for u in case.updates]
-            assert torch.equal(strategy.aggregate(round_num, x, updates), x)
-            for cid, before in old.items():
-                expected = -c if before is None else before - c
-                assert torch.equal(strategy.store.get(cid), expected)
-            if round_num == 3:  # later rounds start from a non-integral c, where cᵢ − c rounds
-                shrink = 1.0 - n / max(case.num_clients, n)
-                _close_up_to_one_ulp(strategy.control, (c.double() * shrink).float())
+    strategy = _scaffold(case)
+    x, n, states = case.x, len(case.updates), dict(case.client_states)
+    for round_num in (3, 4, 5):
+        c = torch.zeros_like(x) if strategy.control is None else strategy.control.clone()
+        updates = [ClientUpdate(u.client_id, round_num, x.clone(), u.num_examples, u.metrics) for u in case.updates]
+        after = _client_states(strategy, ScaffoldCase(**{**case.__dict__, "client_states": states}), x, updates)
+        assert torch.equal(strategy.aggregate(round_num, x, updates), x)
+        for cid, state in after.items():
+            before = states.get(cid)
+            assert torch.equal(state[STATE_KEY], -c if before is None else before - c)
+            states[cid] = state[STATE_KEY]
+        if round_num == 3:  # later rounds start from a non-integral c, where cᵢ − c rounds
+            shrink = 1.0 - n / max(case.num_clients, n)
+            _close_up_to_one_ulp(strategy.control, (c.double() * shrink).float())
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(_finite, min_size=1, max_size=5), st.lists(st.integers(0, 19), min_size=1, max_size=6, unique=True),
-       st.lists(st.tuples(_steps, _lrs), min_size=6, max_size=6), st.booleans())
+       st.lists(st.tuples(_steps, _lrs), min_size=6, max_size=6))
 def test_scaffold_with_zero_controls_identical_clients_change_nothing(
-    values: list[float], ids: list[int], k_lr: list[tuple[float, float]], on_disk: bool
+    values: list[float], ids: list[int], k_lr: list[tuple[float, float]]
 ) -> None:
     # A fresh SCAFFOLD (c = cᵢ = 0) whose clients all return x: x, c and every cᵢ stay exactly as they were
     # (x, 0, 0) round after round, and the correction sent to clients stays 0.
     x = torch.tensor(values, dtype=torch.float32)
-    with tempfile.TemporaryDirectory() as directory:
-        strategy = Scaffold(state_store="disk", state_dir=directory) if on_disk else Scaffold()
-        for round_num in (1, 2, 3):
-            strategy.sample(round_num, 20, len(ids), np.random.default_rng(round_num))  # N = 20
-            updates = [ClientUpdate(cid, round_num, x.clone(), 5, {"local_steps": k, "lr": lr})
-                       for cid, (k, lr) in zip(sorted(ids), k_lr)]
-            assert torch.equal(strategy.aggregate(round_num, x, updates), x)
-            assert torch.equal(strategy.control, torch.zeros_like(x))
-            assert len(strategy.store) == len(ids)
-            assert all(torch.equal(strategy.store.get(cid), torch.zeros_like(x)) for cid in ids)
-            for cid in ids:
-                assert not np.any(strategy.client_config(round_num + 1, cid)["scaffold_correction"])
+    case = ScaffoldCase(x=x, updates=[], perm=[], control=None, client_states={}, num_clients=20, server_lr=1.0)
+    strategy, states = _scaffold(case), {}
+    for round_num in (1, 2, 3):
+        updates = [ClientUpdate(cid, round_num, x.clone(), 5, {"local_steps": k, "lr": lr}) for cid, (k, lr) in zip(sorted(ids), k_lr)]
+        after = _client_states(strategy, ScaffoldCase(**{**case.__dict__, "client_states": states}), x, updates)
+        assert torch.equal(strategy.aggregate(round_num, x, updates), x)
+        assert torch.equal(strategy.control, torch.zeros_like(x))
+        states = {cid: state[STATE_KEY] for cid, state in after.items()}
+        assert all(torch.equal(states[cid], torch.zeros_like(x)) for cid in ids)
+        for cid in ids:
+            assert not torch.any(correction(strategy.client_config(round_num + 1, cid), {STATE_KEY: states[cid]}))
