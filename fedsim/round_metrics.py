@@ -56,9 +56,9 @@ def client_row(update: ClientUpdate, global_params: torch.Tensor) -> dict[str, A
     row = {
         "client_id": update.client_id,
         "num_examples": update.num_examples,
-        "train_loss": update.metrics.get("train_loss"),
-        "update_norm": float(torch.linalg.vector_norm(update.params - global_params)),
-        "epoch_losses": list(update.epoch_losses),
+        "train_loss": _finite_or_none(update.metrics.get("train_loss")),
+        "update_norm": _finite_or_none(float(torch.linalg.vector_norm(update.params - global_params))),
+        "epoch_losses": [_finite_or_none(loss) for loss in update.epoch_losses],
         "worker": update.worker,
         "device": update.device,
     }
@@ -109,3 +109,10 @@ def strategy_scalars(strategy: Strategy, round_num: int) -> dict[str, float]:
         if not is_number(value):
             raise ValueError(f"{owner} returned {name!r} = {value!r}: values must be numbers (int or float)")
     return {f"strategy/{name}": float(value) for name, value in scalars.items()}
+
+
+def _finite_or_none(value: Any) -> Any:
+    """A float as itself, NaN or inf as ``None`` (``json.dumps`` would write a bare ``NaN``, not JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
