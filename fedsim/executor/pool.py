@@ -121,7 +121,7 @@ class WorkerHandle:
         assert self._message is not None and self._message[0] == "result"
         result: TaskResult = self._message[1]
         _, slot = self.in_flight.popleft()
-        if isinstance(result, ClientUpdate):
+        if isinstance(result, ClientUpdate) and result.params is None:  # else: an update the server will reject
             result = _with_params(result, self.result_buffers[slot].clone())
         self._message = None
         self.started_at = time.monotonic()

@@ -82,6 +82,7 @@ class RayWorker:
         with tagged(task):
             result = run_task(self.model, self.clients[task.client_id], self.data, self._global, task, self.name, self.workload.local)
             log_result(self.log, result)
-        if isinstance(result, ClientUpdate):
+        if isinstance(result, ClientUpdate) and isinstance(result.params, torch.Tensor) and result.params.dtype == self._global.dtype:
             return replace(result, params=torch.empty(0)), to_array(result.params)
+        # anything else (not a tensor, another dtype) travels as it is; the server rejects it with its reason
         return result, None

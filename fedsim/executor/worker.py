@@ -63,12 +63,19 @@ def worker_main(
         with tagged(task):
             result = run_task(model, workload.clients[task.client_id], data, global_params, task, spec.name, workload.local)
             log_result(log, result)
-        if isinstance(result, ClientUpdate):
+        if isinstance(result, ClientUpdate) and fits(result.params, result_buffers[slot]):
             result_buffers[slot].copy_(result.params)
             # no tensor in the pipe: torch's reducer would move even an empty one through shared memory
             # and fd passing (~0.15 ms per task, measured); the parent puts the buffer's copy back
             result = replace(result, params=None)  # type: ignore[arg-type]
+        # an update that does not fit the buffer (wrong shape or dtype, not a tensor) travels as it is: the
+        # server rejects it with the same reason as under every other executor
         conn.send(("result", result))
+
+
+def fits(params: object, buffer: torch.Tensor) -> bool:
+    """Whether ``params`` can go through the shared result buffer unchanged (a CPU tensor of its shape and dtype)."""
+    return isinstance(params, torch.Tensor) and params.shape == buffer.shape and params.dtype == buffer.dtype
 
 
 def _warm_up(model: torch.nn.Module, data: TensorData) -> None:

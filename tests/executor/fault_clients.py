@@ -68,3 +68,20 @@ def dropout_mlp(input_shape: tuple[int, ...], num_classes: int) -> "torch.nn.Mod
         torch.nn.Flatten(), torch.nn.Linear(input_shape[0], 32), torch.nn.ReLU(), torch.nn.Dropout(0.5),
         torch.nn.Linear(32, num_classes),
     )
+
+
+class MalformedClient(Client):
+    """Client ``victim`` returns a malformed update: weights of the wrong shape (``kind="shape"``) or a list."""
+
+    def __init__(self, *args: Any, victim: int = -1, kind: str = "shape", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.victim, self.kind = victim, kind
+
+    def fit(self, model, data, **kwargs):  # type: ignore[no-untyped-def]
+        import dataclasses
+
+        update = super().fit(model, data, **kwargs)
+        if self.client_id != self.victim:
+            return update
+        params = update.params[:-3] if self.kind == "shape" else update.params.tolist()[:4]
+        return dataclasses.replace(update, params=params)

@@ -1,0 +1,60 @@
+"""A malformed update is a rejected update with the same reason under every executor, never a dead worker."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import fault_clients  # noqa: E402
+
+from fedsim.data.federated import federate, make_clients  # noqa: E402
+from fedsim.data.partition import natural  # noqa: E402
+from fedsim.data.synthetic import synthetic  # noqa: E402
+from fedsim.executor import ProcessExecutor, RayExecutor, SerialExecutor  # noqa: E402
+from fedsim.logging import RunLogger  # noqa: E402
+from fedsim.models import LogisticRegression  # noqa: E402
+from fedsim.server import Server  # noqa: E402
+
+VICTIM = 3
+
+
+def _run(executor, kind: str, caplog: pytest.LogCaptureFixture) -> tuple[list[str], list[dict]]:  # type: ignore[no-untyped-def]
+    data = federate(synthetic(num_devices=6, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.0, seed=0)
+    server = Server(
+        model_factory=functools.partial(LogisticRegression, input_shape=(60,), num_classes=10),
+        clients=make_clients(data, functools.partial(fault_clients.MalformedClient, victim=VICTIM, kind=kind, epochs=1, batch_size=8)),
+        train_data=data.train, test_data=None, strategy=__import__("fedsim.strategy", fromlist=["FedAvg"]).FedAvg(),
+        executor=executor, num_rounds=2, clients_per_round=6, seed=0, logger=RunLogger(None, tensorboard=False, progress=False),
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fedsim"):
+        result = server.run()
+    reasons = [r.getMessage() for r in caplog.records if " rejected: " in r.getMessage()]
+    return reasons, result.history
+
+
+@pytest.mark.parametrize("kind", ["shape", "list"])
+def test_the_same_rejection_under_serial_process_and_ray(kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    import ray
+    from ray import cloudpickle
+
+    serial_reasons, serial = _run(SerialExecutor(), kind, caplog)
+    expected = "params has shape (607,)" if kind == "shape" else "params is a list, not a tensor"
+    assert len(serial_reasons) == 2 and all(f"client {VICTIM}: {expected}" in r for r in serial_reasons), serial_reasons
+    process_reasons, process = _run(ProcessExecutor(devices="cpu", workers=2, max_retries=0), kind, caplog)
+    cloudpickle.register_pickle_by_value(fault_clients)  # Ray workers do not share this test's sys.path
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        ray_reasons, on_ray = _run(RayExecutor(workers=2, max_retries=0), kind, caplog)
+    finally:
+        ray.shutdown()
+    assert process_reasons == serial_reasons == ray_reasons
+    for history in (process, on_ray):
+        assert [r["client/num_rejected"] for r in history] == [1.0, 1.0]
+        assert [r["train/loss"] for r in history] == [r["train/loss"] for r in serial]
