@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from fedsim.checkpoint import CheckpointError
 from fedsim.config import ConfigError, register_schema, to_yaml, validate
 from fedsim.early_stop import EarlyStop
+from fedsim.errors import WorkerStartupError
 from fedsim.data.federated import FederatedData, federate, make_clients
 from fedsim.logging import RunLogger
 from fedsim.seeding import partition_seed
@@ -221,7 +222,7 @@ def _hydra_main(cfg: DictConfig) -> None:
             sys.exit(130)
         except Exception as error:  # summary.json: finished false, the error as stop_reason
             _record_error(server, cfg, run_dir, time.perf_counter() - start, error)
-            if not isinstance(error, RoundFailedError):
+            if not isinstance(error, (RoundFailedError, WorkerStartupError)):
                 raise  # not a round failure (a bug?): keep the traceback
             print(f"fedsim: error: {error}", file=sys.stderr)
             sys.exit(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import replace
@@ -14,8 +15,10 @@ from multiprocessing.context import SpawnContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+import numpy as np
 import torch
 
+from fedsim.errors import WorkerStartupError
 from fedsim.executor.base import Workload
 from fedsim.executor.worker import WorkerSpec, worker_main
 from fedsim.types import ClientUpdate, FitTask, TaskResult
@@ -27,10 +30,6 @@ NO_MAIN_GUARD = (
 
 
 POSSIBLY_OOM = "possibly out of memory"  # the OS OOM killer sends SIGKILL, but so do people and other tools
-
-
-class WorkerStartupError(RuntimeError):
-    """A worker process exited or stalled before it was ready to train."""
 
 
 QUEUE_DEPTH = 2  # tasks a worker holds at once: the one it trains, and the next, already in its pipe
@@ -53,23 +52,48 @@ class WorkerHandle:
         self.started_at = 0.0  # when the oldest task in flight started training
         self.info: dict[str, Any] = {}
         self._message: tuple[str, Any] | None = None
+        self._sender: threading.Thread | None = None
+        self._send_error: BaseException | None = None
 
     @property
     def name(self) -> str:
         return self.spec.name
 
+    def send_start(self, start: tuple[Any, ...]) -> None:
+        """Send the run's workload from a thread (it is large: a worker that stalls before reading it must not
+        block the parent); :meth:`await_ready` bounds the wait and a dead worker breaks the pipe."""
+
+        def send() -> None:
+            try:
+                self.conn.send(start)
+            except (OSError, ValueError) as error:  # the worker died (broken pipe) or was killed (pipe closed)
+                self._send_error = error
+
+        self._sender = threading.Thread(target=send, name=f"fedsim-start-{self.name}", daemon=True)
+        self._sender.start()
+
     def await_ready(self, timeout: float) -> None:
-        """Block until the worker reports ready; raise :class:`WorkerStartupError` if it dies or stalls."""
+        """Block until the worker reports ready; raise :class:`WorkerStartupError` (one line) if it dies or stalls."""
         ready = wait([self.conn, self.process.sentinel], timeout=timeout)
         if self.conn in ready and self.poll_result() and self._message and self._message[0] == "ready":
             self.info, self._message = self._message[1], None
             return
         self.kill()
+        if self._sender is not None:
+            self._sender.join(5.0)  # the pipe is closed: the send ends at once
         where = f"; see {self.spec.log_path}" if self.spec.log_path else ""
-        state = f"exited with code {self.process.exitcode}" if ready else f"was not ready after {timeout:g} s"
+        code = self.process.exitcode
+        if not ready or code is None:
+            state = f"was not ready after {timeout:g} s"
+        elif code < 0:
+            state = f"was killed by {_signal_name(-code)}" + (f" ({POSSIBLY_OOM})" if -code == signal.SIGKILL else "")
+        else:
+            state = f"exited with code {code}"
+        hint = ('. If a script starts fedsim, keep its experiment code under `if __name__ == "__main__":`'
+                if ready and code is not None and code >= 0 else "")
         raise WorkerStartupError(
-            f"worker {self.name} ({self.spec.device}) {state} before it could train{where}. "
-            'If a script starts fedsim, keep its experiment code under `if __name__ == "__main__":`'
+            f"worker {self.name} ({self.spec.device}) {state} before it could train{where}{hint}",
+            retryable=not ready or code is None or code < 0,
         )
 
     def death_reason(self) -> str:
@@ -102,7 +126,10 @@ class WorkerHandle:
         """Send ``task``; it starts now if the worker is idle, else after the tasks already in flight."""
         used = {slot for _, slot in self.in_flight}
         slot = next(s for s in range(QUEUE_DEPTH) if s not in used)
-        self.conn.send((task, slot))
+        try:
+            self.conn.send((task, slot))
+        except OSError:  # the worker died a moment ago: its sentinel says so, and the task is retried from in_flight
+            pass
         if not self.in_flight:
             self.started_at = time.monotonic()
         self.in_flight.append((task, slot))
@@ -147,6 +174,17 @@ class WorkerHandle:
         self.conn.close()
 
 
+SMALL_MESSAGE = 32 * 1024  # bytes a task may carry in-band and still wait in a busy worker's pipe
+
+
+def small_message(task: FitTask) -> bool:
+    """Whether ``task`` pickles small enough to wait in the pipe of a worker that is still training: a large
+    one (a model-sized array in its config or state) would block the parent's send until the worker reads
+    it, and with it every timeout. Tensors cross as shared memory and count for nothing."""
+    arrays = [v for v in (*task.config.values(), *task.state.values()) if isinstance(v, np.ndarray)]
+    return sum(a.nbytes for a in arrays) < SMALL_MESSAGE
+
+
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -159,7 +197,12 @@ def _with_params(update: ClientUpdate, params: torch.Tensor) -> ClientUpdate:
 
 
 def launch_worker(ctx: SpawnContext, index: int, device: str, threads: int, workload: Workload, global_params: torch.Tensor) -> WorkerHandle:
-    """Spawn worker ``index``; returns at once (call :meth:`WorkerHandle.await_ready`)."""
+    """Spawn worker ``index``; returns at once (call :meth:`WorkerHandle.await_ready`).
+
+    The process gets only its spec and pipe: multiprocessing writes a process's arguments to it while still
+    holding the reading end itself, so a payload larger than the pipe's buffer (the workload: ~190 KB) blocks
+    the parent for good when the child dies before reading it. The workload follows over the worker's own
+    pipe, from a thread: a child that dies breaks that pipe, and :meth:`WorkerHandle.await_ready` bounds the wait."""
     if getattr(current_process(), "_inheriting", False):
         print(NO_MAIN_GUARD, file=sys.stderr)
         raise SystemExit(1)
@@ -167,13 +210,12 @@ def launch_worker(ctx: SpawnContext, index: int, device: str, threads: int, work
     spec = WorkerSpec(name=f"w{index}", device=device, num_threads=threads, log_path=log_path)
     result_buffers = tuple(torch.zeros_like(global_params).share_memory_() for _ in range(QUEUE_DEPTH))
     parent_conn, child_conn = ctx.Pipe(duplex=True)
-    process = ctx.Process(
-        target=worker_main, args=(spec, workload, global_params, result_buffers, child_conn),
-        name=f"fedsim-worker-{index}", daemon=True,
-    )
+    process = ctx.Process(target=worker_main, args=(spec, child_conn), name=f"fedsim-worker-{index}", daemon=True)
     process.start()
     child_conn.close()
-    return WorkerHandle(index, spec, process, parent_conn, result_buffers)
+    handle = WorkerHandle(index, spec, process, parent_conn, result_buffers)
+    handle.send_start((workload, global_params, result_buffers))
+    return handle
 
 
 def check_sendable(workload: Workload) -> None:

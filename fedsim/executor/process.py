@@ -20,11 +20,12 @@ import torch.multiprocessing as mp
 
 from fedsim.executor.base import Executor, Workload, retry_or_fail
 from fedsim.executor.placement import physical_cores, plan_workers, resolve_devices
-from fedsim.executor.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker
+from fedsim.executor.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker, small_message
 from fedsim.params import flatten
 from fedsim.types import ClientUpdate, FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
+MAX_FAILED_STARTS = 5  # failed starts of one worker slot in a row before the run stops
 
 
 class ProcessExecutor(Executor):
@@ -72,13 +73,33 @@ class ProcessExecutor(Executor):
         workload.train_data.y.share_memory_()
         self._workload = workload
         self._global = torch.zeros(numel).share_memory_()
+        launched: list[WorkerHandle] = []
         try:
-            self._workers = [self._launch(index) for index in range(len(self.plan))]
-            for worker in self._workers:
-                worker.await_ready(self.start_timeout_s)
+            launched = [self._launch(index) for index in range(len(self.plan))]
+            for worker in launched:
+                self._workers.append(self._ready_or_restart(worker))
         except BaseException:
+            for worker in launched[len(self._workers):]:  # started, never awaited
+                worker.kill()
             self.close()
             raise
+
+    def _ready_or_restart(self, worker: WorkerHandle) -> WorkerHandle:
+        """``worker`` once it is ready, or a fresh one in its slot if it is killed or stalls while starting; after
+        ``MAX_FAILED_STARTS`` failed starts in a row, or at once when it exits by itself (it would again),
+        :class:`WorkerStartupError` (one line) ends the run."""
+        for attempt in range(1, MAX_FAILED_STARTS + 1):
+            try:
+                worker.await_ready(self.start_timeout_s)
+                return worker
+            except WorkerStartupError as error:
+                if not error.retryable:
+                    raise
+                if attempt == MAX_FAILED_STARTS:
+                    raise WorkerStartupError(f"{error} ({MAX_FAILED_STARTS} failed starts in a row)") from None
+                log.warning("%s; starting it again", error)
+                worker = self._launch(worker.index)
+        raise AssertionError("unreachable")
 
     def _launch(self, index: int) -> WorkerHandle:
         assert self._workload is not None and self._global is not None
@@ -109,7 +130,7 @@ class ProcessExecutor(Executor):
             if worker.task is None and pending:
                 worker.assign(pending.popleft())
         for worker in self._workers:
-            if worker.has_room and len(pending) >= len(self._workers):
+            if worker.has_room and len(pending) >= len(self._workers) and small_message(pending[0]):
                 worker.assign(pending.popleft())
 
     def _collect(self, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int]) -> None:
@@ -133,9 +154,8 @@ class ProcessExecutor(Executor):
         pending.extendleft(reversed(worker.queued()))
         worker.kill()
         log.warning("round %d client %d: %s; replacing the worker", task.round_num, task.client_id, reason)
-        fresh = self._launch(worker.index)
-        self._workers[self._workers.index(worker)] = fresh
-        fresh.await_ready(self.start_timeout_s)
+        slot = self._workers.index(worker)
+        self._workers[slot] = self._ready_or_restart(self._launch(worker.index))
         retry_or_fail(task, reason, worker.name, self.max_retries, attempts, pending, results)
 
     def close(self) -> None:

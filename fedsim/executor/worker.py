@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from fedsim.data.tensor_data import TensorData
-from fedsim.executor.base import Workload, run_task
+from fedsim.executor.base import run_task
 from fedsim.executor.worker_log import log_result, redirect_output, tagged
 from fedsim.types import ClientUpdate
 
@@ -36,17 +36,21 @@ class WorkerSpec:
     log_path: Path | None = None
 
 
-def worker_main(
-    spec: WorkerSpec, workload: Workload, global_params: torch.Tensor, result_buffers: tuple[torch.Tensor, ...], conn: Connection
-) -> None:
-    """Entry point of a worker process (spawned; all arguments arrive pickled once, tensors as shared memory).
+def worker_main(spec: WorkerSpec, conn: Connection) -> None:
+    """Entry point of a worker process. Spawned with only ``spec`` and its pipe, so that the spawn payload stays
+    far below a pipe's buffer and starting a worker can never block the parent; the first message on the pipe
+    is the run's ``(workload, global_params, result_buffers)``, tensors as shared memory.
 
-    Each message is ``(task, slot)``: the update's weights go into ``result_buffers[slot]``, which the
+    Each later message is ``(task, slot)``: the update's weights go into ``result_buffers[slot]``, which the
     parent hands out so that a queued task never overwrites a result it has not read yet."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us cleanly
     device = _pin(spec)
     log = redirect_output(spec.name, spec.log_path)
+    try:
+        workload, global_params, result_buffers = conn.recv()
+    except (EOFError, OSError):
+        return  # the parent gave up on this start
     model = workload.model_factory().to(device)
     data = _to_device(workload.train_data, device)
     _warm_up(model, data)

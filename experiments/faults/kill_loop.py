@@ -1,0 +1,99 @@
+"""Kill a random process worker every second, replacements included: the run must never hang.
+
+Runs FedAvg on Synthetic(1,1) with ``executor=process`` (2 workers) for ``--rounds`` rounds while a thread
+SIGKILLs one of the live workers (chosen at random, the worker being started included) every
+``--interval`` seconds for ``--seconds`` seconds. Each repeat must end either with weights bitwise equal to
+the serial executor's or with one line (a round that ran out of retries, a worker slot that failed to
+start 3 times in a row), within ``--limit`` seconds. Prints one JSON line per repeat.
+
+    .venv/bin/python experiments/faults/kill_loop.py --repeats 5 --seconds 45
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import random
+import signal
+import threading
+import time
+
+import torch
+
+from fedsim.client import Client
+from fedsim.data.federated import federate, make_clients
+from fedsim.data.partition import natural
+from fedsim.data.synthetic import synthetic
+from fedsim.executor import ProcessExecutor, SerialExecutor
+from fedsim.executor.pool import WorkerStartupError
+from fedsim.logging import RunLogger
+from fedsim.models import MLP2NN
+from fedsim.server import RoundFailedError, Server
+
+
+def build(executor, rounds: int) -> Server:  # type: ignore[no-untyped-def]
+    data = federate(synthetic(num_devices=20, min_size=200, max_size=400, seed=3), natural, client_test_fraction=0.2, seed=0)
+    return Server(
+        model_factory=functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=64),
+        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=10)), train_data=data.train,
+        test_data=data.test, strategy=__import__("fedsim.strategy", fromlist=["FedAvg"]).FedAvg(), executor=executor,
+        num_rounds=rounds, clients_per_round=6, seed=0, logger=RunLogger(None, tensorboard=False, progress=False),
+    )
+
+
+def kill_loop(executor: ProcessExecutor, stop: threading.Event, interval: float, seconds: float, seed: int, kills: list[int]) -> None:
+    """Every ``interval`` s, SIGKILL a random live child of this process (a worker or a worker starting)."""
+    rng, deadline = random.Random(seed), time.monotonic() + seconds
+    while not stop.wait(interval) and time.monotonic() < deadline:
+        pids = [w.process.pid for w in executor.workers if w.process.pid] + _children()
+        if pids:
+            pid = rng.choice(sorted(set(pids)))
+            try:
+                os.kill(pid, signal.SIGKILL)
+                kills.append(pid)
+            except ProcessLookupError:
+                pass
+
+
+def _children() -> list[int]:
+    """Pids of this process's children (workers being started are not in ``executor.workers`` yet)."""
+    try:
+        text = open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def one_repeat(rounds: int, interval: float, seconds: float, seed: int, reference: torch.Tensor) -> dict:
+    executor = ProcessExecutor(devices="cpu", workers=2, max_retries=10, start_timeout_s=60)
+    server, stop, kills = build(executor, rounds), threading.Event(), []
+    killer = threading.Thread(target=kill_loop, args=(executor, stop, interval, seconds, seed, kills), daemon=True)
+    start = time.perf_counter()
+    killer.start()
+    try:
+        result = server.run()
+        outcome = "bitwise equal to serial" if torch.equal(result.params, reference) else "DIFFERENT from serial"
+    except (RoundFailedError, WorkerStartupError) as error:
+        outcome = f"stopped with one line: {str(error).splitlines()[0][:160]}"
+    finally:
+        stop.set()
+        killer.join()
+    return {"seed": seed, "kills": len(kills), "seconds": round(time.perf_counter() - start, 1), "outcome": outcome}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=45.0)
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=60)
+    args = parser.parse_args()
+    reference = build(SerialExecutor(), args.rounds).run().params
+    for seed in range(args.repeats):
+        print(json.dumps(one_repeat(args.rounds, args.interval, args.seconds, seed, reference)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""A worker killed every second, replacements and starting workers included, never hangs the run: it ends
+bitwise equal to serial or stops with one line, and leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCRIPT = Path(__file__).parents[2] / "experiments" / "faults" / "kill_loop.py"
+
+
+def _orphaned_workers() -> set[int]:
+    """Pids of live spawned worker processes whose parent is gone (adopted by init; zombies excluded)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_text()
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if "spawn_main" in cmdline and fields[0] != "Z" and fields[1] == "1":
+            found.add(int(entry))
+    return found
+
+
+def test_killing_a_worker_every_second_never_hangs() -> None:
+    before = _orphaned_workers()
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--repeats", "1", "--seconds", "15", "--rounds", "40"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=240)  # a hang fails here
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    [line] = [json.loads(text) for text in out.splitlines() if text.startswith("{")]
+    assert line["kills"] >= 5, line
+    assert line["outcome"] == "bitwise equal to serial" or line["outcome"].startswith("stopped with one line"), line
+    time.sleep(1.0)
+    assert not _orphaned_workers() - before, "no worker outlives the run"
+
+
+def test_a_worker_killed_while_reading_its_start_message_is_started_again(tmp_path: Path) -> None:
+    """Before: the ~190 KB start payload went through multiprocessing's spawn pipe, of which the parent holds
+    both ends; a worker killed while reading it left the parent blocked in write() for good."""
+    code = f"""
+import functools, os, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import numpy as np, torch
+from fedsim.client import Client
+from fedsim.data.tensor_data import TensorData
+from fedsim.executor import ProcessExecutor, SerialExecutor
+from fedsim.logging import RunLogger
+from fedsim.server import Server
+from fedsim.strategy import FedAvg
+
+def run(executor):
+    import dies_on_import  # the parent's import; a worker imports it while unpickling its start message
+    g = torch.Generator().manual_seed(0)
+    data = TensorData(torch.randn(400, 8, generator=g), torch.randint(0, 3, (400,), generator=g), 3)
+    clients = [Client(i, np.arange(i % 400, i % 400 + 1) % 400, epochs=1, batch_size=1) for i in range(4000)]  # a large start message
+    return Server(model_factory=functools.partial(dies_on_import.linear, (8,), 3), clients=clients, train_data=data,
+                  test_data=None, strategy=FedAvg(), executor=executor, num_rounds=2, clients_per_round=4, seed=0,
+                  logger=RunLogger(None, tensorboard=False, progress=False)).run().params
+
+if __name__ == "__main__":
+    os.environ["FEDSIM_TEST_PARENT"] = str(os.getpid())
+    process = run(ProcessExecutor(devices="cpu", workers=1, start_timeout_s=60))
+    print("equal" if torch.equal(process, run(SerialExecutor())) else "different")
+"""
+    script = tmp_path / "start.py"
+    script.write_text(code)
+    marker = tmp_path / "died"
+    env = {**os.environ, "FEDSIM_TEST_DIE_MARKER": str(marker)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert marker.exists(), "the first worker must have died while reading its start message"
+    assert done.stdout.strip().splitlines()[-1] == "equal"
+    assert "was killed by SIGKILL" in done.stderr and "starting it again" in done.stderr
