@@ -12,6 +12,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from fedsim.config_numbers import check_numbers
+
 
 class ConfigError(ValueError):
     """An invalid configuration value; ``str()`` is one line that names the field."""
@@ -75,7 +77,8 @@ def _number(section: DictConfig, key: str) -> float | None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check ranges and cross-field rules of a composed config; raise :class:`ConfigError` on the first problem."""
+    """Check types, ranges and cross-field rules of a composed config; raise :class:`ConfigError` on the first problem."""
+    check_numbers(cfg, ConfigError)
     _validate_run(cfg)
     _validate_client(cfg.client)
     _require(0 <= cfg.stragglers.fraction <= 1, "stragglers.fraction", "must be in [0, 1]", cfg.stragglers.fraction)

@@ -273,6 +273,10 @@ BAD_CONFIGS = {  # case -> (overrides, the field the error line must name)
     "dirichlet_alpha": (["data=mnist", "partition=dirichlet", "partition.alpha=0"], "partition.alpha"),
     "data_alpha": (["data.alpha=-1"], "data.alpha"),
     "num_rounds": (["num_rounds=0"], "num_rounds"),
+    "lr_string": (["client.optimizer.lr=abc"], "client.optimizer.lr"),
+    "mu_nan": (["strategy=fedprox", "strategy.mu=nan"], "strategy.mu"),
+    "chunk_size_nan": (["executor=vmap", "executor.chunk_size=nan"], "executor.chunk_size"),
+    "epochs_string": (["client.epochs=abc"], "client.epochs"),
 }
 
 
