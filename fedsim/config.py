@@ -50,6 +50,7 @@ class RunSchema:
     keep_checkpoints: int = 3
     state_store: str = "memory"
     resume: Any = None
+    resume_allow_changes: list[str] = field(default_factory=list)
     data: Any = field(default_factory=dict)
     partition: Any = field(default_factory=dict)
     model: Any = field(default_factory=dict)

@@ -30,6 +30,7 @@ from fedsim.early_stop import EarlyStop
 from fedsim.errors import WorkerStartupError
 from fedsim.data.federated import FederatedData, federate, make_clients
 from fedsim.logging import RunLogger
+from fedsim.resume_check import computation_settings
 from fedsim.seeding import partition_seed
 from fedsim.server import RoundFailedError, RunResult, Server
 from fedsim.stragglers import Stragglers
@@ -113,10 +114,11 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         early_stop=EarlyStop(cfg.early_stop.target_accuracy, cfg.early_stop.patience),
         state_store=cfg.state_store,
     )
+    server.settings = computation_settings(flat_hparams(cfg))
     if cfg.resume not in (None, False):
         if cfg.resume is True and run_dir is None:
             raise ConfigError("resume=true needs a run directory; pass resume=<checkpoint or run directory>")
-        server.resume(run_dir if cfg.resume is True else cfg.resume)
+        server.resume(run_dir if cfg.resume is True else cfg.resume, allow_changes=list(cfg.resume_allow_changes or []))
     else:
         logger.log_config(to_yaml(cfg))
     return server
@@ -149,6 +151,9 @@ def run_config(cfg: DictConfig, run_dir: str | Path | None = None) -> RunResult:
     """Build and run one configuration; writes ``summary.json`` into ``run_dir`` when given."""
     start = time.perf_counter()
     server = build_server(cfg, run_dir)
+    if server.finished:
+        log.info("resume: the run had finished all %d rounds; nothing to do (summary.json unchanged)", server.num_rounds)
+        return server.run()
     try:
         result = server.run()
     except Exception as error:  # summary.json says so (finished: false); the last good checkpoint stays
@@ -213,6 +218,10 @@ def _hydra_main(cfg: DictConfig) -> None:
     except (ValueError, FileNotFoundError, CheckpointError) as error:  # ConfigError is a ValueError
         print(f"fedsim: error: {error}", file=sys.stderr)
         sys.exit(2)
+    if server.finished:
+        print(f"fedsim: nothing to do: the run in {run_dir if cfg.resume is True else cfg.resume} finished all "
+              f"{server.num_rounds} rounds; to train longer, resume with a larger num_rounds", file=sys.stderr)
+        return
     start = time.perf_counter()
     with _stop_on_signals(server):  # restored afterwards: the next multirun job must not reach this server
         try:

@@ -22,6 +22,7 @@ from fedsim.evaluation import DeviceEvaluator, eval_device as eval_device_named
 from fedsim.logging import RunLogger, process_rss_mb, without_client_rows
 from fedsim.context import RunContext
 from fedsim.params import ParamLayout, flatten, load_flat
+from fedsim.resume_check import check_changes, record_changes
 from fedsim.round_metrics import client_row, train_metrics
 from fedsim.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
 from fedsim.seeding import init_seed, sampling_rng, task_seed
@@ -100,8 +101,14 @@ class Server:
         self.early_stop = early_stop or EarlyStop()
         state_dir = self.checkpoint_dir / "client_state" if self.checkpoint_dir is not None else None
         self.client_states = ClientStateStore(state_store, state_dir)
+        self.settings: dict[str, Any] = {}  # the run's settings as dotted keys, set by fedsim.run (for resume checks)
         strategy.setup(self.run_context())  # here, so that a strategy's objection comes before any work
         executor.check(self._workload())  # likewise the executor's (e.g. what vmap cannot vectorise)
+
+    @property
+    def finished(self) -> bool:
+        """Whether every round is done already (a resume from the last round's checkpoint)."""
+        return self.start_round > self.num_rounds
 
     @property
     def stop_requested(self) -> bool:
@@ -119,6 +126,10 @@ class Server:
         :class:`StrategyError`, an executor's error...), the checkpoint of round k-1 is written if it is
         not on disk yet, from the state as it was when round k-1 ended, and the error propagates.
         """
+        if self.finished:  # a resume of a run that had already done all its rounds
+            self.logger.close()
+            load_flat(self.model, self.params)
+            return RunResult(self.params, self.model, self.logger.history, False, "already finished")
         if self.start_round == 1:
             self.client_states.clear()  # a fresh run: whatever an earlier run left in this directory goes
         self.executor.start(self._workload())
@@ -180,6 +191,7 @@ class Server:
             "history": without_client_rows(self.logger.history),  # the rows live in metrics.jsonl
             "client_state_round": self.client_states.round,  # its entries live in client_state/, versioned
             "fingerprint": self._fingerprint(),
+            "settings": self.settings,  # what a resume may not change silently (fedsim.resume_check)
         }
 
     def _fingerprint(self) -> dict[str, int]:
@@ -193,15 +205,26 @@ class Server:
         log.info("round %d: checkpoint %s", round_num, path)
         return path
 
-    def resume(self, target: str | Path) -> Path:
-        """Continue from a checkpoint file, a checkpoints directory or a run directory (newest good checkpoint)."""
+    def resume(self, target: str | Path, allow_changes: Sequence[str] = ()) -> Path:
+        """Continue from a checkpoint file, a checkpoints directory or a run directory (newest good checkpoint).
+        Settings that change the computation must be the checkpoint's, except those in ``allow_changes``
+        (see :mod:`fedsim.resume_check`)."""
         path, state = resolve_checkpoint(target)
         if state.get("fingerprint") != self._fingerprint():
             raise CheckpointError(f"{path} belongs to another run setup: {state.get('fingerprint')} != {self._fingerprint()}")
+        changes = check_changes(state.get("settings", {}), self.settings, allow_changes, path)
         self.params = state["params"].to(self.params.dtype)
         self.start_round = int(state["round"]) + 1
         self.strategy.setup(self.run_context())  # told again, before its state comes back
-        self.strategy.load_state_dict(state["strategy"])
+        try:
+            self.strategy.load_state_dict(state["strategy"])
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise CheckpointError(f"{path}: its strategy state does not fit {type(self.strategy).__name__} ({type(error).__name__}: "
+                                  f"{error}); resume with the strategy the run was started with") from None
+        if self.finished:
+            log.info("%s is of round %d: the run is finished, nothing to do", path, self.start_round - 1)
+            return path  # nothing else is touched
+        record_changes(self.logger.run_dir, path, int(state["round"]), changes)
         if restore_states(self.client_states, path, int(state.get("client_state_round", state["round"]))):
             for later in drop_checkpoints_after(path.parent, int(state["round"])):  # rounds the resume abandons
                 log.warning("resume from round %d: removed %s, a checkpoint of the abandoned later rounds", state["round"], later)

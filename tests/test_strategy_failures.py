@@ -25,7 +25,7 @@ sys.path.insert(0, str(TESTS / "executor"))  # fault_clients
 import fault_clients  # noqa: E402
 from failing_strategies import BadReturnFedAvg, FlakyFedAdam, NaNFedAvg  # noqa: E402
 
-from fedsim.checkpoint import list_checkpoints, load_checkpoint, load_latest  # noqa: E402
+from fedsim.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest  # noqa: E402
 from fedsim.client import Client  # noqa: E402
 from fedsim.data.federated import federate, make_clients  # noqa: E402
 from fedsim.data.partition import natural  # noqa: E402
@@ -142,8 +142,13 @@ def test_a_strategy_raising_in_round_3_leaves_summary_and_round_2_checkpoint_and
     assert summary["final_accuracy"] == full.history[1]["eval/accuracy"]  # the rounds done so far
     assert load_run(run_dir, tmp_path).finished is False  # reports count it as unfinished
 
-    resumed = run_config(compose([*BASE, *FIXED, "resume=true"]), run_dir=run_dir)
+    with pytest.raises(CheckpointError, match=r"strategy._target_ \('failing_strategies.FlakyFedAdam' -> 'fedsim.strategy.FedAdam'\)"):
+        run_config(compose([*BASE, *FIXED, "resume=true"]), run_dir=run_dir)  # another class: refused unless allowed
+    allow = "resume_allow_changes=[strategy._target_,strategy.fail_round]"
+    resumed = run_config(compose([*BASE, *FIXED, "resume=true", allow]), run_dir=run_dir)
     assert torch.equal(resumed.params, full.params)
+    [line] = (run_dir / "resume_changes.jsonl").read_text().splitlines()  # the change is on record
+    assert json.loads(line)["changes"]["strategy._target_"] == ["failing_strategies.FlakyFedAdam", "fedsim.strategy.FedAdam"]
     assert torch.equal(load_latest(run_dir / "checkpoints")[1]["params"], full.params)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["finished"] is True and summary["stop_reason"] == "completed" and summary["rounds"] == 5
