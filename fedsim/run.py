@@ -27,6 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 from fedsim.checkpoint import CheckpointError
 from fedsim.config import ConfigError, register_schema, to_yaml, validate
 from fedsim.early_stop import EarlyStop
+from fedsim.executor.base import Executor
+from fedsim.strategy.base import Strategy
 from fedsim.errors import WorkerStartupError
 from fedsim.data.federated import FederatedData, federate, make_clients
 from fedsim.logging import RunLogger
@@ -75,6 +77,30 @@ def _instantiate(node: DictConfig) -> Any:
         raise
 
 
+def _instantiate_a(node: DictConfig, kind: type, group: str, base: str) -> Any:
+    """:func:`_instantiate`, refusing in one line a ``_target_`` that builds something other than ``kind``."""
+    built = _instantiate(node)
+    if not isinstance(built, kind):
+        raise ConfigError(f"{group}._target_={node.get('_target_')} builds a {type(built).__name__}, not a {base}; "
+                          f"point it at a subclass of {base}")
+    return built
+
+
+def check_writable(run_dir: str | Path) -> None:
+    """Refuse, before any work, a run directory whose ``checkpoints/`` cannot be created or written."""
+    checkpoints = Path(run_dir) / "checkpoints"
+    try:
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        probe = checkpoints / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except FileExistsError:
+        raise ConfigError(f"{checkpoints} exists and is not a directory; move it away or choose another hydra.run.dir") from None
+    except OSError as error:
+        raise ConfigError(f"cannot write checkpoints into {checkpoints}: {error.strerror}; make it writable or choose "
+                          "another hydra.run.dir") from None
+
+
 def build_data(cfg: DictConfig) -> FederatedData:
     """Load the dataset and partition it over clients."""
     split = _instantiate(cfg.data)
@@ -86,11 +112,15 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
     """Validate ``cfg`` and build every component; raises ``ConfigError``/``ValueError``/``FileNotFoundError``
     with a one-line message before any training starts."""
     validate(cfg)
+    if run_dir is not None:
+        check_writable(run_dir)
     data = build_data(cfg)
     clients = make_clients(data, _instantiate(cfg.client))
     model_factory = functools.partial(
         _instantiate(cfg.model), input_shape=data.train.input_shape, num_classes=data.train.num_classes
     )
+    strategy = _instantiate_a(cfg.strategy, Strategy, "strategy", "fedsim.strategy.Strategy")
+    executor = _instantiate_a(cfg.executor, Executor, "executor", "fedsim.executor.Executor")
     logger = RunLogger(run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress, client_rows_in_memory=False)
     logger.log_label_distribution(label_counts(data))
     server = Server(
@@ -98,8 +128,8 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         clients=clients,
         train_data=data.train,
         test_data=data.test,
-        strategy=_instantiate(cfg.strategy),
-        executor=_instantiate(cfg.executor),
+        strategy=strategy,
+        executor=executor,
         num_rounds=cfg.num_rounds,
         clients_per_round=cfg.clients_per_round,
         seed=cfg.seed,

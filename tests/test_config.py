@@ -277,6 +277,8 @@ BAD_CONFIGS = {  # case -> (overrides, the field the error line must name)
     "mu_nan": (["strategy=fedprox", "strategy.mu=nan"], "strategy.mu"),
     "chunk_size_nan": (["executor=vmap", "executor.chunk_size=nan"], "executor.chunk_size"),
     "epochs_string": (["client.epochs=abc"], "client.epochs"),
+    "not_a_strategy": (["strategy._target_=collections.OrderedDict"], "strategy._target_"),
+    "not_an_executor": (["executor._target_=collections.OrderedDict"], "executor._target_"),
 }
 
 
