@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import textwrap
 from pathlib import Path
 
@@ -220,12 +221,17 @@ def test_client_class_defined_in_a_script_works(tmp_path: Path) -> None:
 
 
 def test_script_without_main_guard_gets_a_clear_message(tmp_path: Path) -> None:
+    from test_worker_kill_loop import _orphaned_workers
+
+    before = _orphaned_workers()
     script = tmp_path / "unguarded.py"
     script.write_text(SCRIPT + "\nmain()\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert 'if __name__ == "__main__":' in done.stderr
     assert done.stderr.count("fedsim: a worker process was started while your script was being imported") <= 2
+    time.sleep(1.0)
+    assert not _orphaned_workers() - before, "no worker outlives the script"
 
 
 def test_class_from_an_interactive_session_is_refused_clearly() -> None:
