@@ -17,8 +17,9 @@ from fedsim.types import ClientUpdate
 def checked_aggregate(
     strategy: Strategy, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate], logger: RunLogger
 ) -> torch.Tensor:
-    """The strategy's new global weights. A strategy that raises or returns something unusable (not a tensor,
-    wrong shape or dtype, NaN/inf) stops the run with a :class:`StrategyError` naming it; the caller's model
+    """The strategy's new global weights, cast to the global model's dtype (a rule may compute in float64). A
+    strategy that raises or returns something unusable (not a tensor, wrong shape, not floating point, NaN/inf
+    after the cast) stops the run with a :class:`StrategyError` naming it; the caller's model
     stays the previous round's. A ``ValueError`` is the strategy refusing the round (e.g. too few updates for
     a robust rule); any other exception is a bug, whose traceback goes to the log and TensorBoard."""
     name = type(strategy).__name__
@@ -31,6 +32,9 @@ def checked_aggregate(
         logger.log_text("strategy", f"{line}\n{traceback.format_exc()}", round_num)
         raise StrategyError(f"round {round_num}: {line}") from error
     problem = unusable_params(new, global_params)
+    if problem is None:
+        new = new.to(global_params.dtype)  # a float64 rule's result is cast back; an overflow shows as inf below
+        problem = non_finite(new)
     if problem is not None:
         raise StrategyError(f"round {round_num}: {name}.aggregate returned {problem}; the model of round {round_num - 1} is kept")
     return new
@@ -50,15 +54,19 @@ def first_line(error: BaseException) -> str:
 
 
 def unusable_params(new: object, reference: torch.Tensor) -> str | None:
-    """Why ``new`` cannot become the global weights (``reference``'s shape and dtype, all finite), or ``None``."""
+    """Why ``new`` cannot become the global weights (a floating-point tensor of ``reference``'s shape), or ``None``."""
     if not isinstance(new, torch.Tensor):
         return f"a {type(new).__name__}, not a tensor"
     if new.shape != reference.shape:
         return f"shape {tuple(new.shape)} but the global model has {tuple(reference.shape)}"
-    if new.dtype != reference.dtype:
-        return f"dtype {new.dtype} but the global model has {reference.dtype} (cast with .to(global_params.dtype))"
-    if not bool(torch.isfinite(new.sum(dtype=torch.float64))):  # any NaN/inf reaches the sum; no model-sized mask
-        bad = int((~torch.isfinite(new)).sum())
-        if bad:
-            return f"{bad} non-finite values (NaN or inf)"
+    if not new.is_floating_point():
+        return f"dtype {new.dtype}, not a floating-point dtype"
     return None
+
+
+def non_finite(new: torch.Tensor) -> str | None:
+    """How many NaN/inf values ``new`` holds, or ``None`` when it holds none."""
+    if bool(torch.isfinite(new.sum(dtype=torch.float64))):  # any NaN/inf reaches the sum; no model-sized mask
+        return None
+    bad = int((~torch.isfinite(new)).sum())
+    return f"{bad} non-finite values (NaN or inf)" if bad else None

@@ -28,7 +28,7 @@ class NaNFedAvg(FedAvg):
 
 
 class BadReturnFedAvg(FedAvg):
-    """FedAvg whose result is mangled in round ``bad_round``: ``how`` is ``short``, ``float64`` or ``list``."""
+    """FedAvg whose result is mangled in round ``bad_round``: ``how`` is ``short``, ``float64``, ``int64``, ``huge`` (overflows float32) or ``list``."""
 
     def __init__(self, how: str = "short", bad_round: int = 1) -> None:
         self.how, self.bad_round = how, bad_round
@@ -37,7 +37,8 @@ class BadReturnFedAvg(FedAvg):
         new = super().aggregate(round_num, global_params, updates)
         if round_num != self.bad_round:
             return new
-        return {"short": lambda: new[:-1], "float64": lambda: new.double(), "list": lambda: new.tolist()}[self.how]()
+        return {"short": lambda: new[:-1], "float64": lambda: new.double(), "int64": lambda: new.long(),
+                "huge": lambda: new.double() * 1e300, "list": lambda: new.tolist()}[self.how]()
 
 
 class FlakyFedAdam(FedOpt):

@@ -89,7 +89,8 @@ def test_nan_from_the_strategy_stops_the_round_naming_it_before_any_client_is_bl
     ("how", "problem"),
     [
         ("short", r"returned shape \((\d+),\) but the global model has \(\d+,\)"),
-        ("float64", r"returned dtype torch\.float64 but the global model has torch\.float32 \(cast with \.to\(global_params\.dtype\)\)"),
+        ("int64", r"returned dtype torch\.int64, not a floating-point dtype"),
+        ("huge", r"returned \d+ non-finite values \(NaN or inf\)"),  # float64 values that overflow float32
         ("list", r"returned a list, not a tensor"),
     ],
 )
@@ -230,3 +231,10 @@ def test_krum_refuses_a_round_that_failed_clients_left_too_small() -> None:
         server.run()
     assert _one_line(info.value) == ("round 1: Krum could not aggregate: strategy=krum needs at least 2f+3 = 9 clients "
                                      "per round (f=3) but the round has 8; lower strategy.f or raise clients_per_round")
+
+
+def test_a_float64_result_is_cast_back_and_the_run_goes_on() -> None:
+    cast = _server(BadReturnFedAvg(how="float64", bad_round=1)).run()
+    plain = _server(FedAvg()).run()
+    assert cast.params.dtype == torch.float32
+    assert torch.equal(cast.params, plain.params)  # FedAvg's float32 result, through float64 and back
