@@ -130,6 +130,9 @@ def _validate_client(client: DictConfig) -> None:
 
 
 def _validate_data_and_partition(cfg: DictConfig) -> None:
+    devices = _number(cfg.data, "num_devices")
+    if devices is not None:
+        _require(devices >= 1, "data.num_devices", "must be >= 1", devices)
     for key in ("alpha", "beta"):
         value = _number(cfg.data, key)
         if value is not None:

@@ -116,6 +116,9 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         check_writable(run_dir)
     data = build_data(cfg)
     clients = make_clients(data, _instantiate(cfg.client))
+    if cfg.model.get("_partial_") is not True:
+        raise ConfigError(f"model: the option for {cfg.model.get('_target_')} needs `_partial_: true` (fedsim passes "
+                          "input_shape and num_classes from the data); add `_partial_: true` to the model's option file")
     model_factory = functools.partial(
         _instantiate(cfg.model), input_shape=data.train.input_shape, num_classes=data.train.num_classes
     )

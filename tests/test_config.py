@@ -279,6 +279,8 @@ BAD_CONFIGS = {  # case -> (overrides, the field the error line must name)
     "epochs_string": (["client.epochs=abc"], "client.epochs"),
     "not_a_strategy": (["strategy._target_=collections.OrderedDict"], "strategy._target_"),
     "not_an_executor": (["executor._target_=collections.OrderedDict"], "executor._target_"),
+    "num_devices_zero": (["data.num_devices=0"], "data.num_devices must be >= 1"),
+    "model_not_partial": (["~model._partial_"], "needs `_partial_: true`"),
 }
 
 
