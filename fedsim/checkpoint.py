@@ -46,6 +46,36 @@ def save_checkpoint(directory: str | Path, round_num: int, state: dict[str, Any]
     return path
 
 
+def check_writable(run_dir: str | Path) -> None:
+    """Refuse, before any work, a run directory whose ``checkpoints/`` cannot be created or written."""
+    checkpoints = Path(run_dir) / "checkpoints"
+    try:
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        probe = checkpoints / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except FileExistsError:
+        raise CheckpointError(f"{checkpoints} exists and is not a directory; move it away or choose another hydra.run.dir") from None
+    except OSError as error:
+        raise CheckpointError(f"cannot write checkpoints into {checkpoints}: {error.strerror}; make it writable or choose "
+                              "another hydra.run.dir") from None
+
+
+def save_if_missing(directory: str | Path, round_num: int, state: dict[str, Any], *, keep: int = 3) -> Path | None:
+    """After a run stopped on an error: write ``state`` as round ``round_num``'s checkpoint unless that file is
+    there already. A failure to write it is only logged, so that the error that stopped the run is the one
+    the user sees."""
+    if checkpoint_path(Path(directory), round_num).exists():
+        return None
+    try:
+        path = save_checkpoint(directory, round_num, state, keep=keep)
+    except Exception as error:  # noqa: BLE001 - never hide the error that stopped the run
+        log.warning("could not write the checkpoint of round %d after the error: %s", round_num, error)
+        return None
+    log.info("round %d: checkpoint %s (the last round before the error)", round_num, path)
+    return path
+
+
 def write_verified(path: Path, obj: Any, *, durable: bool = True) -> None:
     """Write ``MAGIC | sha256 | torch.save(obj)`` to ``path`` atomically (temporary file, rename); with
     ``durable`` also fsync the file and its directory, so it survives a power cut once this returns."""

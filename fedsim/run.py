@@ -13,7 +13,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.checkpoint import CheckpointError
+from fedsim.checkpoint import CheckpointError, check_writable
 from fedsim.config import ConfigError, register_schema, to_yaml, validate
 from fedsim.early_stop import EarlyStop
 from fedsim.executor.base import Executor
@@ -86,26 +86,20 @@ def _instantiate_a(node: DictConfig, kind: type, group: str, base: str) -> Any:
     return built
 
 
-def check_writable(run_dir: str | Path) -> None:
-    """Refuse, before any work, a run directory whose ``checkpoints/`` cannot be created or written."""
-    checkpoints = Path(run_dir) / "checkpoints"
-    try:
-        checkpoints.mkdir(parents=True, exist_ok=True)
-        probe = checkpoints / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except FileExistsError:
-        raise ConfigError(f"{checkpoints} exists and is not a directory; move it away or choose another hydra.run.dir") from None
-    except OSError as error:
-        raise ConfigError(f"cannot write checkpoints into {checkpoints}: {error.strerror}; make it writable or choose "
-                          "another hydra.run.dir") from None
-
-
 def build_data(cfg: DictConfig) -> FederatedData:
     """Load the dataset and partition it over clients."""
     split = _instantiate(cfg.data)
     partition = _instantiate(cfg.partition)
     return federate(split, partition, client_test_fraction=cfg.client_test_fraction, seed=partition_seed(cfg.seed))
+
+
+def build_model_factory(cfg: DictConfig, data: FederatedData) -> Callable[[], Any]:
+    """The model's constructor with ``input_shape`` and ``num_classes`` taken from the data (the option file
+    must make a ``_partial_`` node, or the call would miss them)."""
+    if cfg.model.get("_partial_") is not True:
+        raise ConfigError(f"model: the option for {cfg.model.get('_target_')} needs `_partial_: true` (fedsim passes "
+                          "input_shape and num_classes from the data); add `_partial_: true` to the model's option file")
+    return functools.partial(_instantiate(cfg.model), input_shape=data.train.input_shape, num_classes=data.train.num_classes)
 
 
 def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
@@ -116,12 +110,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         check_writable(run_dir)
     data = build_data(cfg)
     clients = make_clients(data, _instantiate(cfg.client))
-    if cfg.model.get("_partial_") is not True:
-        raise ConfigError(f"model: the option for {cfg.model.get('_target_')} needs `_partial_: true` (fedsim passes "
-                          "input_shape and num_classes from the data); add `_partial_: true` to the model's option file")
-    model_factory = functools.partial(
-        _instantiate(cfg.model), input_shape=data.train.input_shape, num_classes=data.train.num_classes
-    )
+    model_factory = build_model_factory(cfg, data)
     strategy = _instantiate_a(cfg.strategy, Strategy, "strategy", "fedsim.strategy.Strategy")
     executor = _instantiate_a(cfg.executor, Executor, "executor", "fedsim.executor.Executor")
     logger = RunLogger(run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress, client_rows_in_memory=False)

@@ -12,13 +12,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.checkpoint import CheckpointError, checkpoint_path, drop_checkpoints_after, list_checkpoints, save_checkpoint, resolve as resolve_checkpoint
+from fedsim.checkpoint import CheckpointError, drop_checkpoints_after, list_checkpoints, save_checkpoint, save_if_missing, resolve as resolve_checkpoint
 from fedsim.state import ClientStateStore, restore_states
 from fedsim.client import Client, evaluate_indices
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
 from fedsim.early_stop import EarlyStop
-from fedsim.evaluation import DeviceEvaluator, eval_device as eval_device_named
+from fedsim.evaluation import DeviceEvaluator, clients_evaluation, eval_device as eval_device_named
 from fedsim.logging import RunLogger, process_rss_mb, without_client_rows
 from fedsim.context import RunContext
 from fedsim.params import ParamLayout, flatten, load_flat
@@ -289,16 +289,7 @@ class Server:
     def evaluate_clients(self, client_ids: Sequence[int]) -> dict[str, float]:
         """Federated evaluation: the global model on the local test splits of ``client_ids``
         (this round's sampled clients), example-weighted; empty when they hold no test data."""
-        model = self.evaluator.load(self.params)
-        loss_sum, correct_sum, total = 0.0, 0.0, 0
-        for cid in client_ids:
-            result = self.clients[cid].evaluate(model, self.train_data)
-            n = int(result["num_examples"])
-            if n:
-                loss_sum, correct_sum, total = loss_sum + result["loss"] * n, correct_sum + result["accuracy"] * n, total + n
-        if total == 0:
-            return {}
-        return {"eval/client_loss": loss_sum / total, "eval/client_accuracy": correct_sum / total}
+        return clients_evaluation(self.evaluator.load(self.params), [self.clients[cid] for cid in client_ids], self.train_data)
 
     def _snapshot(self, round_num: int) -> dict[str, Any] | None:
         """:meth:`state_dict` after ``round_num`` (cloned), kept in memory in case the next round fails; ``None``
@@ -306,14 +297,9 @@ class Server:
         return self.state_dict(round_num) if self.checkpoint_dir is not None and round_num >= 1 else None
 
     def _save_last_good(self, state: dict[str, Any] | None) -> None:
-        """After an error: write the last completed round's checkpoint unless it is on disk already.
-        A failure to write it is logged, so the original error is the one that propagates."""
-        if state is None or self.checkpoint_dir is None or checkpoint_path(self.checkpoint_dir, state["round"]).exists():
-            return
-        try:
-            self.save_checkpoint(state["round"], state)
-        except Exception as error:  # noqa: BLE001 - never hide the error that stopped the run
-            log.warning("could not write the checkpoint of round %d after the error: %s", state["round"], error)
+        """After an error: write the last completed round's checkpoint unless it is on disk already."""
+        if state is not None and self.checkpoint_dir is not None:
+            save_if_missing(self.checkpoint_dir, state["round"], state, keep=self.keep_checkpoints)
 
 
 def _check_settings(num_rounds: int, eval_every: int, clients_per_round: int, num_clients: int, stragglers: Stragglers) -> None:
