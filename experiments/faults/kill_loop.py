@@ -1,12 +1,14 @@
-"""Kill a random process worker every second, replacements included: the run must never hang.
+"""Kill a random worker every second, replacements included: the run must never hang.
 
-Runs FedAvg on Synthetic(1,1) with ``executor=process`` (2 workers) for ``--rounds`` rounds while a thread
-SIGKILLs one of the live workers (chosen at random, the worker being started included) every
+Runs FedAvg on Synthetic(1,1) with ``--executor process`` (2 workers) or ``ray`` (2 actors on a local Ray)
+for ``--rounds`` rounds while a thread SIGKILLs one of the live workers (chosen at random, the worker being
+started included; under Ray the actors' processes and Ray's idle pooled workers, not its agents) every
 ``--interval`` seconds for ``--seconds`` seconds. Each repeat must end either with weights bitwise equal to
 the serial executor's or with one line (a round that ran out of retries, a worker slot that failed to
 start 3 times in a row), within ``--limit`` seconds. Prints one JSON line per repeat.
 
     .venv/bin/python experiments/faults/kill_loop.py --repeats 5 --seconds 45
+    .venv/bin/python experiments/faults/kill_loop.py --executor ray --repeats 5 --seconds 45
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from fedsim.client import Client
 from fedsim.data.federated import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
-from fedsim.executor import ProcessExecutor, SerialExecutor
+from fedsim.executor import Executor, ProcessExecutor, RayExecutor, SerialExecutor
 from fedsim.executor.pool import WorkerStartupError
 from fedsim.logging import RunLogger
 from fedsim.models import MLP2NN
@@ -43,11 +45,11 @@ def build(executor, rounds: int) -> Server:  # type: ignore[no-untyped-def]
     )
 
 
-def kill_loop(executor: ProcessExecutor, stop: threading.Event, interval: float, seconds: float, seed: int, kills: list[int]) -> None:
-    """Every ``interval`` s, SIGKILL a random live child of this process (a worker or a worker starting)."""
+def kill_loop(executor: Executor, stop: threading.Event, interval: float, seconds: float, seed: int, kills: list[int]) -> None:
+    """Every ``interval`` s, SIGKILL a random live worker (one being started included)."""
     rng, deadline = random.Random(seed), time.monotonic() + seconds
     while not stop.wait(interval) and time.monotonic() < deadline:
-        pids = [w.process.pid for w in executor.workers if w.process.pid] + _children()
+        pids = _ray_workers() if isinstance(executor, RayExecutor) else _process_workers(executor)
         if pids:
             pid = rng.choice(sorted(set(pids)))
             try:
@@ -55,6 +57,46 @@ def kill_loop(executor: ProcessExecutor, stop: threading.Event, interval: float,
                 kills.append(pid)
             except ProcessLookupError:
                 pass
+
+
+def _process_workers(executor: ProcessExecutor) -> list[int]:
+    return [w.process.pid for w in executor.workers if w.process.pid] + _children()
+
+
+def _ray_workers() -> list[int]:
+    """Pids of the worker processes of this script's own Ray (command lines ``ray::RayWorker...`` and
+    ``ray::IDLE``; they descend from this process through its raylet): the actors, actors being started and
+    idle pooled workers. Not Ray's agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``: the node dies
+    with them), its daemons, this driver, or any other Ray on the machine."""
+    found = []
+    for pid in _descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if handle.read(14).startswith((b"ray::RayWorker", b"ray::IDLE")):
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    """Pids of the live processes below ``pid`` (children, their children, ...)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:  # it exited meanwhile
+            continue
+        for thread in threads:
+            try:
+                with open(f"/proc/{parent}/task/{thread}/children") as handle:
+                    children = [int(p) for p in handle.read().split()]
+            except OSError:
+                continue
+            found.extend(children)
+            todo.extend(children)
+    return found
 
 
 def _children() -> list[int]:
@@ -66,8 +108,11 @@ def _children() -> list[int]:
     return [int(p) for p in text.split()]
 
 
-def one_repeat(rounds: int, interval: float, seconds: float, seed: int, reference: torch.Tensor) -> dict:
-    executor = ProcessExecutor(devices="cpu", workers=2, max_retries=10, start_timeout_s=60)
+def one_repeat(kind: str, rounds: int, interval: float, seconds: float, seed: int, reference: torch.Tensor) -> dict:
+    if kind == "ray":
+        executor: Executor = RayExecutor(workers=2, max_retries=10, start_timeout_s=60)
+    else:
+        executor = ProcessExecutor(devices="cpu", workers=2, max_retries=10, start_timeout_s=60)
     server, stop, kills = build(executor, rounds), threading.Event(), []
     killer = threading.Thread(target=kill_loop, args=(executor, stop, interval, seconds, seed, kills), daemon=True)
     start = time.perf_counter()
@@ -80,7 +125,7 @@ def one_repeat(rounds: int, interval: float, seconds: float, seed: int, referenc
     finally:
         stop.set()
         killer.join()
-    return {"seed": seed, "kills": len(kills), "seconds": round(time.perf_counter() - start, 1), "outcome": outcome}
+    return {"executor": kind, "seed": seed, "kills": len(kills), "seconds": round(time.perf_counter() - start, 1), "outcome": outcome}
 
 
 def main() -> None:
@@ -89,10 +134,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=45.0)
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--executor", choices=("process", "ray"), default="process")
     args = parser.parse_args()
     reference = build(SerialExecutor(), args.rounds).run().params
+    if args.executor == "ray":  # one local Ray for all repeats; each repeat's executor joins it
+        import ray
+
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     for seed in range(args.repeats):
-        print(json.dumps(one_repeat(args.rounds, args.interval, args.seconds, seed, reference)), flush=True)
+        print(json.dumps(one_repeat(args.executor, args.rounds, args.interval, args.seconds, seed, reference)), flush=True)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from fedsim.state_values import copy_state, state_problem
 from fedsim.strategy.base import LocalTraining
 from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
 
+MAX_FAILED_STARTS = 5  # failed starts of one worker slot in a row (killed while starting) before the run stops
+
 
 @dataclass(frozen=True)
 class Workload:

@@ -18,14 +18,13 @@ from multiprocessing.connection import wait
 import torch
 import torch.multiprocessing as mp
 
-from fedsim.executor.base import Executor, Workload, retry_or_fail
+from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
 from fedsim.executor.placement import physical_cores, plan_workers, resolve_devices
 from fedsim.executor.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker, small_message
 from fedsim.params import flatten
 from fedsim.types import ClientUpdate, FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
-MAX_FAILED_STARTS = 5  # failed starts of one worker slot in a row before the run stops
 
 
 class ProcessExecutor(Executor):

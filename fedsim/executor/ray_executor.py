@@ -7,9 +7,13 @@ Tasks are handed out dynamically (an idle actor gets the next client; while enou
 actor also has its next client queued, so it never waits for the driver between two clients) and
 results are returned sorted by client id, so answers equal the serial executor's with the same
 ``threads``. Weights cross the object store as NumPy arrays (see ``ray_actor.py``).
-An actor that dies (crash, OOM kill) or exceeds ``client_timeout_s`` is replaced and its client
-retried with the same seed, at most ``max_retries`` times; a kill by Ray's memory monitor is reported
-as out of memory. Every actor logs to its own file in the run directory, tagged with round and client.
+An actor that dies (crash, OOM kill, its node lost) or exceeds ``client_timeout_s`` is replaced and its
+client retried with the same seed, at most ``max_retries`` times; a kill by Ray's memory monitor is
+reported as out of memory. A replacement starts in the background: the round goes on with the actors
+that are ready, so a cluster that lost a node finishes the round on the survivors (the replacement
+joins when the cluster has room for it). An actor killed while starting is started again, at most
+``MAX_FAILED_STARTS`` times in a row; one whose constructor fails (it would again) stops the run at once.
+Every actor logs to its own file in the run directory, tagged with round and client.
 
 Ray is optional: this module imports it only when a :class:`RayExecutor` is created.
 """
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -28,15 +31,15 @@ from typing import Any
 
 import torch
 
-from fedsim.executor.base import Executor, Workload, retry_or_fail
+from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
+from fedsim.errors import WorkerStartupError
 from fedsim.executor.placement import physical_cores
-from fedsim.executor.pool import POSSIBLY_OOM
 from fedsim.executor.ray_actor import RayWorker, to_array, to_tensor
+from fedsim.executor.ray_reasons import death_reason, kill_quietly, start_failure
 from fedsim.types import FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
 
-_RAY_OOM = re.compile(r"running low on memory|OOM kill reason|NODE_OUT_OF_MEMORY", re.IGNORECASE)
 MISSING_RAY = "executor=ray needs Ray: pip install 'fedsim[ray]'"
 
 
@@ -50,11 +53,16 @@ def _import_ray() -> Any:
 
 @dataclass
 class _Slot:
-    """One actor and the tasks submitted to it, oldest (running) first."""
+    """One actor and the tasks submitted to it, oldest (running) first. ``starting`` is the reference of the
+    actor's ``ready()`` call until it has answered; only a ready actor gets tasks."""
 
     index: int
     actor: Any
     name: str
+    starting: Any = None
+    launched_at: float = 0.0
+    failed_starts: int = 0  # in a row, for this slot
+    waiting_said: bool = False  # the "waits for room on the cluster" line was logged for this start
     queue: deque[tuple[FitTask, Any]] = field(default_factory=deque)  # (task, ObjectRef)
     started_at: float = 0.0  # when the oldest task in the queue started (about)
 
@@ -101,6 +109,7 @@ class RayExecutor(Executor):
         self._actor_cls: Any = None
 
     def start(self, workload: Workload) -> None:
+        """Start every actor and wait until all are ready (an actor killed while starting is started again)."""
         ray = self._ray
         self._connect()
         try:
@@ -109,8 +118,9 @@ class RayExecutor(Executor):
                 num_cpus=self.threads, num_gpus=self.num_gpus_per_worker, max_restarts=0, max_task_retries=0
             )
             self._workload_ref, self._log_dir = ray.put(workload), workload.log_dir
-            self._slots = [self._launch(index) for index in range(self.workers)]
-            self._await_ready(self._slots)
+            self._slots = [self._launch(_Slot(index, None, f"r{index}")) for index in range(self.workers)]
+            while any(slot.starting is not None for slot in self._slots):
+                self._wait({}, deque(), {}, all_needed=True)
         except BaseException:
             self.close()
             raise
@@ -134,26 +144,54 @@ class RayExecutor(Executor):
             return max(1, int(resources.get("GPU", 0) / self.num_gpus_per_worker))
         return max(1, int(resources.get("CPU", 1)) // self.threads)
 
-    def _launch(self, index: int) -> _Slot:
-        """Start actor ``r<index>``; it logs to ``<run dir>/workers/ray-worker-<index>.log`` (on its own node)."""
-        name = f"r{index}"
-        log_path = self._log_dir / "workers" / f"ray-worker-{index}.log" if self._log_dir is not None else None
-        actor = self._actor_cls.remote(name, self._workload_ref, self.threads, self.num_gpus_per_worker > 0, log_path)
-        return _Slot(index, actor, name)
+    def _launch(self, slot: _Slot) -> _Slot:
+        """Start a fresh actor ``r<index>`` in ``slot`` without waiting for it; it logs to
+        ``<run dir>/workers/ray-worker-<index>.log`` (on its own node)."""
+        log_path = self._log_dir / "workers" / f"ray-worker-{slot.index}.log" if self._log_dir is not None else None
+        slot.actor = self._actor_cls.remote(slot.name, self._workload_ref, self.threads, self.num_gpus_per_worker > 0, log_path)
+        slot.starting, slot.launched_at, slot.waiting_said = slot.actor.ready.remote(), time.monotonic(), False
+        return slot
 
-    def _await_ready(self, slots: list[_Slot]) -> None:
+    def _started(self, slot: _Slot) -> None:
+        """``slot``'s actor answered ``ready()``: it may train, or it failed to start. A start killed from outside
+        (a signal, its node lost) is tried again, up to ``MAX_FAILED_STARTS`` in a row; a constructor that raised
+        would raise again, so that ends the run at once (one line)."""
         ray = self._ray
         try:
-            info = ray.get([s.actor.ready.remote() for s in slots], timeout=self.start_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(
-                f"Ray actors were not ready after {self.start_timeout_s:g} s; does the cluster have "
-                f"{self.threads} CPU(s) and {self.num_gpus_per_worker:g} GPU(s) per worker free?"
-            ) from None
-        except ray.exceptions.RayError as error:  # the actor's constructor failed (e.g. a module it needs is missing)
-            raise RuntimeError(f"a Ray worker could not start: {type(error).__name__}: {error}") from None
-        for slot, details in zip(slots, info):
-            log.debug("ray worker %s ready: %s", slot.name, details)
+            details = ray.get(slot.starting)
+        except ray.exceptions.RayError as error:
+            slot.failed_starts += 1
+            reason, retryable = start_failure(ray, slot.name, error)
+            if not retryable:
+                raise WorkerStartupError(reason) from None
+            if slot.failed_starts >= MAX_FAILED_STARTS:
+                raise WorkerStartupError(f"{reason} ({MAX_FAILED_STARTS} failed starts in a row)") from None
+            log.warning("%s; starting it again", reason)
+            self._launch(slot)
+            return
+        slot.starting, slot.failed_starts = None, 0
+        slot.started_at = time.monotonic()
+        log.debug("ray worker %s ready: %s", slot.name, details)
+
+    def _check_stalled(self, all_needed: bool) -> None:
+        """A start that takes longer than ``start_timeout_s`` ends the run when no actor can train (or at the
+        start of the run, when all are needed); otherwise the round goes on without it (a cluster that lost a
+        node has no room for the replacement until a node joins) and the log says so once."""
+        now = time.monotonic()
+        stalled = [s for s in self._slots if s.starting is not None and now - s.launched_at > self.start_timeout_s]
+        if not stalled:
+            return
+        if all_needed or all(s.starting is not None for s in self._slots):
+            raise WorkerStartupError(
+                f"Ray worker {stalled[0].name} was not ready after {self.start_timeout_s:g} s; does the cluster have "
+                f"{self.threads} CPU(s) and {self.num_gpus_per_worker:g} GPU(s) per worker free? (executor.start_timeout_s)"
+            )
+        ready = sum(s.starting is None for s in self._slots)
+        for slot in stalled:
+            if not slot.waiting_said:
+                log.warning("Ray worker %s waits for room on the cluster (a node lost?); going on with %d worker(s)",
+                            slot.name, ready)
+                slot.waiting_said = True
 
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
         if not self._slots:
@@ -167,34 +205,39 @@ class RayExecutor(Executor):
         try:
             while pending or any(s.queue for s in self._slots):
                 self._submit(global_ref, pending)
-                self._collect(results, pending, attempts)
+                self._wait(results, pending, attempts, all_needed=False)
         finally:
             torch.set_num_threads(previous)
         return [results[cid] for cid in sorted(results)]
 
     def _submit(self, global_ref: list[Any], pending: deque[FitTask]) -> None:
-        """Give every idle actor a task; while at least one task per actor remains, queue a second one
-        behind each running task, so that an actor starts its next client without waiting for the
-        driver to see the previous result. The last tasks go only to idle actors (dynamic balancing)."""
+        """Give every idle ready actor a task; while at least one task per ready actor remains, queue a second
+        one behind each running task, so that an actor starts its next client without waiting for the driver
+        to see the previous result. The last tasks go only to idle actors (dynamic balancing)."""
+        ready = [slot for slot in self._slots if slot.starting is None]
         for depth in (1, 2):
-            for slot in self._slots:
-                if len(slot.queue) < depth and pending and (depth == 1 or len(pending) >= len(self._slots)):
+            for slot in ready:
+                if len(slot.queue) < depth and pending and (depth == 1 or len(pending) >= len(ready)):
                     task = pending.popleft()
                     if not slot.queue:
                         slot.started_at = time.monotonic()
                     slot.queue.append((task, slot.actor.fit.remote(global_ref, task)))
 
-    def _collect(self, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int]) -> None:
-        """Wait briefly for finished tasks; handle results, dead actors and timeouts."""
+    def _wait(self, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int], *, all_needed: bool) -> None:
+        """Wait briefly for a finished task or a starting actor; handle results, dead actors, timeouts and starts."""
         ray = self._ray
         running = {s.queue[0][1]: s for s in self._slots if s.queue}  # an actor runs its tasks in order
-        ready, _ = ray.wait(list(running), num_returns=1, timeout=0.2)
+        starting = {s.starting: s for s in self._slots if s.starting is not None}
+        ready, _ = ray.wait([*running, *starting], num_returns=1, timeout=0.2)
         for ref in ready:
+            if ref in starting:
+                self._started(starting[ref])
+                continue
             slot = running[ref]
             try:
                 result, params = ray.get(ref)
-            except ray.exceptions.RayError as error:  # the actor died: crash, kill, OOM
-                self._replace(slot, results, pending, attempts, _death_reason(ray, slot, error))
+            except ray.exceptions.RayError as error:  # the actor died: crash, kill, OOM, node lost
+                self._replace(slot, results, pending, attempts, death_reason(ray, slot.name, error))
                 continue
             results[result.client_id] = result if params is None else replace(result, params=to_tensor(params))
             slot.queue.popleft()
@@ -203,41 +246,25 @@ class RayExecutor(Executor):
         for slot in self._slots:
             if slot.queue and self.client_timeout_s is not None and now - slot.started_at > self.client_timeout_s:
                 self._replace(slot, results, pending, attempts, f"client timed out after {self.client_timeout_s:g} s")
+        self._check_stalled(all_needed)
 
     def _replace(self, slot: _Slot, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int], reason: str) -> None:
-        """Kill the slot's actor, start a fresh one in its place, retry or fail its running task and
-        put the tasks queued behind it (which never started) back in line."""
+        """Kill the slot's actor, start a fresh one in its place (in the background), retry or fail its running
+        task and put the tasks queued behind it (which never started) back in line."""
         task = slot.queue.popleft()[0]
         log.warning("round %d client %d: %s; replacing Ray worker %s", task.round_num, task.client_id, reason, slot.name)
-        self._ray.kill(slot.actor, no_restart=True)
+        kill_quietly(self._ray, slot.actor)
         pending.extendleft(reversed([queued for queued, _ in slot.queue]))
-        fresh = self._launch(slot.index)
-        self._slots[self._slots.index(slot)] = fresh
-        self._await_ready([fresh])
+        slot.queue.clear()
+        self._launch(slot)
         retry_or_fail(task, reason, slot.name, self.max_retries, attempts, pending, results)
 
     def close(self) -> None:
         """Kill every actor; shut Ray down only if this executor started it. Safe to call twice."""
         ray = self._ray
         for slot in self._slots:
-            try:
-                ray.kill(slot.actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead or Ray already down
-                pass
+            kill_quietly(ray, slot.actor)
         self._slots, self._workload_ref, self._actor_cls = [], None, None
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
         self._owns_ray = False
-
-
-def _death_reason(ray: Any, slot: _Slot, error: Exception) -> str:
-    """One line saying why an actor's task did not come back, worded like the process executor's."""
-    # Ray's memory monitor makes the task raise OutOfMemoryError (checked with a real kill, Ray 2.60).
-    # Ray's generic death message lists "the OOM killer" only as a *possible* cause: a SIGKILL from the
-    # OS OOM killer, any other SIGKILL and a segfault all read the same (exit type SYSTEM_ERROR).
-    text = str(error)
-    if isinstance(error, getattr(ray.exceptions, "OutOfMemoryError", ())) or _RAY_OOM.search(text):
-        return f"Ray worker {slot.name} was killed by Ray's memory monitor: out of memory"
-    if "SYSTEM_ERROR" in text:
-        return f"Ray worker {slot.name} was killed or crashed ({POSSIBLY_OOM}; Ray does not say which signal)"
-    return f"Ray worker {slot.name} died ({type(error).__name__})"

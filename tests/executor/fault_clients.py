@@ -85,3 +85,43 @@ class MalformedClient(Client):
             return update
         params = update.params[:-3] if self.kind == "shape" else update.params.tolist()[:4]
         return dataclasses.replace(update, params=params)
+
+
+def mlp_that_kills_its_worker(marker: str, times: int) -> "torch.nn.Module":
+    """A 2NN factory whose first ``times`` calls (counted in the file ``marker``) SIGKILL the calling process:
+    a worker killed while it starts. Later calls build the model."""
+    from fedsim.models import MLP2NN
+
+    path = Path(marker)
+    calls = int(path.read_text()) + 1 if path.exists() else 1
+    path.write_text(str(calls))
+    if calls <= times:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return MLP2NN(input_shape=(60,), num_classes=10, hidden=32)
+
+
+def mlp_that_cannot_import() -> "torch.nn.Module":
+    """A model factory whose import fails, as a worker missing one of the user's modules would."""
+    import fedsim_no_such_module  # noqa: F401
+
+    raise AssertionError("unreachable")
+
+
+class NodeLossClient(Client):
+    """Appends the Ray node it trains on to ``nodes_log``. The first task of round 2 that lands on node
+    ``victim_node`` writes ``marker`` and waits there (up to 60 s) for the test to remove that node."""
+
+    def __init__(self, *args: Any, victim_node: str = "", marker: str = "", nodes_log: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.victim_node, self.marker, self.nodes_log = victim_node, marker, nodes_log
+
+    def fit(self, model, data, **kwargs):  # type: ignore[no-untyped-def]
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        with open(self.nodes_log, "a") as log:
+            log.write(f"{kwargs['round_num']} {self.client_id} {node}\n")
+        if kwargs["round_num"] == 2 and node == self.victim_node and not Path(self.marker).exists():
+            Path(self.marker).write_text(str(self.client_id))
+            time.sleep(60)
+        return super().fit(model, data, **kwargs)

@@ -1,0 +1,114 @@
+"""Ray actors that die while starting, or keep dying: the run goes on, or stops with one line; it never hangs."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from ray import cloudpickle  # noqa: E402
+
+from fedsim.client import Client  # noqa: E402
+from fedsim.data.federated import make_clients  # noqa: E402
+from fedsim.errors import WorkerStartupError  # noqa: E402
+from fedsim.executor import RayExecutor, SerialExecutor  # noqa: E402
+from fedsim.executor.base import MAX_FAILED_STARTS, Workload  # noqa: E402
+from fedsim.models import MLP2NN  # noqa: E402
+from fedsim.types import FitTask  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+import fault_clients  # noqa: E402
+from test_process import _data  # noqa: E402
+
+cloudpickle.register_pickle_by_value(fault_clients)  # Ray workers do not share this test's sys.path
+KILL_LOOP = Path(__file__).parents[2] / "experiments" / "faults" / "kill_loop.py"
+TASKS = [FitTask(0, 1, 10), FitTask(1, 1, 11), FitTask(2, 1, 12)]
+
+
+def _ray_processes() -> set[int]:
+    """Pids of live processes that belong to some Ray instance (its daemons and workers)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (cmdline.startswith(b"ray::") or b"/ray/core/src/ray/" in cmdline):
+            found.add(int(entry))
+    return found
+
+
+def test_killing_a_ray_worker_every_second_never_hangs() -> None:
+    """The kill loop of experiments/faults under Ray, one 15-second repeat; runs before this module's Ray starts."""
+    before = _ray_processes()
+    proc = subprocess.Popen([sys.executable, str(KILL_LOOP), "--executor", "ray", "--repeats", "1", "--seconds", "15",
+                             "--rounds", "40"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=300)  # a hang fails here
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    [line] = [json.loads(text) for text in out.splitlines() if text.startswith("{")]
+    assert line["kills"] >= 3, line
+    assert line["outcome"] == "bitwise equal to serial" or line["outcome"].startswith("stopped with one line"), line
+    deadline = time.monotonic() + 20
+    while _ray_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _ray_processes() - before, "the script's Ray left processes behind"
+
+
+@pytest.fixture(scope="module")
+def local_ray():  # type: ignore[no-untyped-def]
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _fit(executor, factory) -> list:  # type: ignore[no-untyped-def]
+    """Train ``TASKS`` from the same global weights with ``executor``, whose workers build their model with ``factory``."""
+    data = _data()
+    clients = make_clients(data, functools.partial(Client, epochs=1, batch_size=8))
+    torch.manual_seed(0)
+    params = torch.cat([p.detach().flatten() for p in MLP2NN(input_shape=(60,), num_classes=10, hidden=32).parameters()])
+    with executor:
+        executor.start(Workload(factory, clients, data.train))
+        return executor.fit(params, TASKS)
+
+
+def test_actor_killed_while_starting_is_started_again(local_ray, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    marker = tmp_path / "starts"
+    factory = functools.partial(fault_clients.mlp_that_kills_its_worker, str(marker), 2)
+    results = _fit(RayExecutor(workers=1), factory)
+    assert marker.read_text() == "3", "two starts killed, the third one ready"
+    reference = _fit(SerialExecutor(), functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32))
+    assert [torch.equal(a.params, b.params) for a, b in zip(results, reference)] == [True] * len(TASKS)
+
+
+def test_actor_killed_at_every_start_stops_with_one_line(local_ray, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    marker = tmp_path / "starts"
+    factory = functools.partial(fault_clients.mlp_that_kills_its_worker, str(marker), 1000)
+    with pytest.raises(WorkerStartupError) as raised:
+        _fit(RayExecutor(workers=1), factory)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message == ("Ray worker r0 was killed or crashed (possibly out of memory; Ray does not say which signal) "
+                       f"before it could train ({MAX_FAILED_STARTS} failed starts in a row)")
+    assert marker.read_text() == str(MAX_FAILED_STARTS)
+
+
+def test_actor_whose_constructor_raises_stops_at_once(local_ray, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(WorkerStartupError) as raised:
+        _fit(RayExecutor(workers=2), fault_clients.mlp_that_cannot_import)
+    assert str(raised.value) in {
+        f"Ray worker {name} could not start: ModuleNotFoundError: No module named 'fedsim_no_such_module'" for name in ("r0", "r1")
+    }
