@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pickle
 import signal
 import sys
 import threading
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 
 from fedsim.errors import WorkerStartupError
+from fedsim.executor import by_value
 from fedsim.executor.base import Workload
 from fedsim.executor.worker import WorkerSpec, worker_main
 from fedsim.types import ClientUpdate, FitTask, TaskResult
@@ -63,9 +63,11 @@ class WorkerHandle:
         """Send the run's workload from a thread (it is large: a worker that stalls before reading it must not
         block the parent); :meth:`await_ready` bounds the wait and a dead worker breaks the pipe."""
 
+        payload = by_value.dumps(start)  # here, so that a pickling error is the caller's
+
         def send() -> None:
             try:
-                self.conn.send(start)
+                self.conn.send_bytes(payload)
             except (OSError, ValueError) as error:  # the worker died (broken pipe) or was killed (pipe closed)
                 self._send_error = error
 
@@ -232,14 +234,9 @@ def check_sendable(workload: Workload) -> None:
 
 
 def _check_one(what: str, obj: object) -> None:
-    main = sys.modules.get("__main__")
-    hint = ("define it at module level in an importable .py file (not in a notebook, a lambda or inside a "
-            "function), or use executor=serial")
-    for cls in {type(obj), getattr(obj, "func", None), getattr(getattr(obj, "func", None), "func", None)}:
-        if isinstance(cls, type) and cls.__module__ == "__main__" and not getattr(main, "__file__", None):
-            raise TypeError(f"ProcessExecutor cannot send {what} ({cls.__qualname__}) to worker processes: "
-                            f"it lives in an interactive session; {hint}")
+    """Pickle ``obj`` as its start message will (classes and functions of a notebook by value)."""
     try:
-        pickle.dumps(obj)
+        by_value.dumps(obj)
     except Exception as error:  # noqa: BLE001 - any pickling failure gets the same advice
-        raise TypeError(f"ProcessExecutor cannot send {what} to worker processes ({type(error).__name__}: {error}); {hint}") from None
+        raise TypeError(f"ProcessExecutor cannot send {what} to worker processes ({type(error).__name__}: {error}); "
+                        "make it picklable (an open file, a lock or a generator cannot be pickled), or use executor=serial") from None

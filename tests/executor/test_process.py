@@ -11,8 +11,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -180,15 +180,39 @@ def test_worker_logs_are_tagged_and_prints_stay_off_the_console(tmp_path: Path, 
     assert "hello from client" not in capfd.readouterr().err
 
 
+def _mlp_with(lock: threading.Lock) -> MLP2NN:
+    return MLP2NN((60,), 10)
+
+
 def test_unsendable_model_factory_fails_before_training() -> None:
     data = _data()
     server = Server(
-        model_factory=lambda: MLP2NN((60,), 10), clients=make_clients(data, Client), train_data=data.train,
-        test_data=data.test, strategy=FedAvg(), executor=ProcessExecutor(devices="cpu", workers=1),
+        model_factory=functools.partial(_mlp_with, threading.Lock()), clients=make_clients(data, Client),
+        train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=ProcessExecutor(devices="cpu", workers=1),
         num_rounds=1, clients_per_round=2,
     )
-    with pytest.raises(TypeError, match="cannot send the model factory.*importable"):
+    with pytest.raises(TypeError, match=r"cannot send the model factory to worker processes \(TypeError: cannot pickle "
+                                        r"'_thread.lock' object\); make it picklable"):
         server.run()
+
+
+def test_lambdas_and_local_classes_go_to_workers_by_value() -> None:
+    """A lambda model factory and a client class defined inside a function cannot be imported by name; they
+    travel by value, and the run equals the serial one bitwise."""
+
+    class LocalClient(Client):
+        def loss(self, model, x, y):  # type: ignore[no-untyped-def]
+            return super().loss(model, x, y) * 1.0
+
+    def build(executor) -> Server:  # type: ignore[no-untyped-def]
+        data = _data()
+        return Server(
+            model_factory=lambda: MLP2NN((60,), 10, hidden=32), clients=make_clients(data, functools.partial(LocalClient, epochs=1, batch_size=8)),
+            train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=executor, num_rounds=2, clients_per_round=3,
+            seed=1, logger=RunLogger(None, tensorboard=False, progress=False),
+        )
+
+    assert torch.equal(build(ProcessExecutor(devices="cpu", workers=2)).run().params, build(SerialExecutor()).run().params)
 
 
 SCRIPT = """
@@ -234,11 +258,12 @@ def test_script_without_main_guard_gets_a_clear_message(tmp_path: Path) -> None:
     assert not _orphaned_workers() - before, "no worker outlives the script"
 
 
-def test_class_from_an_interactive_session_is_refused_clearly() -> None:
+def test_class_from_an_interactive_session_goes_by_value() -> None:
+    """``python -c`` has no file a worker could import ``MyClient`` from: the class travels by value."""
     code = SCRIPT + "\nmain()\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0
-    assert "cannot send client class MyClient" in done.stderr and "importable .py file" in done.stderr
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "accuracy" in done.stdout
 
 
 def test_sigterm_stops_the_cli_and_leaves_no_worker(tmp_path: Path) -> None:
