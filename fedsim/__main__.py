@@ -1,6 +1,6 @@
 """``python -m fedsim``: run the Hydra-configured experiment."""
 
-from fedsim.run import main
+from fedsim.cli import main
 
 if __name__ == "__main__":
     main()

@@ -20,8 +20,13 @@ from typing import Any
 
 import torch
 
+from fedsim.storage import naming_write_errors, write_remedy
+
 MAGIC = b"FEDSIMCK1\n"
 _DIGEST = 32
+_PROBE_BYTES = 4096  # one page: a disk without room for it is full
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read back (at import, before any thread runs) for the mode of plain files
 log = logging.getLogger("fedsim")
 
 
@@ -47,18 +52,33 @@ def save_checkpoint(directory: str | Path, round_num: int, state: dict[str, Any]
 
 
 def check_writable(run_dir: str | Path) -> None:
-    """Refuse, before any work, a run directory whose ``checkpoints/`` cannot be created or written."""
+    """Refuse, before any work, a run directory whose ``checkpoints/`` cannot be created or written, or that has
+    no room for a small probe file (a full disk)."""
     checkpoints = Path(run_dir) / "checkpoints"
     try:
         checkpoints.mkdir(parents=True, exist_ok=True)
         probe = checkpoints / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
+        try:
+            with open(probe, "wb") as handle:
+                handle.write(bytes(_PROBE_BYTES))
+        finally:
+            probe.unlink(missing_ok=True)
     except FileExistsError:
         raise CheckpointError(f"{checkpoints} exists and is not a directory; move it away or choose another hydra.run.dir") from None
     except OSError as error:
-        raise CheckpointError(f"cannot write checkpoints into {checkpoints}: {error.strerror}; make it writable or choose "
-                              "another hydra.run.dir") from None
+        raise CheckpointError(f"cannot write checkpoints into {checkpoints}: {error.strerror}; "
+                              f"{write_remedy(error)} or choose another hydra.run.dir") from None
+
+
+def resume_hint(run_dir: str | Path, error: OSError, resumed_from: str | Path | None = None) -> str:
+    """After a write failed mid-run: which checkpoint is intact and how to continue (``resume=``)."""
+    remedy = write_remedy(error, run_dir)
+    kept = list_checkpoints(Path(run_dir) / "checkpoints")
+    if kept:
+        return f"the checkpoint of round {_round_of(kept[-1])} ({kept[-1]}) is intact: {remedy}, then continue with resume={run_dir}"
+    if resumed_from is not None:
+        return f"no new checkpoint was written: {remedy}, then continue with resume={resumed_from}"
+    return f"no checkpoint was written: {remedy}, then run again"
 
 
 def save_if_missing(directory: str | Path, round_num: int, state: dict[str, Any], *, keep: int = 3) -> Path | None:
@@ -78,23 +98,40 @@ def save_if_missing(directory: str | Path, round_num: int, state: dict[str, Any]
 
 def write_verified(path: Path, obj: Any, *, durable: bool = True) -> None:
     """Write ``MAGIC | sha256 | torch.save(obj)`` to ``path`` atomically (temporary file, rename); with
-    ``durable`` also fsync the file and its directory, so it survives a power cut once this returns."""
+    ``durable`` also fsync the file and its directory, so it survives a power cut once this returns.
+    A failed write (:class:`~fedsim.errors.RunWriteError`, naming ``path``) leaves what was there before and no temporary file."""
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     body = buffer.getvalue()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(MAGIC + hashlib.sha256(body).digest() + body)
-            handle.flush()
+    write_atomic(path, MAGIC + hashlib.sha256(body).digest() + body, durable=durable)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) atomically: a failed write keeps the previous contents. The file gets
+    the permissions a plain ``open(path, "w")`` would give it."""
+    write_atomic(path, text.encode("utf-8"), durable=False, mode=0o666 & ~_UMASK)
+
+
+def write_atomic(path: Path, data: bytes, *, durable: bool = True, mode: int | None = None) -> None:
+    """Write ``data`` to a temporary file next to ``path`` and rename it into place; an :class:`OSError` becomes
+    a :class:`~fedsim.errors.RunWriteError` naming ``path``, with the temporary file removed. ``mode``: the
+    file's permissions (default: only the owner's, as ``tempfile.mkstemp`` makes it)."""
+    with naming_write_errors(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            if mode is not None:
+                os.fchmod(fd, mode)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                if durable:
+                    os.fsync(handle.fileno())
+            os.replace(tmp, path)
             if durable:
-                os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        if durable:
-            _fsync_directory(path.parent)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+                _fsync_directory(path.parent)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -121,6 +158,10 @@ def read_verified(path: Path, what: str) -> Any:
         raise CheckpointError(f"refusing to load {path}: it holds something other than tensors and plain values ({first_line})") from None
 
 
+def _round_of(path: Path) -> int:
+    return int(path.stem.split("-")[1])
+
+
 def list_checkpoints(directory: str | Path) -> list[Path]:
     """Checkpoint files in ``directory``, oldest round first."""
     directory = Path(directory)
@@ -130,7 +171,7 @@ def list_checkpoints(directory: str | Path) -> list[Path]:
 def drop_checkpoints_after(directory: str | Path, round_num: int) -> list[Path]:
     """Delete the checkpoints of rounds after ``round_num`` in ``directory`` (a resume from an older one
     abandons them); returns what was deleted."""
-    later = [path for path in list_checkpoints(directory) if int(path.stem.split("-")[1]) > round_num]
+    later = [path for path in list_checkpoints(directory) if _round_of(path) > round_num]
     for path in later:
         path.unlink(missing_ok=True)
     return later

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class RoundFailedError(RuntimeError):
     """Too few clients of a round succeeded for the failure policy to aggregate."""
@@ -25,3 +27,15 @@ class WorkerStartupError(RuntimeError):
     def __init__(self, message: str, *, retryable: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+class RunWriteError(OSError):
+    """A file of the run could not be written (disk full, read-only filesystem, ...). ``str()`` is one line naming
+    the file and the system's reason; it stays an :class:`OSError`, so code that handles those still does."""
+
+    def __init__(self, path: str | Path, error: OSError) -> None:
+        super().__init__(error.errno, error.strerror or str(error), str(path))
+        self.path = Path(path)
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"

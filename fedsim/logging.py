@@ -7,9 +7,11 @@ are ``fit/<name>`` and a strategy's scalars ``strategy/<name>`` (see :mod:`fedsi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -18,6 +20,10 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
+
+from fedsim.checkpoint import write_text_atomic
+from fedsim.errors import RunWriteError
+from fedsim.storage import closing_naming_errors, naming_write_errors, quiet_writer_thread_errors
 
 log = logging.getLogger("fedsim")
 
@@ -50,6 +56,7 @@ class RunLogger:
         self._writer = None
         self._jsonl = None
         self._fresh = False  # metrics.jsonl still holds what was there before this run
+        self._failed = False  # a write failed (close() then does not raise again)
         self._bar: tqdm | None = None
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -59,7 +66,9 @@ class RunLogger:
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+                quiet_writer_thread_errors()
+                with self._writing(self.run_dir / "tensorboard"):
+                    self._writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
 
     def restore(self, history: list[dict[str, Any]], next_round: int, earlier: Path | None = None) -> None:
         """Continue a resumed run: ``metrics.jsonl`` is rewritten to exactly ``history``, and TensorBoard
@@ -75,19 +84,20 @@ class RunLogger:
         if missing:
             log.warning("resume: the per-client rows of %d round(s) were not found in %s; those rounds keep their "
                         "scalars only", missing, earlier)
-        if self._jsonl is not None:
-            self._jsonl.seek(0)
-            self._jsonl.truncate()
-            for record in records:
-                self._jsonl.write(json.dumps(record) + "\n")
-            self._jsonl.flush()
+        if self._jsonl is not None:  # replaced atomically: a full disk must not cost the interrupted run's rows
+            path = Path(self._jsonl.name)
+            self._jsonl.close()
+            with self._writing(path):
+                write_text_atomic(path, "".join(json.dumps(record) + "\n" for record in records))
+            self._jsonl = open(path, "a+", encoding="utf-8")
             self._fresh = False
         self.history = records if self.client_rows_in_memory else without_client_rows(records)
         if self._writer is not None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer.close()
-            self._writer = SummaryWriter(log_dir=self._writer.log_dir, purge_step=next_round)
+            with self._writing(Path(self._writer.log_dir)):
+                self._writer.close()
+                self._writer = SummaryWriter(log_dir=self._writer.log_dir, purge_step=next_round)
 
     def rounds(self, first: int, last: int) -> Iterator[int]:
         """Iterate rounds ``first..last`` under a progress bar; log lines go above the bar."""
@@ -100,13 +110,15 @@ class RunLogger:
     def log_config(self, text: str) -> None:
         """Record the resolved configuration as TensorBoard text."""
         if self._writer is not None:
-            self._writer.add_text("config", f"```\n{text}\n```", 0)
+            with self._writing(Path(self._writer.log_dir)):
+                self._writer.add_text("config", f"```\n{text}\n```", 0)
 
     def log_text(self, tag: str, text: str, round_num: int) -> None:
         """Record free text (failures, warnings) in TensorBoard and the log file."""
         log.warning("round %d %s: %s", round_num, tag, text.splitlines()[0] if text else "")
         if self._writer is not None:
-            self._writer.add_text(tag, f"```\n{text}\n```", round_num)
+            with self._writing(Path(self._writer.log_dir)):
+                self._writer.add_text(tag, f"```\n{text}\n```", round_num)
 
     def log_clients(self, round_num: int, rows: list[dict[str, Any]]) -> None:
         """Per-client details of a round (id, examples, train loss, per-epoch losses, worker, device, the
@@ -130,7 +142,8 @@ class RunLogger:
         """A TensorBoard histogram of the finite ``values``; nothing when there are none."""
         finite = [v for v in values if v is not None and math.isfinite(v)]
         if self._writer is not None and finite:
-            self._writer.add_histogram(tag, np.asarray(finite), round_num)
+            with self._writing(Path(self._writer.log_dir)):
+                self._writer.add_histogram(tag, np.asarray(finite), round_num)
 
     def log_label_distribution(self, label_counts: np.ndarray) -> None:
         """The partition at round 0 as an image: one row per client (at most 200), one column per class,
@@ -140,7 +153,8 @@ class RunLogger:
         counts = label_counts[:200].astype(np.float64)
         shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
         image = np.kron(shares, np.ones((4, 8)))  # enlarge each cell to 4x8 pixels
-        self._writer.add_image("data/label_distribution", image[None].astype(np.float32), 0, dataformats="CHW")
+        with self._writing(Path(self._writer.log_dir)):
+            self._writer.add_image("data/label_distribution", image[None].astype(np.float32), 0, dataformats="CHW")
 
     def log_hparams(self, hparams: dict[str, Any], results: dict[str, Any]) -> None:
         """Fill TensorBoard's HParams dashboard with this run's settings and final metrics."""
@@ -149,7 +163,7 @@ class RunLogger:
         from torch.utils.tensorboard import SummaryWriter
 
         metrics = {f"hparam/{k}": float(v) for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        with SummaryWriter(log_dir=str(self.run_dir / "tensorboard")) as writer:
+        with self._writing(self.run_dir / "tensorboard"), SummaryWriter(log_dir=str(self.run_dir / "tensorboard")) as writer:
             writer.add_hparams(_scalar_hparams(hparams), metrics, run_name="hparams")
 
     def log_round(self, round_num: int, metrics: dict[str, float]) -> None:
@@ -159,15 +173,17 @@ class RunLogger:
             record["clients"], self._clients = self._clients, []
         self.history.append(record if self.client_rows_in_memory else without_client_rows([record])[0])
         if self._jsonl is not None:
-            if self._fresh:  # a new run: whatever an earlier run left in this directory goes
-                self._jsonl.seek(0)
-                self._jsonl.truncate()
-                self._fresh = False
-            self._jsonl.write(json.dumps(record) + "\n")
-            self._jsonl.flush()
+            with self._writing(Path(self._jsonl.name)):
+                if self._fresh:  # a new run: whatever an earlier run left in this directory goes
+                    self._jsonl.seek(0)
+                    self._jsonl.truncate()
+                    self._fresh = False
+                self._jsonl.write(json.dumps(record) + "\n")
+                self._jsonl.flush()
         if self._writer is not None:
-            for name, value in metrics.items():
-                self._writer.add_scalar(name, value, round_num)
+            with self._writing(Path(self._writer.log_dir)):
+                for name, value in metrics.items():
+                    self._writer.add_scalar(name, value, round_num)
         if "eval/accuracy" in metrics:
             self._show_eval(round_num, metrics)
 
@@ -178,13 +194,30 @@ class RunLogger:
             self._bar.set_postfix(acc=f"{acc:.4f}")
 
     def close(self) -> None:
-        """Flush and close files; safe to call twice."""
+        """Flush and close files; safe to call twice. A write that fails here raises :class:`RunWriteError`,
+        unless an earlier write failed or another error is on its way up (then it is only logged)."""
+        problems = []
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            writer, self._writer = self._writer, None
+            problems.append(closing_naming_errors(lambda: _finish_tensorboard(writer), Path(writer.log_dir)))
         if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
+            jsonl, self._jsonl = self._jsonl, None
+            problems.append(closing_naming_errors(jsonl.close, Path(jsonl.name)))
+        problem = next((p for p in problems if p is not None), None)
+        if problem is not None and (self._failed or sys.exc_info()[1] is not None):
+            log.warning("%s", problem)
+        elif problem is not None:
+            raise problem
+
+    @contextlib.contextmanager
+    def _writing(self, path: Path) -> Iterator[None]:
+        """Writes to ``path`` inside: an :class:`OSError` becomes a :class:`RunWriteError` naming it."""
+        try:
+            with naming_write_errors(path):
+                yield
+        except RunWriteError:
+            self._failed = True
+            raise
 
     def __enter__(self) -> "RunLogger":
         return self
@@ -252,3 +285,12 @@ def _plain(value: float) -> float | int | None:
         return value
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def _finish_tensorboard(writer: Any) -> None:
+    """Flush (which raises what the writer's thread failed with) and close a ``SummaryWriter``."""
+    try:
+        writer.flush()
+    finally:
+        writer.close()
+

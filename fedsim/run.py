@@ -1,35 +1,30 @@
 """Composition root: turns a Hydra config into a Server and runs it. The only place that calls instantiate.
 
-From the command line: ``python -m fedsim [overrides]`` (or the ``fedsim`` console script).
+From the command line: ``python -m fedsim [overrides]`` (or the ``fedsim`` console script; see :mod:`fedsim.cli`).
 From Python: ``run_config(compose(["strategy=fedavg", "num_rounds=5"]), run_dir="out")``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.checkpoint import CheckpointError, check_writable
+from fedsim.checkpoint import check_writable, write_text_atomic
 from fedsim.config import ConfigError, register_schema, to_yaml, validate
 from fedsim.early_stop import EarlyStop
 from fedsim.executor.base import Executor
 from fedsim.strategy.base import Strategy
-from fedsim.errors import WorkerStartupError
 from fedsim.data.federated import FederatedData, federate, make_clients
 from fedsim.logging import RunLogger
 from fedsim.resume_check import computation_settings
@@ -200,7 +195,7 @@ def record_summary(
         so_far = RunResult(server.params, server.model, server.logger.history)
         summary = {**summarize(so_far, wall_time_s), "finished": False, "stop_reason": f"error: {_error_line(error)}"}
     if run_dir is not None:
-        (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        write_text_atomic(Path(run_dir) / "summary.json", json.dumps(summary, indent=2) + "\n")
         server.logger.log_hparams(flat_hparams(cfg), summary)
     return summary
 
@@ -232,63 +227,11 @@ def summarize(result: RunResult, wall_time_s: float) -> dict[str, float | int | 
     }
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    run_dir = HydraConfig.get().runtime.output_dir
-    try:
-        server = build_server(cfg, run_dir)
-    except (ValueError, FileNotFoundError, CheckpointError) as error:  # ConfigError is a ValueError
-        print(f"fedsim: error: {error}", file=sys.stderr)
-        sys.exit(2)
-    if server.finished:
-        print(f"fedsim: nothing to do: the run in {run_dir if cfg.resume is True else cfg.resume} finished all "
-              f"{server.num_rounds} rounds; to train longer, resume with a larger num_rounds", file=sys.stderr)
-        return
-    start = time.perf_counter()
-    with _stop_on_signals(server):  # restored afterwards: the next multirun job must not reach this server
-        try:
-            result = server.run()
-        except KeyboardInterrupt:
-            print("fedsim: interrupted; workers stopped (no checkpoint for the unfinished round)", file=sys.stderr)
-            sys.exit(130)
-        except Exception as error:  # summary.json: finished false, the error as stop_reason
-            _record_error(server, cfg, run_dir, time.perf_counter() - start, error)
-            if not isinstance(error, (RoundFailedError, WorkerStartupError)):
-                raise  # not a round failure (a bug?): keep the traceback
-            print(f"fedsim: error: {error}", file=sys.stderr)
-            sys.exit(1)
-        summary = record_summary(server, result, cfg, run_dir, time.perf_counter() - start)
-    if result.stopped_early:
-        print(f"fedsim: interrupted: stopped after round {summary['rounds']}, checkpoint in {run_dir}/checkpoints; "
-              f"continue with resume={run_dir}", file=sys.stderr)
-        sys.exit(130)
-    print(f"final test accuracy: {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f}, "
-          f"{summary['rounds']} rounds, {summary['wall_time_s']:.1f} s) -> {run_dir}")
-
-
-@contextlib.contextmanager
-def _stop_on_signals(server: Server) -> Iterator[None]:
-    """While inside: the first Ctrl-C / SIGTERM finishes the round, checkpoints and exits; a second one
-    aborts at once. On leaving, the previous handlers come back (a handler left behind would keep the
-    finished server, its data and its executor alive through the next jobs of a multirun)."""
-
-    def handle(signum: int, frame: object) -> None:
-        if server.stop_requested:
-            raise KeyboardInterrupt
-        print("fedsim: stopping after the current round (signal again to abort now)", file=sys.stderr)
-        server.request_stop()
-
-    previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 def main() -> None:
-    """Console-script entry point (``fedsim``)."""
-    _hydra_main()
+    """Console-script entry point (``fedsim``): the command line of :mod:`fedsim.cli`."""
+    from fedsim.cli import main as cli_main  # here: fedsim.cli imports this module
+
+    cli_main()
 
 
 __all__ = ["ConfigError", "build_server", "compose", "main", "run_config"]
