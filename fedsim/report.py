@@ -1,13 +1,16 @@
-"""Compare the runs of a sweep: ``python -m fedsim.report <sweep dir> [--target 0.6] [--out DIR] [--metric NAME]``.
+"""Compare the runs of a sweep: ``python -m fedsim.report <sweep dir> [--target 0.6] [--out DIR] [--metric NAME]
+[--plot NAME] [--x round|wall_time]``.
 
-Every directory under the sweep dir that holds a ``metrics.jsonl`` is a run, finished or not. Runs are
+Every directory under the sweep dir that holds a ``metrics.jsonl`` or a ``summary.json`` is a run: finished,
+unfinished, or failed (``summary.json``'s ``stop_reason`` is ``"error: ..."``; listed with its reason). Runs are
 grouped into configurations by their Hydra overrides (``.hydra/overrides.yaml``, else the directory name)
 without ``seed``; each configuration gets one table row and one ``report.csv`` row (seeds, final and best
-test accuracy mean ± std over seeds, rounds to reach ``--target``, mean wall time) and one curve in
-``accuracy.png`` (needs matplotlib: ``pip install fedsim[plot]``). ``--metric NAME`` (repeatable) adds a
-column for any scalar of ``metrics.jsonl`` (``eval/loss``, ``fit/personal_loss``, ``strategy/h_norm``): its
-value in the last round that logged it, mean ± std over the seeds that logged it. Reads files only; no
-Hydra, no torch.
+test accuracy mean ± std over seeds, rounds to reach ``--target``, mean wall time) and one curve per plot.
+``--metric NAME`` (repeatable) adds a column for any scalar of ``metrics.jsonl`` (``eval/loss``,
+``fit/personal_loss``, ``strategy/h_norm``): its value in the last round that logged it, mean ± std over the
+seeds that logged it. ``--plot NAME`` (repeatable; default ``eval/accuracy``, drawn as ``accuracy.png``) plots a
+scalar against ``--x`` (the round, or the wall time) into ``<name>.png`` (see :mod:`fedsim.report_plot`; needs
+matplotlib: ``pip install fedsim[plot]``). Reads files only; no Hydra, no torch.
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedsim.report_runs import Run, load_runs, split_seed  # noqa: F401  (split_seed: part of this module's API)
+from fedsim.report_plot import ACCURACY, ROUND_TIME, X_AXES, have_matplotlib, labels, mean_curve, plot_metric, png_name
+from fedsim.report_runs import Run, load_runs, split_seed
+
+__all__ = ["ConfigStats", "Run", "aggregate", "csv_rows", "format_table", "group_runs", "labels", "load_runs", "main",
+           "mean_curve", "mean_std", "plot_accuracy", "plot_metric", "rounds_to_target", "split_seed", "status",
+           "table_rows", "unfinished_lines", "write_csv", "write_plots"]
 
 PROG = "fedsim.report"
 METRIC_NAME = re.compile(r"[A-Za-z0-9_.\-/]+")  # as fedsim.round_metrics.NAME (not imported: no torch here)
@@ -42,6 +50,7 @@ class ConfigStats:
     to_target: float | None  # mean rounds to target over the seeds that reached it
     reached: int
     wall_time_s: float | None
+    failures: tuple[str, ...] = ()  # "seed=1: error: ..." per failed run
     metrics: dict[str, tuple[float | None, float | None]] = field(default_factory=dict, hash=False)  # --metric
 
 
@@ -84,24 +93,9 @@ def aggregate(config: tuple[str, ...], runs: Sequence[Run], target: float | None
         to_target=statistics.fmean(hits) if hits else None,
         reached=len(hits),
         wall_time_s=statistics.fmean(r.wall_time_s for r in runs) if runs else None,
+        failures=tuple(f"seed={r.seed}: {r.stop_reason}" for r in runs if r.failed),
         metrics={name: mean_std([r.finals[name] for r in runs if name in r.finals]) for name in metrics},
     )
-
-
-def mean_curve(runs: Sequence[Run]) -> list[tuple[int, float, float, float]]:
-    """``(round, mean, min, max)`` of test accuracy over the seeds that evaluated that round."""
-    by_round: dict[int, list[float]] = {}
-    for run in runs:
-        for round_num, acc in run.curve:
-            by_round.setdefault(round_num, []).append(acc)
-    return [(n, statistics.fmean(v), min(v), max(v)) for n, v in sorted(by_round.items())]
-
-
-def labels(configs: Sequence[tuple[str, ...]]) -> tuple[dict[tuple[str, ...], str], list[str]]:
-    """Short names (the overrides that differ between configurations) and the overrides they all share."""
-    common = sorted(set.intersection(*(set(c) for c in configs))) if len(configs) > 1 else []
-    short = {c: ",".join(o for o in c if o not in common) or ",".join(c) or "(defaults)" for c in configs}
-    return short, common
 
 
 def _pm(pair: tuple[float | None, float | None]) -> str:
@@ -114,13 +108,15 @@ def _pm(pair: tuple[float | None, float | None]) -> str:
 def table_rows(stats: Sequence[ConfigStats], target: float | None) -> list[list[str]]:
     """The printed table as cells, header first."""
     short, _ = labels([s.config for s in stats])
-    header = ["configuration", "seeds", "rounds", "final acc", "best acc"]
+    any_failed = any(s.failures for s in stats)
+    header = ["configuration", "seeds"] + (["failed"] if any_failed else []) + ["rounds", "final acc", "best acc"]
     header += [f"rounds to {target:g}"] if target is not None else []
     names = list(stats[0].metrics) if stats else []
     rows = [header + ["wall s"] + names]
     for s in stats:
         lo, hi = s.rounds
-        row = [short[s.config], f"{s.finished}/{s.total}", f"{hi}" if lo == hi else f"{lo}-{hi}", _pm(s.final), _pm(s.best)]
+        row = [short[s.config], f"{s.finished}/{s.total}"] + ([f"{len(s.failures)}"] if any_failed else [])
+        row += [f"{hi}" if lo == hi else f"{lo}-{hi}", _pm(s.final), _pm(s.best)]
         if target is not None:
             row.append(f"{s.to_target:g} ({s.reached}/{s.total})" if s.to_target is not None else f"- (0/{s.total})")
         row.append("-" if s.wall_time_s is None else f"{s.wall_time_s:.1f}")
@@ -140,9 +136,12 @@ def format_table(stats: Sequence[ConfigStats], target: float | None = None) -> s
 def csv_rows(stats: Sequence[ConfigStats], target: float | None = None) -> list[dict[str, Any]]:
     """One flat dict per configuration: the columns of ``report.csv`` (empty where undefined)."""
     rows = []
+    any_failed = any(s.failures for s in stats)
     for s in stats:
-        row: dict[str, Any] = {
-            "configuration": ",".join(s.config), "seeds_finished": s.finished, "seeds_total": s.total,
+        row: dict[str, Any] = {"configuration": ",".join(s.config), "seeds_finished": s.finished, "seeds_total": s.total}
+        if any_failed:  # as the target columns: only when there is something to say
+            row.update(status=status(s), seeds_failed=len(s.failures), failures="; ".join(s.failures))
+        row |= {
             "rounds_min": s.rounds[0], "rounds_max": s.rounds[1],
             "final_accuracy_mean": s.final[0], "final_accuracy_std": s.final[1],
             "best_accuracy_mean": s.best[0], "best_accuracy_std": s.best[1],
@@ -164,37 +163,29 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
         writer.writerows(rows)
 
 
+def status(s: ConfigStats) -> str:
+    """``failed`` if a seed failed, else ``finished`` when every seed finished, else ``unfinished``."""
+    return "failed" if s.failures else "finished" if s.finished == s.total else "unfinished"
+
+
 def plot_accuracy(groups: dict[tuple[str, ...], list[Run]], path: Path, target: float | None = None) -> bool:
-    """Test accuracy per round for each configuration: mean over seeds, min-max band. ``False`` without matplotlib."""
-    try:
-        from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
-        return False
-    short, common = labels(list(groups))
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.subplots()
-    for config, runs in groups.items():
-        points = mean_curve(runs)
-        if not points:
-            continue
-        rounds, mean, low, high = zip(*points)
-        (line,) = ax.plot(rounds, mean, label=f"{short[config]} ({len(runs)} seeds)")
-        ax.fill_between(rounds, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-    if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", linewidth=1)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="round", ylabel="eval/accuracy", title="test accuracy: mean over seeds, band min-max")
-    ax.legend(fontsize="small", title=" ".join(common) or None, title_fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return True
+    """Test accuracy per round for each configuration (see :func:`~fedsim.report_plot.plot_metric`); ``False``
+    without matplotlib or without an evaluated round."""
+    return have_matplotlib() and plot_metric(groups, path, ACCURACY, "round", target)
 
 
 def unfinished_lines(runs: Sequence[Run], root: Path) -> list[str]:
-    """One line per run that has not finished."""
-    return [f"unfinished: {r.path.relative_to(root) if r.path != root else r.path} ({r.rounds} rounds logged"
-            f"{'' if (r.path / 'summary.json').exists() else ', no summary.json'})" for r in runs if not r.finished]
+    """One line per run that has not finished: ``failed: <dir> (<n> rounds logged): error: ...`` for a run
+    stopped by an error, else ``unfinished: <dir> (<n> rounds logged[, no summary.json])``."""
+    lines = []
+    for r in runs:
+        where = r.path.relative_to(root) if r.path != root else r.path
+        if r.failed:
+            lines.append(f"failed: {where} ({r.rounds} rounds logged): {r.stop_reason}")
+        elif not r.finished:
+            lines.append(f"unfinished: {where} ({r.rounds} rounds logged"
+                         f"{'' if (r.path / 'summary.json').exists() else ', no summary.json'})")
+    return lines
 
 
 def _fraction(text: str) -> float:
@@ -214,9 +205,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun dir (or any dir holding run dirs)")
     parser.add_argument("--target", type=_fraction, default=None, help="report rounds to reach this test accuracy")
-    parser.add_argument("--out", type=Path, default=None, help="where report.csv and accuracy.png go (default: sweep_dir)")
+    parser.add_argument("--out", type=Path, default=None, help="where report.csv and the plots go (default: sweep_dir)")
     parser.add_argument("--metric", type=_metric, action="append", default=[], metavar="NAME",
                         help="add a column: this scalar's final value, mean ± std over seeds (repeatable)")
+    parser.add_argument("--plot", type=_metric, action="append", default=[], metavar="NAME",
+                        help=f"plot this scalar per configuration into NAME.png (repeatable; default {ACCURACY}, "
+                             "drawn as accuracy.png)")
+    parser.add_argument("--x", choices=list(X_AXES), default="round",
+                        help=f"the plots' x axis: the round (default) or wall_time, the running sum of {ROUND_TIME}")
     return parser.parse_args(argv)
 
 
@@ -224,9 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the table, write ``report.csv`` and ``accuracy.png``; exit status 2 when there are no runs."""
     args = parse_args(argv)
     root: Path = args.sweep_dir
-    runs = load_runs(root)
+    plots = list(dict.fromkeys(args.plot or [ACCURACY]))
+    runs = load_runs(root, series=plots + ([ROUND_TIME] if args.x == "wall_time" else []))
     if not runs:
-        print(f"{PROG}: no runs (metrics.jsonl) under {root}", file=sys.stderr)
+        print(f"{PROG}: no runs (metrics.jsonl or summary.json) under {root}", file=sys.stderr)
         return 2
     groups = group_runs(runs)
     metrics = list(dict.fromkeys(args.metric))
@@ -240,13 +237,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: Path = args.out if args.out is not None else root
     out.mkdir(parents=True, exist_ok=True)
     write_csv(csv_rows(stats, args.target), out / "report.csv")
-    written = [out / "report.csv"]
-    if plot_accuracy(groups, out / "accuracy.png", args.target):
-        written.append(out / "accuracy.png")
-    else:
-        print(f"{PROG}: matplotlib is not installed (pip install 'fedsim[plot]'); skipped accuracy.png")
+    written = [out / "report.csv"] + write_plots(groups, out, plots, args.x, args.target)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
+
+
+def write_plots(groups: dict[tuple[str, ...], list[Run]], out: Path, plots: Sequence[str], x: str,
+                target: float | None) -> list[Path]:
+    """One PNG per name in ``plots``; says in one line why one was not drawn. The paths written."""
+    names = [png_name(metric) for metric in plots]
+    if not have_matplotlib():
+        print(f"{PROG}: matplotlib is not installed (pip install 'fedsim[plot]'); skipped {', '.join(names)}")
+        return []
+    written = []
+    for metric, name in zip(plots, names):
+        if plot_metric(groups, out / name, metric, x, target):
+            written.append(out / name)
+        else:
+            print(f"{PROG}: no run logged {metric}" + (f" with {ROUND_TIME}" if x == "wall_time" else "")
+                  + f"; skipped {name}")
+    return written
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Reading a sweep's run directories back (for :mod:`fedsim.report`): ``metrics.jsonl``, ``summary.json``
-and Hydra's ``.hydra/`` files of every run, finished or not. Files only; no Hydra, no torch."""
+and Hydra's ``.hydra/`` files of every run, finished, unfinished or failed. Files only; no Hydra, no torch."""
 
 from __future__ import annotations
 
@@ -14,10 +14,14 @@ from typing import Any
 import yaml
 
 
+Series = tuple[tuple[int, float], ...]  # (round, value) of the rounds that logged a scalar
+
+
 @dataclass(frozen=True)
 class Run:
     """One run directory, read back. ``curve`` holds ``(round, eval/accuracy)`` for evaluated rounds;
-    ``finals`` every scalar's value in the last round that logged it (NaN where that was ``null``)."""
+    ``finals`` every scalar's value in the last round that logged it (NaN where that was ``null``);
+    ``series`` the ``(round, value)`` pairs of the scalars asked for (see :func:`load_run`)."""
 
     path: Path
     config: tuple[str, ...]  # sorted overrides without seed
@@ -27,13 +31,26 @@ class Run:
     finished: bool  # ended for good (see _finished)
     wall_time_s: float
     finals: dict[str, float] = field(default_factory=dict, hash=False)
+    stop_reason: str | None = None  # summary.json's: "completed", "early stop: ...", "error: <one line>", ...
+    series: dict[str, Series] = field(default_factory=dict, hash=False)
+
+    @property
+    def failed(self) -> bool:
+        """Stopped by an error (``summary.json``'s ``stop_reason`` is ``"error: ..."``)."""
+        return self.stop_reason is not None and self.stop_reason.startswith("error:")
+
+
+RUN_FILES = ("metrics.jsonl", "summary.json")  # a directory holding either is a run (a job that failed
+#                                                before its first round may have summary.json alone)
 
 
 def find_run_dirs(root: Path) -> list[Path]:
-    """Every directory at or under ``root`` holding ``metrics.jsonl``, in job order (``2_`` before ``10_``)."""
+    """Every directory at or under ``root`` holding ``metrics.jsonl`` or ``summary.json``, in job order
+    (``2_`` before ``10_``)."""
     if not root.is_dir():
         return []
-    return sorted((p.parent for p in root.rglob("metrics.jsonl")), key=lambda p: _natural(str(p.relative_to(root))))
+    found = {p.parent for name in RUN_FILES for p in root.rglob(name)}
+    return sorted(found, key=lambda p: _natural(str(p.relative_to(root))))
 
 
 def _natural(text: str) -> list[Any]:
@@ -41,9 +58,14 @@ def _natural(text: str) -> list[Any]:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl``; a line still being written (or otherwise unreadable) is skipped."""
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    """The records of a ``metrics.jsonl``; a line still being written (or otherwise unreadable) is skipped,
+    a missing file has none."""
+    records: list[dict[str, Any]] = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return records
+    for line in text.splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
@@ -85,8 +107,9 @@ def run_overrides(run_dir: Path, root: Path) -> list[str]:
     return [str(run_dir.relative_to(root)) if run_dir != root else run_dir.name]
 
 
-def load_run(run_dir: Path, root: Path) -> Run:
-    """Read one run directory (``metrics.jsonl``, optional ``summary.json`` and ``.hydra/``)."""
+def load_run(run_dir: Path, root: Path, series: Sequence[str] = ()) -> Run:
+    """Read one run directory (``metrics.jsonl`` and ``summary.json``, either may be missing, and ``.hydra/``);
+    keep the per-round values of the scalars named in ``series``."""
     records = read_metrics(run_dir / "metrics.jsonl")
     config, seed = split_seed(run_overrides(run_dir, root))
     hydra_cfg = _read(run_dir / ".hydra" / "config.yaml", yaml.safe_load)
@@ -95,14 +118,30 @@ def load_run(run_dir: Path, root: Path) -> Run:
         seed = str(hydra_cfg["seed"])
     summary = _read(run_dir / "summary.json", json.loads)
     summary = summary if isinstance(summary, dict) else None
-    rounds = max((int(r["round"]) for r in records), default=0)
+    rounds = max((int(r["round"]) for r in records), default=0) or _int(summary.get("rounds") if summary else None)
     finished = _finished(summary, rounds, hydra_cfg.get("num_rounds"))
     curve = tuple((int(r["round"]), float(r["eval/accuracy"])) for r in records if r.get("eval/accuracy") is not None)
     if summary is not None and summary.get("wall_time_s") is not None:
         wall = float(summary["wall_time_s"])
     else:
         wall = sum(float(r["time/round_s"]) for r in records if r.get("time/round_s") is not None)
-    return Run(run_dir, config, seed, rounds, curve, finished, wall, final_scalars(records))
+    reason = summary.get("stop_reason") if summary is not None else None
+    return Run(run_dir, config, seed, rounds, curve, finished, wall, final_scalars(records),
+               str(reason) if reason is not None else None, {name: scalar_series(records, name) for name in series})
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def scalar_series(records: Sequence[dict[str, Any]], name: str) -> Series:
+    """``(round, value)`` of every record holding the scalar ``name`` (``null`` reads as NaN)."""
+    return tuple((int(r["round"]), math.nan if r[name] is None else float(r[name])) for r in records
+                 if name in r and (r[name] is None or _is_number(r[name])))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def final_scalars(records: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -113,7 +152,7 @@ def final_scalars(records: Sequence[dict[str, Any]]) -> dict[str, float]:
         for name, value in record.items():
             if value is None:
                 finals[name] = math.nan
-            elif isinstance(value, (int, float)) and not isinstance(value, bool) and name != "round":
+            elif _is_number(value) and name != "round":
                 finals[name] = float(value)
     return finals
 
@@ -128,6 +167,6 @@ def _finished(summary: dict[str, Any] | None, rounds: int, num_rounds: Any) -> b
     return not isinstance(num_rounds, int) or rounds >= num_rounds
 
 
-def load_runs(root: Path) -> list[Run]:
-    """Every run under ``root`` (see :func:`find_run_dirs`)."""
-    return [load_run(path, root) for path in find_run_dirs(root)]
+def load_runs(root: Path, series: Sequence[str] = ()) -> list[Run]:
+    """Every run under ``root`` (see :func:`find_run_dirs`), with the per-round values of ``series``."""
+    return [load_run(path, root, series) for path in find_run_dirs(root)]

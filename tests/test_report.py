@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fedsim import report
+from fedsim import report, report_plot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -195,10 +195,179 @@ def test_without_matplotlib_says_so_and_still_writes_csv(sweep: Path, monkeypatc
 def test_no_runs_is_one_line_and_exit_2(tmp_path: Path, where: str, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "empty").mkdir()
     assert report.main([str(tmp_path / where)]) == 2
-    assert capsys.readouterr().err == f"fedsim.report: no runs (metrics.jsonl) under {tmp_path / where}\n"
+    assert capsys.readouterr().err == f"fedsim.report: no runs (metrics.jsonl or summary.json) under {tmp_path / where}\n"
 
 
 def test_target_must_be_a_fraction(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         report.main([str(sweep), "--target", "60"])
     assert exit_info.value.code == 2 and "must be an accuracy in (0, 1]" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- a realistic sweep: 11 overrides, 2 differ; a failed job
+
+SHARED = ["num_rounds=3", "data.num_devices=10", "clients_per_round=3", "executor=serial", "logger=quiet",
+          "client.epochs=2", "client.batch_size=20", "data.alpha=0.5", "data.beta=0.5"]  # + strategy, lr: 11
+STRATEGIES, LRS = ("fedavg", "fedprox"), ("0.05", "0.1")
+
+
+def metrics_row(round_num: int, acc: float, round_s: float) -> dict[str, Any]:
+    """One metrics.jsonl record with the fields a real serial run logs (copied from one)."""
+    return {"round": round_num, "train/loss": 0.9, "client/num_sampled": 3.0, "client/num_failed": 0.0,
+            "client/num_examples": 384.0, "client/num_rejected": 0.0, "client/num_aggregated": 3.0,
+            "eval/loss": 2.0 - acc, "eval/accuracy": acc, "eval/client_loss": 0.97, "eval/client_accuracy": 0.76,
+            "time/eval_s": 0.15, "time/fit_s": round_s - 0.15, "time/round_s": round_s, "system/rss_mb": 682.8,
+            "clients": [{"client_id": 0, "num_examples": 77, "train_loss": 0.37, "update_norm": 0.65,
+                         "epoch_losses": [0.7, 0.04], "worker": "serial", "device": "cpu"}]}
+
+
+def hydra_job(root: Path, num: int, overrides: list[str], accs: list[float], *, round_s: float = 0.5,
+              error: str | None = None) -> Path:
+    """A job dir as a Hydra multirun of fedsim leaves it: ``<num>_<sorted overrides>`` with ``.hydra/overrides.yaml``
+    (command-line order), ``.hydra/config.yaml``, metrics.jsonl (none before the first round) and summary.json
+    as ``fedsim.run.record_summary`` writes it (``error``: ``finished`` false, ``stop_reason`` ``error: ...``)."""
+    run_dir = root / f"{num}_{','.join(sorted(o for o in overrides))}"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides, default_flow_style=False))
+    seed = int(next(o.split("=")[1] for o in overrides if o.startswith("seed=")))
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "num_rounds": 3}, sort_keys=False))
+    if accs:
+        rows = [metrics_row(i + 1, acc, round_s) for i, acc in enumerate(accs)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"rounds": len(accs), "final_accuracy": accs[-1] if accs else None, "final_loss": 2.0 - accs[-1] if accs else None,
+               "best_accuracy": max(accs) if accs else None, "wall_time_s": round_s * len(accs) + 0.5,
+               "finished": error is None, "stop_reason": f"error: {error}" if error else "completed"}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return run_dir
+
+
+@pytest.fixture
+def realistic(tmp_path: Path) -> Path:
+    """2 strategies × 2 learning rates × 2 seeds with 9 more shared overrides; the last configuration has a third
+    seed that failed before its first round (summary.json only) and a fourth that failed in round 2."""
+    root, num = tmp_path / "sweep", 0
+    for strategy in STRATEGIES:
+        for lr in LRS:
+            for seed in (0, 1):
+                accs = [0.3 + 0.1 * seed, 0.5 + float(lr), 0.6 + float(lr) + 0.05 * seed]
+                hydra_job(root, num, [f"strategy={strategy}", f"client.optimizer.lr={lr}", f"seed={seed}", *SHARED],
+                          accs, round_s=0.2 if strategy == "fedavg" else 0.4)
+                num += 1
+    last = [f"strategy={STRATEGIES[-1]}", f"client.optimizer.lr={LRS[-1]}"]
+    hydra_job(root, num, [*last, "seed=2", *SHARED], [], error="round 1 failed: 3 of 3 clients failed (client 4: boom)")
+    hydra_job(root, num + 1, [*last, "seed=3", *SHARED], [0.4], error="RuntimeError: CUDA out of memory")
+    return root
+
+
+def test_realistic_labels_name_only_the_two_differing_overrides(realistic: Path) -> None:
+    configs = list(report.group_runs(report.load_runs(realistic)))
+    assert len(configs) == 4 and all(len(c) == 11 for c in configs)
+    table, common = report.labels(configs)
+    assert common == sorted(SHARED)
+    assert list(table.values()) == [f"client.optimizer.lr={lr},strategy={s}" for s in STRATEGIES for lr in LRS]
+    legend = report_plot.legend_labels(configs)
+    assert list(legend.values()) == [f"lr={lr}, strategy={s}" for s in STRATEGIES for lr in LRS]
+
+
+def test_legend_keys_shortened_only_while_unique_and_long_values_cut() -> None:
+    assert report_plot.short_keys(["client.optimizer.lr", "server.optimizer.lr", "strategy.mu", "+x.y"]) == {
+        "client.optimizer.lr": "client.optimizer.lr", "server.optimizer.lr": "server.optimizer.lr",
+        "strategy.mu": "mu", "+x.y": "y"}
+    long_a, long_b = "data.root=/very/long/path/to/the/dataset/a", "data.root=/very/long/path/to/the/dataset/b"
+    names = report_plot.legend_labels([("n=1", long_a), ("n=1", long_b)])
+    assert list(names.values()) == ["root=/very/long/…he/dataset/a", "root=/very/long/…he/dataset/b"]
+    assert max(len(n) for n in names.values()) < len(long_a)
+    same = report_plot.legend_labels([("a.k=" + "x" * 30 + "1",), ("b.k=" + "x" * 30 + "1",)])  # cut alike: full names
+    assert len(set(same.values())) == 2
+
+
+def _draw(groups: dict[tuple[str, ...], list[report.Run]], **kwargs: Any) -> tuple[Any, Any]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    fig = report_plot.draw(groups, **kwargs)
+    assert fig is not None
+    FigureCanvasAgg(fig).draw()
+    return fig, fig.canvas.get_renderer()
+
+
+def _in_view(ax: Any, text: Any) -> bool:
+    """False for the label of a tick outside the axes' limits (matplotlib keeps it, but does not draw it)."""
+    if text in ax.get_xticklabels():
+        return min(ax.get_xlim()) <= text.get_position()[0] <= max(ax.get_xlim())
+    if text in ax.get_yticklabels():
+        return min(ax.get_ylim()) <= text.get_position()[1] <= max(ax.get_ylim())
+    return True
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+@pytest.mark.parametrize("num_configs", [1, 4, 20])
+def test_legend_outside_axes_and_every_text_inside_the_saved_png(tmp_path: Path, num_configs: int) -> None:
+    from matplotlib.text import Text
+    root = tmp_path / "sweep"
+    for i in range(num_configs):
+        for seed in (0, 1):
+            hydra_job(root, 2 * i + seed, [f"strategy=s{i % 5}", f"client.optimizer.lr=0.{i // 5 + 1}", f"seed={seed}",
+                                           *SHARED], [0.1 * seed + 0.01 * i, 0.5, 0.6 + 0.01 * i])
+    groups = report.group_runs(report.load_runs(root))
+    assert len(groups) == num_configs
+    fig, renderer = _draw(groups, target=0.55)
+    (ax,) = fig.axes
+    legend, axes_box = ax.get_legend(), ax.get_window_extent(renderer)
+    assert len(legend.get_texts()) == num_configs + 1  # + the target line
+    assert legend.get_window_extent(renderer).x0 > axes_box.x1  # right of the axes: covers no curve
+    pad = 0.1
+    saved = fig.get_tightbbox(renderer).padded(pad).transformed(fig.dpi_scale_trans)  # what bbox_inches="tight" keeps
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip() and _in_view(ax, t)]
+    assert texts
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        assert saved.x0 <= box.x0 and box.x1 <= saved.x1 and saved.y0 <= box.y0 and box.y1 <= saved.y1, text
+    footnotes = [t for t in texts if t.get_text().startswith(("common overrides:", "overrides:"))]
+    (note,) = footnotes  # the 9 shared overrides (or a single configuration's 11), wrapped to within the figure
+    assert note.get_text().count("\n") >= 1
+    assert note.get_window_extent(renderer).x1 <= axes_box.x1 < legend.get_window_extent(renderer).x0  # clear of it
+    path = tmp_path / "accuracy.png"
+    assert report_plot.plot_metric(groups, path, target=0.55)
+    width, height = _png_size(path)
+    assert (width, height) == pytest.approx((saved.width, saved.height), abs=2)
+    assert width < 1.6 * fig.bbox.width and height < 1.6 * fig.bbox.height  # grown for the legend, not sprawling
+
+
+def test_failed_jobs_listed_with_their_reason(realistic: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert report.main([str(realistic), "--out", str(realistic / "out")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:4] == ["configuration", "seeds", "failed", "rounds"]
+    assert re.match(r"client\.optimizer\.lr=0\.1,strategy=fedprox\s+2/4\s+2\s+0-3\s", lines[5])
+    failed = [line for line in lines if line.startswith("failed: ")]
+    assert failed == [f"failed: {next(realistic.glob('8_*')).name} (0 rounds logged): error: round 1 failed: 3 of 3 "
+                      "clients failed (client 4: boom)",
+                      f"failed: {next(realistic.glob('9_*')).name} (1 rounds logged): error: RuntimeError: CUDA out of memory"]
+    rows = list(csv.DictReader(open(realistic / "out" / "report.csv")))
+    assert [r["status"] for r in rows] == ["finished", "finished", "finished", "failed"]
+    assert [r["seeds_failed"] for r in rows] == ["0", "0", "0", "2"]
+    assert rows[3]["failures"] == ("seed=2: error: round 1 failed: 3 of 3 clients failed (client 4: boom); "
+                                   "seed=3: error: RuntimeError: CUDA out of memory")
+    assert (rows[3]["seeds_finished"], rows[3]["seeds_total"]) == ("2", "4")
+
+
+def test_any_metric_plotted_one_png_each_against_rounds_or_wall_time(realistic: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out = realistic / "out"
+    argv = [str(realistic), "--out", str(out), "--plot", "eval/loss", "--plot", "eval/accuracy", "--plot", "fit/nothing"]
+    assert report.main([*argv, "--x", "wall_time"]) == 0
+    text = capsys.readouterr().out
+    assert "fedsim.report: no run logged fit/nothing with time/round_s; skipped fit_nothing.png" in text
+    assert text.splitlines()[-1] == f"wrote {out / 'report.csv'}, {out / 'eval_loss.png'}, {out / 'accuracy.png'}"
+    assert _png_size(out / "eval_loss.png")[0] > 100
+    runs = report.load_runs(realistic, series=["eval/loss", "time/round_s"])
+    fedavg = report.group_runs(runs)[tuple(sorted(["client.optimizer.lr=0.05", "strategy=fedavg", *SHARED]))]
+    assert [v for point in report.mean_curve(fedavg, "eval/loss", "wall_time") for v in point] == pytest.approx(
+        [0.2, 1.65, 1.6, 1.7, 0.4, 1.45, 1.45, 1.45, 0.6, 1.325, 1.3, 1.35])
+    assert [x for x, *_ in report.mean_curve(fedavg)] == [1, 2, 3]
+    fig, _ = _draw(report.group_runs(runs), metric="eval/loss", x="wall_time", target=0.5)
+    assert fig.axes[0].get_xlabel() == "wall time, s (mean over seeds)" and fig.axes[0].get_ylabel() == "eval/loss"
+    assert "target" not in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]  # only on accuracy
