@@ -26,6 +26,7 @@ _EXPORTS = {
     "SerialExecutor": "fedsim.executor",
     "VmapExecutor": "fedsim.executor",
     "Server": "fedsim.server",
+    "StateDictClient": "fedsim.adapters",
     "Strategy": "fedsim.strategy",
     "StrategyError": "fedsim.errors",
     "TensorData": "fedsim.data.tensor_data",
