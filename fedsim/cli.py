@@ -9,42 +9,57 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from fedsim.checkpoint import CheckpointError, resume_hint
-from fedsim.errors import RoundFailedError, WorkerStartupError
+from fedsim.errors import JobFailed, RoundFailedError, WorkerStartupError
 from fedsim.hydra_entry import fail, run_hydra_entry
-from fedsim.run import CONFIG_DIR, _record_error, build_server, record_summary
+from fedsim.objective import objective_value
+from fedsim.run import CONFIG_DIR, _record_error, build_server, record_summary, write_failed_summary
 from fedsim.server import RunResult, Server
 from fedsim.storage import LogFileErrors, is_write_failure, write_failure_text, write_remedy
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> float:
+    """One run; returns the objective (fedsim/objective.py) for sweepers such as Optuna."""
     with LogFileErrors() as log_file:  # a full disk: run.log's failures are not a traceback per line
-        _run_from_command_line(cfg, HydraConfig.get().runtime.output_dir)
+        history = _run_from_command_line(cfg, HydraConfig.get().runtime.output_dir)
     if log_file.first is not None:
         print(f"fedsim: warning: {log_file.first}; that log misses lines (the run's own files are complete)", file=sys.stderr)
+    return objective_value(history, cfg.objective.metric, cfg.objective.reduce)
 
 
-def _run_from_command_line(cfg: DictConfig, run_dir: str) -> None:
-    """Build and run ``cfg``; every expected failure ends the command with one line (exit 2 before any work, 1 after)."""
+def _stop(message: str, status: int, run_dir: str | None = None) -> NoReturn:
+    """End a single run with one line and ``status``. In a multirun, raise :class:`JobFailed` instead, so that the
+    other jobs run; a job that failed before its first round gets a ``summary.json`` saying why (``run_dir``)."""
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        fail(message, status)
+    if run_dir is not None:
+        write_failed_summary(run_dir, message)
+    raise JobFailed(message, status)
+
+
+def _run_from_command_line(cfg: DictConfig, run_dir: str) -> list[dict[str, Any]]:
+    """Build and run ``cfg``; every expected failure ends the run with one line (exit 2 before any work, 1 after).
+    Returns the run's history (its rounds' scalars)."""
     try:
         server = build_server(cfg, run_dir)
     except (ValueError, FileNotFoundError, CheckpointError) as error:  # ConfigError is a ValueError
-        fail(str(error), 2)
+        _stop(str(error), 2, run_dir)
     except OSError as error:  # e.g. resume_changes.jsonl or metrics.jsonl on a full disk
         if not is_write_failure(error):
             raise
-        fail(f"{write_failure_text(error, run_dir)}; {write_remedy(error, run_dir)} or choose another hydra.run.dir", 2)
+        _stop(f"{write_failure_text(error, run_dir)}; {write_remedy(error, run_dir)} or choose another hydra.run.dir", 2)
     if server.finished:
-        print(f"fedsim: nothing to do: the run in {run_dir if cfg.resume is True else cfg.resume} finished all "
-              f"{server.num_rounds} rounds; to train longer, resume with a larger num_rounds", file=sys.stderr)
-        return
+        print(f"fedsim: nothing to do: the run in {cfg.resume if isinstance(cfg.resume, str) and cfg.resume != 'auto' else run_dir} "
+              f"finished all {server.num_rounds} rounds; to train longer, resume with a larger num_rounds", file=sys.stderr)
+        return server.logger.history
     start = time.perf_counter()
     with _stop_on_signals(server):  # restored afterwards: the next multirun job must not reach this server
         try:
@@ -55,11 +70,11 @@ def _run_from_command_line(cfg: DictConfig, run_dir: str) -> None:
         except Exception as error:  # summary.json: finished false, the error as stop_reason
             _record_error(server, cfg, run_dir, time.perf_counter() - start, error)
             if is_write_failure(error):  # a full disk: the newest checkpoint is intact
-                resumed_from = None if cfg.resume in (None, False, True) else cfg.resume
-                fail(f"{write_failure_text(error, run_dir)}; {resume_hint(run_dir, error, resumed_from)}", 1)
+                resumed_from = None if cfg.resume in (None, False, True, "auto") else cfg.resume
+                _stop(f"{write_failure_text(error, run_dir)}; {resume_hint(run_dir, error, resumed_from)}", 1)
             if not isinstance(error, (RoundFailedError, WorkerStartupError)):
                 raise  # not a round failure (a bug?): keep the traceback
-            fail(str(error), 1)
+            _stop(str(error), 1)
         summary = _record_final_summary(server, result, cfg, run_dir, time.perf_counter() - start)
     if result.stopped_early:
         print(f"fedsim: interrupted: stopped after round {summary['rounds']}, checkpoint in {run_dir}/checkpoints; "
@@ -67,6 +82,7 @@ def _run_from_command_line(cfg: DictConfig, run_dir: str) -> None:
         sys.exit(130)
     print(f"final test accuracy: {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f}, "
           f"{summary['rounds']} rounds, {summary['wall_time_s']:.1f} s) -> {run_dir}")
+    return result.history
 
 
 def _record_final_summary(server: Server, result: RunResult, cfg: DictConfig, run_dir: str, wall_time_s: float) -> dict[str, Any]:
@@ -76,7 +92,7 @@ def _record_final_summary(server: Server, result: RunResult, cfg: DictConfig, ru
     except OSError as error:
         if not is_write_failure(error):
             raise
-        fail(f"{write_failure_text(error, run_dir)}; the rounds, checkpoints and metrics.jsonl are complete: "
+        _stop(f"{write_failure_text(error, run_dir)}; the rounds, checkpoints and metrics.jsonl are complete: "
               f"{write_remedy(error, run_dir)} before the next run", 1)
 
 

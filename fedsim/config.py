@@ -12,7 +12,9 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from fedsim.config_keys import check_keys
 from fedsim.config_numbers import check_numbers
+from fedsim.objective import METRIC_NAME, REDUCTIONS
 
 
 class ConfigError(ValueError):
@@ -33,6 +35,14 @@ class EarlyStopSchema:
 
     target_accuracy: Optional[float] = None
     patience: Optional[int] = None
+
+
+@dataclass
+class ObjectiveSchema:
+    """What ``python -m fedsim`` returns to a Hydra sweeper (see fedsim/objective.py)."""
+
+    metric: str = "eval/accuracy"
+    reduce: str = "final"
 
 
 @dataclass
@@ -58,8 +68,10 @@ class RunSchema:
     strategy: Any = field(default_factory=dict)
     executor: Any = field(default_factory=dict)
     logger: Any = field(default_factory=dict)
+    tracker: Any = field(default_factory=dict)
     stragglers: StragglerSchema = field(default_factory=lambda: StragglerSchema())
     early_stop: EarlyStopSchema = field(default_factory=lambda: EarlyStopSchema())
+    objective: ObjectiveSchema = field(default_factory=lambda: ObjectiveSchema())
 
 
 def register_schema() -> None:
@@ -78,7 +90,8 @@ def _number(section: DictConfig, key: str) -> float | None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check types, ranges and cross-field rules of a composed config; raise :class:`ConfigError` on the first problem."""
+    """Check keys, types, ranges and cross-field rules of a composed config; raise :class:`ConfigError` on the first problem."""
+    check_keys(cfg, RunSchema, ConfigError)
     check_numbers(cfg, ConfigError)
     _validate_run(cfg)
     _validate_client(cfg.client)
@@ -101,7 +114,10 @@ def _validate_run(cfg: DictConfig) -> None:
     _require(cfg.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0: only at the end)", cfg.checkpoint_every)
     _require(cfg.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1", cfg.keep_checkpoints)
     _require(cfg.state_store in ("memory", "disk"), "state_store", "must be memory or disk", cfg.state_store)
-    _require(cfg.resume is None or isinstance(cfg.resume, (bool, str)), "resume", "must be true, false or a path", cfg.resume)
+    _require(cfg.resume is None or isinstance(cfg.resume, (bool, str)), "resume", "must be true, false, auto or a path", cfg.resume)
+    _require(cfg.objective.reduce in REDUCTIONS, "objective.reduce", f"must be one of {', '.join(REDUCTIONS)}", cfg.objective.reduce)
+    _require(bool(METRIC_NAME.fullmatch(cfg.objective.metric)), "objective.metric", "must be a metric name such as "
+             "eval/accuracy or eval/loss", cfg.objective.metric)
 
 
 def _check_eval_device(name: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-GROUPS = ("data", "partition", "model", "client", "strategy", "executor")
+GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "tracker")
 
 
 def check_numbers(cfg: DictConfig, error: Callable[[str], Exception]) -> None:
@@ -29,7 +29,7 @@ def check_numbers(cfg: DictConfig, error: Callable[[str], Exception]) -> None:
 
 
 def _check_node(node: DictConfig, path: str, error: Callable[[str], Exception]) -> None:
-    parameters = _parameters(node.get("_target_"))
+    accepted = parameters(node.get("_target_"))
     for key in node:
         key = str(key)
         if key.startswith("_"):
@@ -37,13 +37,13 @@ def _check_node(node: DictConfig, path: str, error: Callable[[str], Exception]) 
         value = node[key]
         if isinstance(value, DictConfig):
             _check_node(value, f"{path}.{key}", error)
-        elif key in parameters:
-            problem = _problem(parameters[key], value)
+        elif key in accepted:
+            problem = _problem(accepted[key], value)
             if problem:
                 raise error(f"{path}.{key} {problem} (got {value!r})")
 
 
-def _parameters(target: Any) -> dict[str, inspect.Parameter]:
+def parameters(target: Any) -> dict[str, inspect.Parameter]:
     """The parameters of ``_target_`` by name; none when it cannot be imported (instantiation reports that)."""
     if not isinstance(target, str):
         return {}

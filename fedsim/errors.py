@@ -29,6 +29,15 @@ class WorkerStartupError(RuntimeError):
         self.retryable = retryable
 
 
+class JobFailed(Exception):
+    """A job of a multirun stopped (bad input, a failed run). Raised, not ``sys.exit``: Hydra records the job as
+    failed and runs the others; the sweep then ends with this one line and exit status ``status``."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class RunWriteError(OSError):
     """A file of the run could not be written (disk full, read-only filesystem, ...). ``str()`` is one line naming
     the file and the system's reason; it stays an :class:`OSError`, so code that handles those still does."""

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from fedsim.errors import JobFailed
+from fedsim.override_errors import override_error_line
 from fedsim.storage import STORAGE_ERRNOS, write_remedy
 
 def fail(message: str, status: int) -> NoReturn:
@@ -24,14 +26,17 @@ def fail(message: str, status: int) -> NoReturn:
 
 def run_hydra_entry(entry: Any) -> None:
     """Call a ``@hydra.main`` function so that Hydra failing to write the run directory itself (``.hydra/`` on a
-    full disk or a read-only filesystem) is one line and exit status 2; Hydra reports anything else its way."""
+    full disk or a read-only filesystem) or refusing an unknown key or option is one line and exit status 2;
+    Hydra reports anything else its way."""
     previous = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's errors come up to here instead of being printed with a traceback
     try:
         entry()
+    except JobFailed as error:  # re-raised by Hydra's sweeper once every job of the sweep has run
+        fail(f"{error} (a job of the sweep; the others ran: python -m fedsim.report <sweep dir> lists them)", error.status)
     except Exception as error:
         _restore_env("HYDRA_FULL_ERROR", previous)
-        line = hydra_write_failure(error, task=entry.__wrapped__)
+        line = hydra_write_failure(error, task=entry.__wrapped__) or override_error_line(error)
         if line is not None:
             fail(line, 2)
         report_as_hydra(error)

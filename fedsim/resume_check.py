@@ -5,7 +5,7 @@ run's settings as dotted keys (e.g. ``client.optimizer.lr``); a resume with any 
 with one line listing the changes, unless each changed key is named in ``resume_allow_changes``. Allowed
 changes are recorded in ``<run dir>/resume_changes.jsonl``. Settings that cannot change the result are
 free: the executor (every executor gives the same answer), logging, checkpointing, where the server
-evaluates, the state store, early stopping and ``num_rounds`` (resume a finished run with more rounds to
+evaluates, the state store, early stopping, the sweep objective and ``num_rounds`` (resume a finished run with more rounds to
 extend it).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from fedsim.checkpoint import CheckpointError
 
-FREE_PREFIXES = ("executor.", "logger.", "early_stop.", "hydra.")
+FREE_PREFIXES = ("executor.", "logger.", "tracker.", "early_stop.", "hydra.", "objective.")
 FREE_KEYS = {"resume", "resume_allow_changes", "num_rounds", "checkpoint_every", "keep_checkpoints", "eval_device",
              "state_store"}
 

@@ -20,17 +20,17 @@ from hydra.utils import instantiate
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.checkpoint import check_writable, write_text_atomic
+from fedsim.checkpoint import check_writable, list_checkpoints, write_text_atomic
 from fedsim.config import ConfigError, register_schema, to_yaml, validate
 from fedsim.early_stop import EarlyStop
 from fedsim.executor.base import Executor
 from fedsim.strategy.base import Strategy
 from fedsim.data.federated import FederatedData, federate, make_clients
-from fedsim.logging import RunLogger
 from fedsim.resume_check import computation_settings
 from fedsim.seeding import partition_seed
 from fedsim.server import RoundFailedError, RunResult, Server
 from fedsim.stragglers import Stragglers
+from fedsim.trackers import make_logger
 
 
 def _config_dir() -> str:
@@ -108,7 +108,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
     model_factory = build_model_factory(cfg, data)
     strategy = _instantiate_a(cfg.strategy, Strategy, "strategy", "fedsim.strategy.Strategy")
     executor = _instantiate_a(cfg.executor, Executor, "executor", "fedsim.executor.Executor")
-    logger = RunLogger(run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress, client_rows_in_memory=False)
+    logger = make_logger(cfg, run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress, client_rows_in_memory=False)
     logger.log_label_distribution(label_counts(data))
     server = Server(
         model_factory=model_factory,
@@ -132,13 +132,27 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         state_store=cfg.state_store,
     )
     server.settings = computation_settings(flat_hparams(cfg))
-    if cfg.resume not in (None, False):
-        if cfg.resume is True and run_dir is None:
-            raise ConfigError("resume=true needs a run directory; pass resume=<checkpoint or run directory>")
-        server.resume(run_dir if cfg.resume is True else cfg.resume, allow_changes=list(cfg.resume_allow_changes or []))
+    resume = resume_target(cfg.resume, run_dir)
+    if resume is not None:
+        server.resume(resume, allow_changes=list(cfg.resume_allow_changes or []))
     else:
         logger.log_config(to_yaml(cfg))
     return server
+
+
+def resume_target(resume: Any, run_dir: str | Path | None) -> str | Path | None:
+    """What to resume from: ``run_dir`` for ``resume=true``; for ``resume=auto`` that too if it holds a checkpoint,
+    else nothing (a fresh start: a requeued job that had not checkpointed yet); a path as given."""
+    if resume in (None, False):
+        return None
+    if resume is True or resume == "auto":
+        if run_dir is None:
+            raise ConfigError(f"resume={str(resume).lower()} needs a run directory; pass resume=<checkpoint or run directory>")
+        if resume == "auto" and not list_checkpoints(Path(run_dir) / "checkpoints"):
+            log.info("resume=auto: no checkpoint in %s yet; starting the run from round 1", run_dir)
+            return None
+        return run_dir
+    return resume
 
 
 def label_counts(data: FederatedData, max_clients: int = 200) -> np.ndarray:
@@ -198,6 +212,17 @@ def record_summary(
         write_text_atomic(Path(run_dir) / "summary.json", json.dumps(summary, indent=2) + "\n")
         server.logger.log_hparams(flat_hparams(cfg), summary)
     return summary
+
+
+def write_failed_summary(run_dir: str | Path, message: str) -> None:
+    """``summary.json`` of a job that stopped before its first round (bad input in a multirun), so that the sweep's
+    report lists it as failed with ``message``; a failure to write it is only logged."""
+    summary = {"rounds": 0, "final_accuracy": None, "final_loss": None, "best_accuracy": None, "wall_time_s": 0.0,
+               "finished": False, "stop_reason": f"error: {message}"}
+    try:
+        write_text_atomic(Path(run_dir) / "summary.json", json.dumps(summary, indent=2) + "\n")
+    except OSError as error:
+        log.warning("could not write summary.json: %s", error)
 
 
 def _record_error(server: Server, cfg: DictConfig, run_dir: str | Path | None, wall_time_s: float, error: BaseException) -> None:

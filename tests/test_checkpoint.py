@@ -139,6 +139,26 @@ def test_sigkilled_run_resumes_bitwise(strategy: str, kill_after: int, tmp_path:
     _assert_one_value_per_round(tmp_path)
 
 
+def test_resume_auto_starts_fresh_then_continues_a_killed_run_bitwise(tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
+    """The same command twice, as a requeued SLURM job runs it: the first starts (no checkpoint yet), is killed,
+    the second continues from the newest checkpoint and ends bitwise equal to an undisturbed run."""
+    command = _cli(tmp_path, "strategy=fedavg", "resume=auto")
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_rounds(tmp_path, 3, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert 3 <= len(_metrics(tmp_path)) < ROUNDS
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert torch.equal(_final_params(tmp_path), _final_params(uninterrupted["fedavg"]))
+    assert _metrics(tmp_path) == _metrics(uninterrupted["fedavg"])
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0 and "nothing to do" in finished.stderr
+
+
 def _assert_one_value_per_round(run_dir: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

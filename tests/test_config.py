@@ -40,7 +40,7 @@ from fedsim.types import ClientUpdate, FitTask  # noqa: E402
 
 CONF = Path(CONFIG_DIR)
 USER_PKG = Path(__file__).resolve().parent / "user_pkg"
-GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "logger", "experiment")
+GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "logger", "tracker", "experiment")
 SYNTHETIC = "fedsim.data.synthetic.synthetic"
 TIMEOUT_S = 300  # a guard against hangs, not a speed assertion
 
@@ -168,9 +168,17 @@ def _check_logger(cfg: DictConfig, option: str) -> None:
     RunLogger(None, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress).close()
 
 
+def _check_tracker(cfg: DictConfig, option: str) -> None:
+    from fedsim.trackers import TrackedLogger, make_logger
+
+    logger = make_logger(cfg, None, tensorboard=False, progress=False)
+    assert isinstance(logger, TrackedLogger) == (option != "none")
+    logger.close()
+
+
 CHECKS = {
     "data": _check_data, "partition": _check_partition, "model": _check_model, "client": _check_client,
-    "strategy": _check_strategy, "executor": _check_executor, "logger": _check_logger,
+    "strategy": _check_strategy, "executor": _check_executor, "logger": _check_logger, "tracker": _check_tracker,
 }
 
 
