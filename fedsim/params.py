@@ -1,8 +1,9 @@
 """Flat parameter vectors: the one representation of a model's weights that strategies see.
 
 A model's floating-point state (parameters and float buffers, in ``state_dict`` order) is packed
-into one 1-D tensor. Non-float buffers, if a model has any, are not federated: they keep the values
-of the model they live in.
+into one 1-D tensor. Non-float buffers (BatchNorm's ``num_batches_tracked``, an integer lookup table) are
+not federated: every task starts with the values they had when its executor built the model
+(:func:`fixed_state`, :func:`restore_fixed_state`), so no task sees what an earlier one left there.
 """
 
 from __future__ import annotations
@@ -93,3 +94,16 @@ def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
             offset += n
     if offset != flat.numel():
         raise ValueError(f"flat vector has {flat.numel()} values but the model holds {offset}")
+
+
+def fixed_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the model's non-float ``state_dict`` entries, to restore before every task."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if not v.is_floating_point()}
+
+
+def restore_fixed_state(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    """Put the entries :func:`fixed_state` copied back into ``model``, in place."""
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, value in saved.items():
+            state[name].copy_(value)

@@ -22,7 +22,7 @@ from torch import nn
 from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import client_guard
-from fedsim.params import load_flat
+from fedsim.params import load_flat, restore_fixed_state
 from fedsim.state_values import copy_state, state_problem
 from fedsim.strategy.base import LocalTraining
 from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
@@ -74,7 +74,7 @@ class Executor(ABC):
 
 def run_task(
     model: nn.Module, client: Client, data: TensorData, global_params: torch.Tensor, task: FitTask, worker: str,
-    local: LocalTraining | None = None,
+    local: LocalTraining | None = None, fixed: dict[str, torch.Tensor] | None = None,
 ) -> TaskResult:
     """Load the global weights into ``model``, train ``client`` with the task's own generator.
 
@@ -83,9 +83,12 @@ def run_task(
     result never depends on which tasks ran before on the same worker. The client trains on a private copy
     of the task's state; what that copy holds afterwards comes back as the update's new state.
     An exception inside client code becomes a :class:`ClientFailure` with the full traceback; a client
-    that changed its own attributes, or left a state a checkpoint cannot hold, a fatal one.
+    that changed its own attributes, or left a state a checkpoint cannot hold, a fatal one. ``fixed``: the
+    model's non-float state as built (:func:`~fedsim.params.fixed_state`), restored before the task.
     """
     try:
+        if fixed:
+            restore_fixed_state(model, fixed)
         load_flat(model, global_params)
         generator = torch.Generator().manual_seed(task.seed)
         state = copy_state(task.state)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from fedsim.executor.base import Workload, run_task
+from fedsim.params import fixed_state
 from fedsim.executor.worker_log import log_result, redirect_output, tagged
 from fedsim.types import ClientUpdate, FitTask, TaskResult
 
@@ -49,6 +50,7 @@ class RayWorker:
         self.device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")  # Ray sets CUDA_VISIBLE_DEVICES
         with torch.random.fork_rng(devices=[]):
             self.model = workload.model_factory().to(self.device)
+        self.fixed = fixed_state(self.model)  # before the warm-up step (see fedsim.params)
         data = workload.train_data
         self.data = data if self.device.type == "cpu" else replace(data, x=data.x.to(self.device), y=data.y.to(self.device))
         self._round_ref: Any = None
@@ -80,7 +82,8 @@ class RayWorker:
             self._round_ref, self._global = global_ref[0], to_tensor(ray.get(global_ref[0]))
         assert self._global is not None
         with tagged(task):
-            result = run_task(self.model, self.clients[task.client_id], self.data, self._global, task, self.name, self.workload.local)
+            result = run_task(self.model, self.clients[task.client_id], self.data, self._global, task, self.name, self.workload.local,
+                              self.fixed)
             log_result(self.log, result)
         if isinstance(result, ClientUpdate) and isinstance(result.params, torch.Tensor) and result.params.dtype == self._global.dtype:
             return replace(result, params=torch.empty(0)), to_array(result.params)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from fedsim.executor.base import Executor, Workload, run_task
+from fedsim.params import fixed_state
 from fedsim.types import FitTask, TaskResult
 
 
@@ -24,11 +25,13 @@ class SerialExecutor(Executor):
         self.threads = threads
         self._workload: Workload | None = None
         self._model: torch.nn.Module | None = None
+        self._fixed: dict[str, torch.Tensor] = {}
 
     def start(self, workload: Workload) -> None:
         self._workload = workload
         with torch.random.fork_rng(devices=[]):  # a throwaway initialisation must not advance the caller's RNG
             self._model = workload.model_factory().to(self.device)
+        self._fixed = fixed_state(self._model)
 
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
         if self._workload is None or self._model is None:
@@ -38,7 +41,7 @@ class SerialExecutor(Executor):
         torch.set_num_threads(self.threads)
         try:
             return [
-                run_task(self._model, clients[task.client_id], data, global_params, task, "serial", self._workload.local)
+                run_task(self._model, clients[task.client_id], data, global_params, task, "serial", self._workload.local, self._fixed)
                 for task in sorted(tasks, key=lambda t: t.client_id)
             ]
         finally:

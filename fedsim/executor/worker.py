@@ -20,6 +20,7 @@ import torch
 
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import run_task
+from fedsim.params import fixed_state
 from fedsim.executor.worker_log import log_result, redirect_output, tagged
 from fedsim.types import ClientUpdate
 
@@ -52,6 +53,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     except (EOFError, OSError):
         return  # the parent gave up on this start
     model = workload.model_factory().to(device)
+    fixed = fixed_state(model)  # before the warm-up step, which counts a batch in BatchNorm's num_batches_tracked
     data = _to_device(workload.train_data, device)
     _warm_up(model, data)
     log.info("worker %s ready on %s (pid %d, %d threads)", spec.name, device, os.getpid(), torch.get_num_threads())
@@ -65,7 +67,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             break
         task, slot = message
         with tagged(task):
-            result = run_task(model, workload.clients[task.client_id], data, global_params, task, spec.name, workload.local)
+            result = run_task(model, workload.clients[task.client_id], data, global_params, task, spec.name, workload.local, fixed)
             log_result(log, result)
         if isinstance(result, ClientUpdate) and fits(result.params, result_buffers[slot]):
             result_buffers[slot].copy_(result.params)

@@ -125,3 +125,14 @@ class NodeLossClient(Client):
             Path(self.marker).write_text(str(self.client_id))
             time.sleep(60)
         return super().fit(model, data, **kwargs)
+
+
+def cumulative_bn_mlp(input_shape: tuple[int, ...], num_classes: int) -> "torch.nn.Module":
+    """An MLP whose BatchNorm keeps a cumulative average (``momentum=None``): its running statistics depend on
+    ``num_batches_tracked``, an integer buffer that fedsim does not federate."""
+    import torch
+
+    return torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(input_shape[0], 32), torch.nn.BatchNorm1d(32, momentum=None), torch.nn.ReLU(),
+        torch.nn.Linear(32, num_classes),
+    )

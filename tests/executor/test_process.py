@@ -98,6 +98,23 @@ def test_dropout_is_the_same_in_every_worker_and_in_serial() -> None:
     assert torch.equal(final(ProcessExecutor(devices="cpu", workers=3)), final(SerialExecutor()))
 
 
+def test_integer_buffers_start_every_task_as_built() -> None:
+    """BatchNorm with ``momentum=None`` averages over ``num_batches_tracked``, an integer buffer that is not
+    federated. It must start every task at its built value; if it carried over from earlier tasks (or from a
+    worker's warm-up step), the result would depend on which worker ran which clients."""
+    data = _data()
+
+    def final(executor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        return Server(
+            model_factory=functools.partial(fault_clients.cumulative_bn_mlp, (60,), 10),
+            clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)), train_data=data.train,
+            test_data=data.test, strategy=FedAvg(), executor=executor, num_rounds=2, clients_per_round=PER_ROUND, seed=7,
+            logger=RunLogger(None, tensorboard=False, progress=False),
+        ).run().params
+
+    assert torch.equal(final(ProcessExecutor(devices="cpu", workers=2)), final(SerialExecutor()))
+
+
 def test_raising_client_is_reported_and_policy_applies(tmp_path: Path) -> None:
     with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
         run(ProcessExecutor(devices="cpu", workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))
