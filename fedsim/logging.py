@@ -1,8 +1,9 @@
 """Run observability: TensorBoard event files, ``metrics.jsonl``, a progress bar and one log line per evaluation.
 
 Scalars share their names across TensorBoard and ``metrics.jsonl`` (e.g. ``train/loss``,
-``eval/accuracy``, ``client/num_sampled``, ``time/round_s``), grouped by prefix; a user's client metrics
-are ``fit/<name>`` and a strategy's scalars ``strategy/<name>`` (see :mod:`fedsim.round_metrics`).
+``eval/accuracy``, ``time/round_s``), grouped by prefix; a user's client metrics are ``fit/<name>`` and a
+strategy's scalars ``strategy/<name>`` (see :mod:`fedsim.round_metrics`). The round's bookkeeping
+(``client/num_sampled``, ...) is shown in TensorBoard under ``participants/`` (see :mod:`fedsim.tensorboard_log`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from fedsim.checkpoint import write_text_atomic
 from fedsim.errors import RunWriteError
 from fedsim.storage import closing_naming_errors, naming_write_errors, quiet_writer_thread_errors
+from fedsim.tensorboard_log import (
+    is_counter, label_distribution_image, shown_hparams, tensorboard_tag, write_hparams,
+)
 
 log = logging.getLogger("fedsim")
 
@@ -58,6 +62,7 @@ class RunLogger:
         self._fresh = False  # metrics.jsonl still holds what was there before this run
         self._failed = False  # a write failed (close() then does not raise again)
         self._bar: tqdm | None = None
+        self._counters_shown: set[str] = set()  # counters that were non-zero once: in TensorBoard from then on
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             # not truncated yet: a resumed run reads the per-client rows back from it (see restore)
@@ -92,6 +97,7 @@ class RunLogger:
             self._jsonl = open(path, "a+", encoding="utf-8")
             self._fresh = False
         self.history = records if self.client_rows_in_memory else without_client_rows(records)
+        self._counters_shown = {k for r in records for k, v in r.items() if is_counter(k) and v}
         if self._writer is not None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -100,8 +106,12 @@ class RunLogger:
                 self._writer = SummaryWriter(log_dir=self._writer.log_dir, purge_step=next_round)
 
     def rounds(self, first: int, last: int) -> Iterator[int]:
-        """Iterate rounds ``first..last`` under a progress bar; log lines go above the bar."""
-        with logging_redirect_tqdm(loggers=[logging.getLogger()]):
+        """Iterate rounds ``first..last`` under a progress bar; log lines go above the bar, at the console's
+        level (tqdm's handler would print everything: ``logger=quiet`` shows only warnings)."""
+        root = logging.getLogger()
+        console = [h.level for h in root.handlers if isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.stderr)]
+        with logging_redirect_tqdm(loggers=[root]):
+            root.handlers[-1].setLevel(console[0] if console else logging.NOTSET)  # tqdm's, in place of the console's
             disable = None if self.progress is None else not self.progress
             self._bar = tqdm(range(first, last + 1), desc="rounds", unit="round", disable=disable)
             yield from self._bar
@@ -133,10 +143,10 @@ class RunLogger:
         if self._writer is None:
             return
         for key in ("train_loss", "update_norm"):
-            self._histogram(f"client/{key}", [r.get(key) for r in rows], round_num)
+            self._histogram(tensorboard_tag(f"client/{key}"), [r.get(key) for r in rows], round_num)
         names = dict.fromkeys(name for r in rows for name in r.get("metrics", {}))
         for name in names:
-            self._histogram(f"client/fit/{name}", [r.get("metrics", {}).get(name) for r in rows], round_num)
+            self._histogram(tensorboard_tag(f"client/fit/{name}"), [r.get("metrics", {}).get(name) for r in rows], round_num)
 
     def _histogram(self, tag: str, values: list[Any], round_num: int) -> None:
         """A TensorBoard histogram of the finite ``values``; nothing when there are none."""
@@ -146,25 +156,20 @@ class RunLogger:
                 self._writer.add_histogram(tag, np.asarray(finite), round_num)
 
     def log_label_distribution(self, label_counts: np.ndarray) -> None:
-        """The partition at round 0 as an image: one row per client (at most 200), one column per class,
-        brightness = share of the client's examples in that class."""
+        """The partition at round 0 as the image ``partition/label_distribution``: a heatmap of the first 200
+        clients' label shares (see :func:`fedsim.tensorboard_log.label_distribution_image`)."""
         if self._writer is None or label_counts.size == 0:
             return
-        counts = label_counts[:200].astype(np.float64)
-        shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1.0)
-        image = np.kron(shares, np.ones((4, 8)))  # enlarge each cell to 4x8 pixels
+        image = label_distribution_image(label_counts[:200])
         with self._writing(Path(self._writer.log_dir)):
-            self._writer.add_image("data/label_distribution", image[None].astype(np.float32), 0, dataformats="CHW")
+            self._writer.add_image("partition/label_distribution", image, 0, dataformats="HWC")
 
-    def log_hparams(self, hparams: dict[str, Any], results: dict[str, Any]) -> None:
-        """Fill TensorBoard's HParams dashboard with this run's settings and final metrics."""
-        if self.run_dir is None or self._tensorboard is False:
-            return
-        from torch.utils.tensorboard import SummaryWriter
-
-        metrics = {f"hparam/{k}": float(v) for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        with self._writing(self.run_dir / "tensorboard"), SummaryWriter(log_dir=str(self.run_dir / "tensorboard")) as writer:
-            writer.add_hparams(_scalar_hparams(hparams), metrics, run_name="hparams")
+    def log_hparams(self, settings: dict[str, Any], results: dict[str, Any]) -> None:
+        """This run's row in TensorBoard's HParams dashboard, in the run's own event files: the settings that
+        were set or swept and the final metrics (see :func:`fedsim.tensorboard_log.write_hparams`)."""
+        if self.run_dir is not None and self._tensorboard is not False:
+            with self._writing(self.run_dir / "tensorboard"):
+                write_hparams(self.run_dir / "tensorboard", shown_hparams(settings, self.run_dir), results)
 
     def log_round(self, round_num: int, metrics: dict[str, float]) -> None:
         """Record one round's scalars everywhere; print a line when the round was evaluated."""
@@ -183,7 +188,11 @@ class RunLogger:
         if self._writer is not None:
             with self._writing(Path(self._writer.log_dir)):
                 for name, value in metrics.items():
-                    self._writer.add_scalar(name, value, round_num)
+                    if is_counter(name) and name not in self._counters_shown:
+                        if not value:
+                            continue  # a counter that was always zero so far: no chart of zeros
+                        self._counters_shown.add(name)
+                    self._writer.add_scalar(tensorboard_tag(name), value, round_num)
         if "eval/accuracy" in metrics:
             self._show_eval(round_num, metrics)
 
@@ -272,11 +281,6 @@ def process_rss_mb() -> float:
     except OSError:
         pass
     return math.nan
-
-
-def _scalar_hparams(hparams: dict[str, Any]) -> dict[str, Any]:
-    """Keep what the HParams plugin can show: numbers, booleans and strings."""
-    return {k: v for k, v in hparams.items() if isinstance(v, (int, float, bool, str))}
 
 
 def _plain(value: float) -> float | int | None:

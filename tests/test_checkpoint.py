@@ -163,7 +163,7 @@ def _assert_one_value_per_round(run_dir: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0}).Reload()
-    for tag in ("train/loss", "eval/accuracy", "client/num_sampled"):
+    for tag in ("train/loss", "eval/accuracy", "participants/num_sampled"):
         steps = [e.step for e in events.Scalars(tag)]
         assert steps == list(range(1, ROUNDS + 1)), (tag, steps)
 

@@ -36,6 +36,7 @@ from fedsim.models import LogisticRegression  # noqa: E402
 from fedsim.run import CONFIG_DIR, build_server, compose, run_config  # noqa: E402
 from fedsim.server import RunResult, Server  # noqa: E402
 from fedsim.strategy import Strategy  # noqa: E402
+from fedsim.tensorboard_log import tensorboard_tag  # noqa: E402
 from fedsim.types import ClientUpdate, FitTask  # noqa: E402
 
 CONF = Path(CONFIG_DIR)
@@ -399,7 +400,7 @@ def test_tensorboard_and_metrics_jsonl_record_every_round(cli: dict[str, CliRun]
     records = run.records()
     assert [r["round"] for r in records] == [1, 2, 3]
     for tag in SCALARS:
-        scalars = events.Scalars(tag)
+        scalars = events.Scalars(tensorboard_tag(tag))
         assert [e.step for e in scalars] == [1, 2, 3], tag
         for event, record in zip(scalars, records):
             assert math.isclose(event.value, record[tag], rel_tol=1e-6, abs_tol=1e-9), (tag, event, record)

@@ -203,7 +203,7 @@ def test_tensorboard_reads_back_the_custom_scalars_and_histograms(sweep: Path) -
         got = [(s.step, s.value) for s in events.Scalars(tag)]
         assert [step for step, _ in got] == [step for step, _ in want]
         assert [value for _, value in got] == pytest.approx([value for _, value in want], rel=1e-6)  # float32
-    histograms = events.Histograms("client/fit/personal_loss")
+    histograms = events.Histograms("participants/fit/personal_loss")
     assert [h.step for h in histograms] == [r["round"] for r in records if "fit/personal_loss" in r]
     first = next(r for r in records if "fit/personal_loss" in r)
     assert histograms[0].histogram_value.num == sum("metrics" in c for c in first["clients"])

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -27,43 +31,99 @@ def _events(path: Path) -> EventAccumulator:
 
 def test_client_histograms_every_round(run_dir: Path) -> None:
     events = _events(run_dir / "tensorboard")
-    for tag in ("client/train_loss", "client/update_norm"):
+    for tag in ("participants/train_loss", "participants/update_norm"):  # the clients' client/ rows
         assert [h.step for h in events.Histograms(tag)] == list(range(1, ROUNDS + 1))
     norms = [c["update_norm"] for c in json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])["clients"]]
     assert len(norms) == 10 and all(n > 0 for n in norms)
 
 
-def test_scalars_grouped_by_the_five_prefixes(run_dir: Path) -> None:
+def test_scalars_grouped_with_the_test_metrics_first(run_dir: Path) -> None:
     events = _events(run_dir / "tensorboard")
     scalars = set(events.Tags()["scalars"])
-    assert {tag.split("/")[0] for tag in scalars} == {"train", "eval", "client", "time", "system"}
-    for tag in ("client/num_sampled", "client/num_failed", "client/num_examples", "client/num_rejected", "client/num_aggregated"):
+    # TensorBoard orders groups alphabetically: the round's bookkeeping goes under participants/, after eval/
+    assert {tag.split("/")[0] for tag in scalars} == {"train", "eval", "participants", "time", "system", "summary"}
+    assert min(tag.split("/")[0] for tag in scalars | set(events.Tags()["images"])) == "eval"
+    for tag in ("participants/num_sampled", "participants/num_examples", "participants/num_aggregated"):
         assert [s.step for s in events.Scalars(tag)] == list(range(1, ROUNDS + 1)), tag
-    assert [s.value for s in events.Scalars("client/num_sampled")] == [10.0] * ROUNDS
-    # the client/ scalars share their prefix with the client/ histograms without replacing them
-    assert {"client/train_loss", "client/update_norm"} <= set(events.Tags()["histograms"])
+    assert [s.value for s in events.Scalars("participants/num_sampled")] == [10.0] * ROUNDS
+    # counters that stayed zero are left out of TensorBoard, not out of metrics.jsonl
+    assert not {"participants/num_failed", "participants/num_rejected"} & scalars
+    record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["client/num_failed"] == 0.0 and record["client/num_rejected"] == 0.0
+    assert {"participants/train_loss", "participants/update_norm"} <= set(events.Tags()["histograms"])
     assert not scalars & set(events.Tags()["histograms"])
 
 
-def test_label_distribution_image_and_system_scalars(run_dir: Path) -> None:
+def test_a_counter_is_shown_from_its_first_non_zero_value(tmp_path: Path) -> None:
+    from fedsim.logging import RunLogger
+
+    with RunLogger(tmp_path, progress=False) as logger:
+        for round_num, failed in enumerate([0.0, 0.0, 2.0, 0.0], start=1):
+            logger.log_round(round_num, {"client/num_sampled": 10.0, "client/num_failed": failed})
+    events = _events(tmp_path / "tensorboard")
+    assert [(s.step, s.value) for s in events.Scalars("participants/num_failed")] == [(3, 2.0), (4, 0.0)]
+    assert [s.step for s in events.Scalars("participants/num_sampled")] == [1, 2, 3, 4]
+
+
+def test_label_distribution_chart_and_system_scalars(run_dir: Path) -> None:
+    from PIL import Image
+
     events = _events(run_dir / "tensorboard")
-    [image] = events.Images("data/label_distribution")
-    assert image.step == 0 and image.height == 30 * 4 and image.width == 10 * 8  # 30 clients x 10 classes
+    [image] = events.Images("partition/label_distribution")
+    assert image.step == 0
+    chart = Image.open(io.BytesIO(image.encoded_image_string))
+    assert chart.size == (image.width, image.height) and image.width >= 400 and image.height >= 200
+    colours = np.unique(np.asarray(chart.convert("RGB")).reshape(-1, 3), axis=0)
+    assert len(colours) > 50  # a drawn chart (text, colour bar), not an 80x80 grey bitmap
     assert [s.step for s in events.Scalars("system/rss_mb")] == list(range(1, ROUNDS + 1))
     assert all(s.value > 10 for s in events.Scalars("system/rss_mb"))
 
 
-def test_hparams_dashboard_holds_settings_and_results(run_dir: Path) -> None:
-    events = _events(run_dir / "tensorboard" / "hparams")
-    content = events.PluginTagToContent("hparams")
-    assert content, "no HParams data"
+def _hparams(events: EventAccumulator) -> tuple[dict[str, object], list[str]]:
+    """The run's HParams values (as Python values) and its metric column tags."""
+    from google.protobuf.json_format import MessageToDict
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    blobs = [plugin_data_pb2.HParamsPluginData.FromString(v) for v in content.values()]
+    blobs = [plugin_data_pb2.HParamsPluginData.FromString(v) for v in events.PluginTagToContent("hparams").values()]
     session = next(b.session_start_info for b in blobs if b.HasField("session_start_info"))
-    assert session.hparams["client.optimizer.lr"].number_value == pytest.approx(0.01)
-    assert session.hparams["strategy._target_"].string_value == "fedsim.strategy.FedAvg"
-    assert "hparam/final_accuracy" in events.Tags()["scalars"]
+    experiment = next(b.experiment for b in blobs if b.HasField("experiment"))
+    return MessageToDict(session)["hparams"], [m.name.tag for m in experiment.metric_infos]
+
+
+def test_hparams_in_the_runs_own_event_files(run_dir: Path) -> None:
+    assert [p.name for p in (run_dir / "tensorboard").iterdir() if p.is_dir()] == []  # no hparams sub-run
+    events = _events(run_dir / "tensorboard")
+    hparams, metrics = _hparams(events)
+    # a run from Python has no Hydra overrides: every setting, without Hydra's _target_/_partial_ and logger.*
+    assert hparams["client.optimizer.lr"] == pytest.approx(0.01) and hparams["strategy"] == "FedAvg"
+    assert not [k for k in hparams if k.endswith(("_target_", "_partial_")) or k.startswith("logger")]
+    assert metrics[0] == "eval/accuracy" and "summary/best_accuracy" in metrics
+    summary = json.loads((run_dir / "summary.json").read_text())
+    [best] = events.Scalars("summary/best_accuracy")
+    assert best.step == ROUNDS and best.value == pytest.approx(summary["best_accuracy"])
+    assert events.Scalars("eval/accuracy")[-1].value == pytest.approx(summary["final_accuracy"])
+
+
+def _fedsim(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fedsim", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_a_sweep_shows_what_was_swept_and_quiet_prints_no_round_lines(tmp_path: Path) -> None:
+    sweep = _fedsim("-m", "num_rounds=2", "clients_per_round=3", "+client.optimizer.foreach=true,false",
+                    f"hydra.sweep.dir={tmp_path / 'sweep'}", "logger.progress=false")
+    assert sweep.returncode == 0, sweep.stderr
+    runs = sorted((tmp_path / "sweep").glob("*/tensorboard"))
+    assert len(runs) == 2
+    for run, foreach in zip(runs, (True, False)):
+        hparams, _ = _hparams(_events(run))
+        # the keys set on the command line and strategy/seed; booleans stay booleans; no logger.* keys
+        assert hparams == {"strategy": "fedavg", "seed": 0.0, "num_rounds": 2.0, "clients_per_round": 3.0,
+                           "client.optimizer.foreach": foreach}
+    quiet = _fedsim("num_rounds=2", "clients_per_round=3", "logger=quiet", f"hydra.run.dir={tmp_path / 'quiet'}")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "round" not in quiet.stderr and quiet.stdout.splitlines() == [quiet.stdout.strip()]  # the final line only
+    assert quiet.stdout.startswith("final test accuracy")
+    assert "round 2: test accuracy" in (tmp_path / "quiet" / "run.log").read_text()  # the log file keeps every line
 
 
 def test_early_stop_known_answers() -> None:

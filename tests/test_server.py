@@ -210,7 +210,7 @@ def test_failing_client_with_lenient_policy_is_recorded(tmp_path: Path) -> None:
     assert [r["client/num_failed"] for r in records] == [1.0, 1.0]
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
-    failed = events.Scalars("client/num_failed")
+    failed = events.Scalars("participants/num_failed")  # TensorBoard groups client/ after eval/
     assert [(e.step, e.value) for e in failed] == [(1, 1.0), (2, 1.0)]
     texts = [e.tensor_proto.string_val[0].decode() for e in events.Tensors("failures/text_summary")]
     assert len(texts) == 2 and all(f"client {BAD_CLIENT}" in t and "disk on fire" in t for t in texts)
