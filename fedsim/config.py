@@ -59,6 +59,7 @@ class RunSchema:
     checkpoint_every: int = 0
     keep_checkpoints: int = 3
     state_store: str = "memory"
+    server_threads: Optional[int] = 1
     resume: Any = None
     resume_allow_changes: list[str] = field(default_factory=list)
     data: Any = field(default_factory=dict)
@@ -114,6 +115,7 @@ def _validate_run(cfg: DictConfig) -> None:
     _require(cfg.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0: only at the end)", cfg.checkpoint_every)
     _require(cfg.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1", cfg.keep_checkpoints)
     _require(cfg.state_store in ("memory", "disk"), "state_store", "must be memory or disk", cfg.state_store)
+    _require(cfg.server_threads is None or cfg.server_threads >= 1, "server_threads", "must be >= 1 or null", cfg.server_threads)
     _require(cfg.resume is None or isinstance(cfg.resume, (bool, str)), "resume", "must be true, false, auto or a path", cfg.resume)
     _require(cfg.objective.reduce in REDUCTIONS, "objective.reduce", f"must be one of {', '.join(REDUCTIONS)}", cfg.objective.reduce)
     _require(bool(METRIC_NAME.fullmatch(cfg.objective.metric)), "objective.metric", "must be a metric name such as "

@@ -20,7 +20,7 @@ from fedsim.checkpoint import CheckpointError
 
 FREE_PREFIXES = ("executor.", "logger.", "tracker.", "early_stop.", "hydra.", "objective.")
 FREE_KEYS = {"resume", "resume_allow_changes", "num_rounds", "checkpoint_every", "keep_checkpoints", "eval_device",
-             "state_store"}
+             "state_store", "server_threads"}
 
 
 def computation_settings(flat: dict[str, Any]) -> dict[str, Any]:

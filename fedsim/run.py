@@ -130,6 +130,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         keep_checkpoints=cfg.keep_checkpoints,
         early_stop=EarlyStop(cfg.early_stop.target_accuracy, cfg.early_stop.patience),
         state_store=cfg.state_store,
+        threads=cfg.server_threads,
     )
     server.settings = computation_settings(flat_hparams(cfg))
     resume = resume_target(cfg.resume, run_dir)

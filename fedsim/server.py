@@ -29,6 +29,7 @@ from fedsim.seeding import init_seed, sampling_rng, task_seed
 from fedsim.stragglers import Stragglers
 from fedsim.strategy.base import Strategy
 from fedsim.strategy_guard import checked_aggregate, checked_scalars
+from fedsim.threads import torch_threads
 from fedsim.types import ClientUpdate, FitTask
 from fedsim.updates import apply_failure_policy, sound_updates
 
@@ -57,7 +58,9 @@ class Server:
     (``"auto"``: the first GPU if there is one, see :mod:`fedsim.evaluation`). ``stragglers``
     simulates clients that manage fewer local epochs; the strategy decides whether their work counts.
     ``state_store`` (``"memory"`` or ``"disk"``) keeps the clients' states between rounds
-    (:mod:`fedsim.state`); with checkpoints, under ``<checkpoint_dir>/client_state``.
+    (:mod:`fedsim.state`); with checkpoints, under ``<checkpoint_dir>/client_state``. ``threads``: torch's
+    thread count in this process during :meth:`run`, outside the executor's ``fit`` (``None``: unchanged; see
+    :mod:`fedsim.threads`); the caller's setting comes back afterwards.
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class Server:
         keep_checkpoints: int = 3,
         early_stop: EarlyStop | None = None,
         state_store: str = "memory",
+        threads: int | None = 1,
     ) -> None:
         self.stragglers = stragglers or Stragglers()
         _check_settings(num_rounds, eval_every, clients_per_round, len(clients), self.stragglers)
@@ -89,7 +93,7 @@ class Server:
         self.model_factory, self.clients, self.strategy, self.executor = model_factory, clients, strategy, executor
         self.train_data, self.test_data = train_data, test_data
         self.num_rounds, self.clients_per_round, self.seed = num_rounds, clients_per_round, seed
-        self.eval_every, self.min_success_fraction = eval_every, min_success_fraction
+        self.eval_every, self.min_success_fraction, self.threads = eval_every, min_success_fraction, threads
         self.logger = logger or RunLogger(None)
         self.model = _initial_model(model_factory, seed)
         self.params = flatten(self.model)
@@ -126,6 +130,10 @@ class Server:
         :class:`StrategyError`, an executor's error...), the checkpoint of round k-1 is written if it is
         not on disk yet, from the state as it was when round k-1 ended, and the error propagates.
         """
+        with torch_threads(self.threads):
+            return self._run()
+
+    def _run(self) -> RunResult:
         if self.finished:  # a resume of a run that had already done all its rounds
             self.logger.close()
             load_flat(self.model, self.params)

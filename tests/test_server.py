@@ -305,3 +305,36 @@ def test_hundred_thousand_clients_only_the_sampled_ones_train() -> None:
     assert sum(CountingClient.fits.values()) == 30
     assert [r["client/num_sampled"] for r in result.history] == [10.0, 10.0, 10.0]
     assert [r["client/num_examples"] for r in result.history] == [10.0, 10.0, 10.0]
+
+
+# --- the server's thread budget ------------------------------------------------------------------
+
+
+class _ThreadsSeen(FedAvg):
+    """FedAvg that records torch's thread count whenever it aggregates (the server's own work)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
+        self.seen.append(torch.get_num_threads())
+        return super().aggregate(round_num, global_params, updates)
+
+
+def test_server_work_runs_on_its_thread_budget_and_the_callers_setting_comes_back() -> None:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        strategy = _ThreadsSeen()
+        one = _server(strategy=strategy).run()  # Server(threads=1) by default
+        assert strategy.seen == [1, 1, 1]
+        assert torch.get_num_threads() == 3
+        untouched = _ThreadsSeen()
+        server = _server(strategy=untouched)
+        server.threads = None
+        other = server.run()
+        assert untouched.seen == [3, 3, 3]
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(one.params, other.params), "the weights do not depend on the server's thread count"
