@@ -14,7 +14,8 @@ This script times ``Client.fit`` (1 thread, batch 10, SGD) side by side for:
 * ``scaffold``          ``fedsim.strategy.ControlCorrection`` (before_step)
 
 on multinomial logistic regression (Synthetic(1,1) shape: 60 features, 10 classes), the MNIST 2NN
-and the MNIST CNN. The contenders alternate within every repetition; the median seconds per local
+and the MNIST CNN. The contenders alternate within every repetition (``harness.run_interleaved``, in a
+fixed order; each fit's data and model are built untimed in ``prepare``); the median seconds per local
 step over the repetitions are reported, with the ratio to ``fedavg``. It also checks that the loss-term
 and gradient forms give the same weights after training (relative difference).
 
@@ -22,12 +23,12 @@ Run from the repository root::
 
     .venv/bin/python experiments/bench/bench_local_terms.py                 # ~2 minutes on 2 cores
     .venv/bin/python experiments/bench/bench_local_terms.py --models mlr,2nn --repeats 9
+    .venv/bin/python experiments/bench/bench_local_terms.py --load 1   # busy machine: results_local_terms_load1.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -46,7 +47,7 @@ from fedsim.strategy import ControlCorrection, ProximalTerm
 from fedsim.strategy.base import LocalTraining
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_executors import code_version, machine  # noqa: E402
+import harness  # noqa: E402  (timing, reporting, --load)
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "mlr": (lambda: LogisticRegression((60,), 10), (60,)),
@@ -90,32 +91,45 @@ def contenders(num_params: int) -> dict[str, tuple[LocalTraining | None, dict[st
     }
 
 
-def fit_once(model_name: str, local: LocalTraining | None, config: dict[str, Any]) -> tuple[float, torch.Tensor]:
-    """Seconds per local step of one ``Client.fit`` from a fixed initial model, and its final weights."""
-    factory, shape = MODELS[model_name]
-    steps = STEPS[model_name]
-    gen = torch.Generator().manual_seed(0)
-    data = TensorData(torch.rand((steps * 10, *shape), generator=gen), torch.randint(0, 10, (steps * 10,), generator=gen), 10)
-    torch.manual_seed(0)
-    model = factory()
-    client = Client(0, np.arange(steps * 10), batch_size=10)
-    start = time.perf_counter()
-    client.fit(model, data, config=config, generator=torch.Generator().manual_seed(1), local=local)
-    return (time.perf_counter() - start) / steps, flatten(model)
+class LocalTermFit:
+    """One contender for ``harness.run_interleaved``: a round is one ``Client.fit`` from a fixed initial
+    model, timed alone (the data, model and client are built in the untimed ``prepare``)."""
+
+    def __init__(self, name: str, model_name: str, local: LocalTraining | None, config: dict[str, Any]) -> None:
+        self.name, self.model_name, self.local, self.config = name, model_name, local, config
+        self.seconds: list[float] = []
+
+    def prepare(self, round_num: int) -> None:
+        factory, shape = MODELS[self.model_name]
+        steps = STEPS[self.model_name]
+        gen = torch.Generator().manual_seed(0)
+        self.data = TensorData(torch.rand((steps * 10, *shape), generator=gen), torch.randint(0, 10, (steps * 10,), generator=gen), 10)
+        torch.manual_seed(0)
+        self.model = factory()
+        self.client = Client(0, np.arange(steps * 10), batch_size=10)
+
+    def run_round(self, round_num: int) -> None:
+        start = time.perf_counter()
+        self.client.fit(self.model, self.data, config=self.config, generator=torch.Generator().manual_seed(1), local=self.local)
+        self.seconds.append((time.perf_counter() - start) / STEPS[self.model_name])
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def info(self) -> dict[str, Any]:
+        return {"s_per_step": self.seconds, "weights": flatten(self.model)}
 
 
 def bench_model(model_name: str, repeats: int) -> dict[str, Any]:
     """Alternate the contenders ``repeats`` times (after one untimed pass); median s/step and ratios."""
     num_params = sum(p.numel() for p in MODELS[model_name][0]().parameters())
-    chosen = contenders(num_params)
-    times: dict[str, list[float]] = {name: [] for name in chosen}
-    weights: dict[str, torch.Tensor] = {}
-    for repeat in range(repeats + 1):
-        for name, (local, config) in chosen.items():
-            seconds, weights[name] = fit_once(model_name, local, config)
-            if repeat:
-                times[name].append(seconds)
-        print(f"[{model_name}] repeat {repeat} done", file=sys.stderr, flush=True)
+    chosen = [LocalTermFit(name, model_name, local, config) for name, (local, config) in contenders(num_params).items()]
+    rows = harness.run_interleaved(chosen, repeats + 1, tag=model_name, rotate=False)
+    times = {name: row["s_per_step"][1:] for name, row in rows.items()}
+    weights = {name: row["weights"] for name, row in rows.items()}
     median = {name: statistics.median(values) for name, values in times.items()}
     return {
         "parameters": num_params,
@@ -131,6 +145,8 @@ def bench_model(model_name: str, repeats: int) -> dict[str, Any]:
             kind: float((weights[kind] - weights[f"{kind}_written"]).norm() / weights[f"{kind}_written"].norm())
             for kind in ("fedprox", "scaffold")
         },
+        "max_others_cores": {name: max(row["others_cores"][1:]) for name, row in rows.items()},
+        "median_load_cores": {name: statistics.median(row["load_cores"][1:]) for name, row in rows.items()},
     }
 
 
@@ -144,16 +160,16 @@ def print_table(model_name: str, row: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--models", default="mlr,2nn,cnn", help="comma-separated subset of: " + ",".join(MODELS))
-    parser.add_argument("--repeats", type=int, default=7, help="timed repetitions (after one untimed)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results_local_terms.json"))
+    harness.add_common_args(parser, repeats=("--repeats", 7, "timed repetitions (after one untimed)"), warmup=None, quiet_wait=0.0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    results: dict[str, Any] = {"command": " ".join(sys.argv), "code": code_version(), "machine": machine(), "models": {}}
-    for model_name in args.models.split(","):
-        results["models"][model_name] = bench_model(model_name, args.repeats)
-        print_table(model_name, results["models"][model_name])
-    args.out.write_text(json.dumps(results, indent=1))
-    print(f"\nwrote {args.out}")
+    results: dict[str, Any] = {"command": " ".join(sys.argv), **harness.new_report(args, harness.HERE / "results_local_terms.json"), "models": {}}
+    with harness.busy_machine(args.load) as load:
+        for model_name in args.models.split(","):
+            results["models"][model_name] = bench_model(model_name, args.repeats)
+            print_table(model_name, results["models"][model_name])
+    results["load"] = load.record()
+    harness.write_json(args.out, results)
 
 
 if __name__ == "__main__":

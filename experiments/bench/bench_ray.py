@@ -6,9 +6,9 @@ Contenders (per model), both fedsim ``Server`` + FedAvg driven as ``Server.run``
 * ``ray_w2``      ``RayExecutor(workers=2, threads=1)``: 2 CPU actors on a local Ray started by this
                   script (``ray.init`` with the arguments ``RayExecutor`` uses when it starts Ray itself)
 
-The workload, the interleaving (round r of each contender in turn, order rotating every round, each
-round after a quiet second when one comes) and the measurements (wall time, CPU of this script's
-process tree, cores used by other processes) are those of ``bench_executors.py``, imported from it.
+The workload (``workload.py``), the interleaving (round r of each contender in turn, order rotating every
+round, each round after a quiet second when one comes) and the measurements (wall time, CPU of this
+script's process tree, cores used by other processes) are the shared harness's (``harness.py``).
 Ray's start-up (``ray.init``) and each executor's start-up (actors / workers ready) are timed apart
 from the rounds. Before the rounds, a small probe times ``ray.get`` of an actor's return: an empty
 call, and a flat update of each model's size as a tensor and as a NumPy array. Reported: per-round times, their median, and ray/process per model, both as the ratio
@@ -20,6 +20,7 @@ Run from the repository root::
 
     .venv/bin/python experiments/bench/bench_ray.py                  # both models, ~5 min on 2 cores
     .venv/bin/python experiments/bench/bench_ray.py --models 2nn --rounds 10
+    .venv/bin/python experiments/bench/bench_ray.py --load 1          # busy machine: results_ray_load1.json
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ import ray
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_executors as be  # noqa: E402  (the workload, the interleaved driver and the meters)
+import harness  # noqa: E402  (timing, reporting, --load)
+import workload as wl  # noqa: E402  (the shared workload and contenders)
 
-from fedsim.data.partition import iid  # noqa: E402
 from fedsim.executor import ProcessExecutor, RayExecutor  # noqa: E402
 
 CONTENDERS = ("process_w2", "ray_w2")
@@ -48,20 +49,8 @@ CONTENDERS = ("process_w2", "ray_w2")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--models", default="cnn,2nn", help="comma-separated subset of: " + ",".join(be.MODELS))
-    p.add_argument("--num-examples", type=int, default=60_000)
-    p.add_argument("--clients", type=int, default=100)
-    p.add_argument("--per-round", type=int, default=10)
-    p.add_argument("--examples-per-client", type=int, default=None, help="default: all (600)")
-    p.add_argument("--rounds", type=int, default=8, help="timed rounds per contender")
-    p.add_argument("--warmup", type=int, default=1, help="untimed warm-up rounds before them")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=10)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet-threshold", type=float, default=0.25)
-    p.add_argument("--quiet-wait", type=float, default=5.0)
-    p.add_argument("--out", type=Path, default=be.HERE / "results_ray.json")
+    wl.add_workload_args(p, models="cnn,2nn")
+    harness.add_common_args(p, repeats=("--rounds", 8, "timed rounds per contender"), warmup=1)
     return p.parse_args(argv)
 
 
@@ -75,7 +64,7 @@ def start_ray() -> float:
 
 def idle_cores(seconds: float = 5.0) -> float:
     """Cores this script's process tree (server, idle workers, idle actors, Ray's daemons) uses while idle."""
-    meter = be.Meter()
+    meter = harness.Meter()
     time.sleep(seconds)
     wall, _ = meter.stop()
     return meter.own_cpu_s / wall
@@ -116,12 +105,12 @@ def transfer_ms(sizes: dict[str, int], calls: int = 30) -> dict[str, dict[str, f
     return out
 
 
-def make_contender(name: str, bench: be.Bench, log_dir: Path) -> be.FedsimContender:
+def make_contender(name: str, bench: wl.Bench, log_dir: Path) -> wl.FedsimContender:
     if name == "process_w2":
         executor: Any = ProcessExecutor(devices="cpu", workers=2, threads=1)
     else:
         executor = RayExecutor(workers=2, threads=1)  # joins the Ray started above; does not own it
-    return be.FedsimContender(name, bench, executor, log_dir / name)
+    return wl.FedsimContender(name, bench, executor, log_dir / name)
 
 
 def compare(rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]], warmup: int) -> dict[str, Any]:
@@ -130,7 +119,7 @@ def compare(rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]],
     pairs = [r / p for r, p in zip(ray_["timed_round_s"], proc["timed_round_s"])]
     cpu = [r / p for r, p in zip(results["ray_w2"]["own_cpu_s"][warmup:], results["process_w2"]["own_cpu_s"][warmup:])]
     others = zip(results["ray_w2"]["others_cores"][warmup:], results["process_w2"]["others_cores"][warmup:])
-    quiet = [pair for pair, load in zip(pairs, others) if max(load) < be.QUIET["threshold_cores"]]
+    quiet = [pair for pair, load in zip(pairs, others) if max(load) < harness.QUIET["threshold_cores"]]
     return {
         "ray/process_quiet_pairs": quiet,  # rounds in which other processes used < threshold cores in both
         "ray/process_quiet_pairs_median": statistics.median(quiet) if quiet else None,
@@ -145,12 +134,7 @@ def compare(rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]],
 
 
 def print_model(model: str, rows: dict[str, dict[str, Any]], cmp: dict[str, Any]) -> None:
-    print(f"\n== {model}")
-    print(f"{'contender':<12}{'median s/round':>16}{'cpu s/round':>13}{'startup s':>11}{'others cores':>14}  timed rounds (s)")
-    for name, row in rows.items():
-        rounds = ", ".join(f"{s:.3f}" for s in row["timed_round_s"])
-        print(f"{name:<12}{row['median_round_s']:>16.3f}{row['median_cpu_s']:>13.2f}{row['startup_s']:>11.2f}"
-              f"{row['max_others_cores']:>14.2f}  {rounds}")
+    harness.print_rows(model, rows)
     pairs = ", ".join(f"{r:.2f}" for r in cmp["ray/process_per_round"])
     print(f"ray/process: {cmp['ray/process_median']:.3f}x (medians); per round {pairs} "
           f"(median {cmp['ray/process_per_round_median']:.3f}, min {cmp['ray/process_per_round_min']:.3f}, "
@@ -160,42 +144,38 @@ def print_model(model: str, rows: dict[str, dict[str, Any]], cmp: dict[str, Any]
 
 
 def run_model(model: str, data: Any, shares: list[Any], args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    bench = be.make_bench(model, data, shares, args)
+    bench = wl.make_bench(model, data, shares, args)
     contenders = [make_contender(name, bench, tmp / model) for name in CONTENDERS]
-    results = be.run_interleaved(bench, contenders)
-    rows = {k: be.summarize(v, args.warmup) for k, v in results.items()}
+    results = harness.run_interleaved(contenders, bench.total_rounds, tag=model)
+    rows = {k: harness.summarize(v, args.warmup) for k, v in results.items()}
     cmp = compare(rows, results, args.warmup)
     print_model(model, rows, cmp)
-    return {"contenders": rows, "comparison": cmp,
-            "num_params": sum(p.numel() for p in bench.model_factory().parameters())}
+    return {"contenders": rows, "comparison": cmp, "num_params": bench.num_params()}
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    be.QUIET.update(threshold_cores=args.quiet_threshold, max_wait_s=args.quiet_wait)
-    data = be.mnist_shaped(args.num_examples, args.seed)
-    shares = iid(data.labels, num_clients=args.clients, seed=args.seed)
-    if args.examples_per_client is not None:
-        shares = [s[: args.examples_per_client] for s in shares]
-    args.examples_per_client = args.examples_per_client or int(statistics.median(len(s) for s in shares))
-    report: dict[str, Any] = {"machine": {**be.machine(), "ray": ray.__version__}, "code": be.code_version(),
-                              "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "models": {}}
+    data, shares = wl.mnist_clients(args)
+    report = harness.new_report(args, harness.HERE / "results_ray.json", ray=ray.__version__)
+    report["models"] = {}
     print(json.dumps(report["machine"]))
-    report["ray_init_s"] = start_ray()
-    print(f"ray.init: {report['ray_init_s']:.2f} s")
-    try:
-        report["idle_cores_with_ray_up"] = idle_cores()
-        print(f"this script's processes while idle, Ray up: {report['idle_cores_with_ray_up']:.3f} cores")
-        sizes = {m: sum(p.numel() for p in be.MODELS[m](be.INPUT_SHAPE, be.NUM_CLASSES).parameters()) for m in args.models.split(",")}
-        report["transfer_ms"] = transfer_ms(sizes)
-        print(f"ray.get of an actor's return, ms (empty call / update as tensor / as array): {json.dumps(report['transfer_ms'])}")
-        with tempfile.TemporaryDirectory(prefix="fedsim-bench-ray-") as tmp:
-            for model in args.models.split(","):
-                report["models"][model] = run_model(model, data, shares, args, Path(tmp))
-    finally:
-        ray.shutdown()
-    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(f"\nwrote {args.out}")
+    with harness.busy_machine(args.load) as load:
+        report["ray_init_s"] = start_ray()
+        print(f"ray.init: {report['ray_init_s']:.2f} s")
+        try:
+            report["idle_cores_with_ray_up"] = idle_cores()
+            print(f"this script's processes while idle, Ray up: {report['idle_cores_with_ray_up']:.3f} cores")
+            sizes = {m: sum(p.numel() for p in wl.MODELS[m](wl.INPUT_SHAPE, wl.NUM_CLASSES).parameters())
+                     for m in args.models.split(",")}
+            report["transfer_ms"] = transfer_ms(sizes)
+            print(f"ray.get of an actor's return, ms (empty call / update as tensor / as array): {json.dumps(report['transfer_ms'])}")
+            with tempfile.TemporaryDirectory(prefix="fedsim-bench-ray-") as tmp:
+                for model in args.models.split(","):
+                    report["models"][model] = run_model(model, data, shares, args, Path(tmp))
+        finally:
+            ray.shutdown()
+    report["load"] = load.record()
+    harness.write_json(args.out, report)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ Contenders (per model):
                      100 × 10 examples: the same FLOPs as the vmap pass, as one dense model (a bound
                      for what vectorising can reach)
 
-Rounds are interleaved (see ``bench_executors.py``: same driver, same load accounting). The vmap
+Rounds are interleaved by the shared driver (``harness.run_interleaved``: same load accounting, ``--load N``
+for a busy machine). The vmap
 executor's final weights are compared with the serial executor's (relative error), the process
 executor's bitwise.
 
@@ -32,16 +33,14 @@ Run from the repository root::
     .venv/bin/python experiments/bench/bench_vmap.py --data synthetic
     .venv/bin/python experiments/bench/bench_vmap.py --models mlr --rounds 10
     .venv/bin/python experiments/bench/bench_vmap.py --device cuda:0 --contenders serial_t1,vmap_t1,central_t1,wide_t1
+    .venv/bin/python experiments/bench/bench_vmap.py --data mnist --load 1   # busy machine: results_vmap_mnist_load1.json
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import json
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +49,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_executors import (  # noqa: E402  (a sibling script, not a package)
-    INPUT_SHAPE, NUM_CLASSES, QUIET, Bench, CentralContender, FedsimContender, code_version, machine,
-    mnist_shaped, run_interleaved, summarize,
+import harness  # noqa: E402  (timing, reporting, --load)
+from workload import (  # noqa: E402  (the shared workload and contenders)
+    INPUT_SHAPE, Bench, CentralContender, FedsimContender, make_bench, mnist_shaped, relative_errors,
 )
 
 from fedsim.data.partition import iid  # noqa: E402
@@ -61,26 +60,16 @@ from fedsim.data.tensor_data import TensorData  # noqa: E402
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor  # noqa: E402
 from fedsim.models import LogisticRegression, MLP2NN  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 MODELS = {"mlr": LogisticRegression, "2nn": MLP2NN}
 CONTENDERS = ("serial_t1", "process_w2", "vmap_t1", "vmap_t2", "central_t1", "wide_t1", "wide_t2")
 
 
-class CentralOn(CentralContender):
-    """:class:`CentralContender` on ``device`` (the data copied there once, before timing)."""
-
-    def __init__(self, name: str, bench: Bench, threads: int, device: str) -> None:
-        data = TensorData(bench.data.x.to(device), bench.data.y.to(device), bench.data.num_classes)
-        super().__init__(name, replace(bench, data=data), threads)
-        self.device = device
-
-    def start(self) -> None:
-        super().start()
-        self.model.to(self.device)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=self.bench.lr)
+def central_on(name: str, bench: Bench, threads: int, device: str) -> CentralContender:
+    """``CentralContender`` on ``device`` (the data copied there once, before timing), reading every loss."""
+    return CentralContender(name, bench, threads, device, read_every_loss=True)
 
 
-class WideContender(CentralOn):
+class WideContender(CentralContender):
     """One model, ``steps-per-client`` SGD steps per round, each on ``per_round × batch_size`` examples."""
 
     def _train(self, round_num: int) -> None:
@@ -121,21 +110,10 @@ def make_contender(name: str, bench: Bench, log_dir: Path, chunk_size: int | Non
     if name.startswith("vmap_t"):
         return FedsimContender(name, bench, VmapExecutor(devices=device, chunk_size=chunk_size, threads=int(name[-1])), log_dir / name)
     if name == "central_t1":
-        return CentralOn(name, bench, 1, device)
+        return central_on(name, bench, 1, device)
     if name.startswith("wide_t"):
-        return WideContender(name, bench, int(name[-1]), device)
+        return WideContender(name, bench, int(name[-1]), device, read_every_loss=True)
     raise ValueError(f"unknown contender {name}")
-
-
-def compare_weights(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Relative error of every fedsim contender's final weights against serial_t1's (0.0 = bitwise equal)."""
-    reference = results.get("serial_t1", {}).get("params")
-    if reference is None:
-        return {}
-    return {
-        name: float((r["params"] - reference).norm() / reference.norm())
-        for name, r in results.items() if "params" in r and name != "serial_t1"
-    }
 
 
 def ratios(rows: dict[str, dict[str, Any]], stat: str = "median_round_s") -> dict[str, float | None]:
@@ -146,10 +124,7 @@ def ratios(rows: dict[str, dict[str, Any]], stat: str = "median_round_s") -> dic
 
 
 def print_table(model: str, rows: dict[str, dict[str, Any]], errors: dict[str, Any], speedups: dict[str, Any]) -> None:
-    print(f"\n{model}: seconds per round (median of timed rounds)")
-    for name, row in rows.items():
-        timed = ", ".join(f"{t:.4f}" for t in row["timed_round_s"])
-        print(f"  {name:12s} {row['median_round_s']:.4f}  cpu {row['median_cpu_s']:.3f}  others<= {row['max_others_cores']:.2f}  [{timed}]")
+    harness.print_rows(f"{model}: seconds per round (median of timed rounds)", rows)
     print("  ratios:", {k: (round(v, 2) if v else None) for k, v in speedups.items()})
     print("  relative error vs serial_t1:", errors)
 
@@ -164,39 +139,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--examples-per-client", type=int, default=50, help="--data mnist only")
     p.add_argument("--chunk-size", type=int, default=None, help="default: the executor's own choice (auto)")
     p.add_argument("--device", default="cpu", help="cpu or cuda:0: where every contender trains")
-    p.add_argument("--rounds", type=int, default=5, help="timed rounds")
-    p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet-wait", type=float, default=5.0)
-    p.add_argument("--out", type=Path, default=None, help="default: results_vmap_<data>.json next to this script")
+    harness.add_common_args(p, repeats=("--rounds", 5, "timed rounds"), warmup=1)  # --out: results_vmap_<data>.json
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    QUIET.update(max_wait_s=args.quiet_wait)
     data, shares, input_shape = workload(args)
-    report: dict[str, Any] = {"machine": machine(), "code": code_version(), "args": {k: str(v) for k, v in vars(args).items()}, "models": {}}
-    with tempfile.TemporaryDirectory(prefix="fedsim-bench-vmap-") as tmp:
+    report = harness.new_report(args, harness.HERE / f"results_vmap_{args.data}.json")
+    report["models"] = {}
+    with tempfile.TemporaryDirectory(prefix="fedsim-bench-vmap-") as tmp, harness.busy_machine(args.load) as load:
         for model in args.models.split(","):
-            factory = functools.partial(MODELS[model], input_shape=input_shape, num_classes=NUM_CLASSES)
-            bench = Bench(model, factory, data, shares, args.per_round, args.warmup, args.rounds, args.epochs,
-                          args.batch_size, args.lr, args.seed)
+            bench = make_bench(model, data, shares, args, models=MODELS, input_shape=input_shape)
             contenders = [make_contender(n, bench, Path(tmp) / model, args.chunk_size, args.device)
                           for n in args.contenders.split(",")]
-            results = run_interleaved(bench, contenders)
-            rows = {k: summarize(v, args.warmup) for k, v in results.items()}
-            errors, speedups = compare_weights(results), ratios(rows)
+            results = harness.run_interleaved(contenders, bench.total_rounds, tag=model)
+            rows = {k: harness.summarize(v, args.warmup) for k, v in results.items()}
+            errors, speedups = relative_errors(results), ratios(rows)
             print_table(model, rows, errors, speedups)
             report["models"][model] = {"contenders": rows, "ratios": speedups, "ratios_on_min_round": ratios(rows, "min_round_s"),
-                                       "relative_error_vs_serial": errors,
-                                       "num_params": sum(p.numel() for p in factory().parameters())}
-    out = args.out or HERE / f"results_vmap_{args.data}.json"
-    out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(f"\nwrote {out}")
+                                       "relative_error_vs_serial": errors, "num_params": bench.num_params()}
+    report["load"] = load.record()
+    harness.write_json(args.out, report)
 
 
 if __name__ == "__main__":

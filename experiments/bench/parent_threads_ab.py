@@ -16,22 +16,27 @@ element-wise), which the script checks against a SerialExecutor(threads=1) run.
 Run from the repository root::
 
     .venv/bin/python experiments/bench/parent_threads_ab.py --model 2nn --rounds 20
+    .venv/bin/python experiments/bench/parent_threads_ab.py --model 2nn --rounds 20 --load 1   # busy machine
+
+The rounds are driven by ``harness.run_interleaved`` (one contender; the thread count is set in its untimed
+``prepare``, before the quiet-second wait), on the workload of ``workload.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_executors as bench_mod  # noqa: E402
+import harness  # noqa: E402  (timing, reporting, --load)
+import workload as wl  # noqa: E402
 
 from fedsim import SerialExecutor  # noqa: E402
 from fedsim.executor import ProcessExecutor  # noqa: E402
@@ -45,50 +50,62 @@ def thread_cpu_s() -> dict[int, float]:
             rest = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[int(tid)] = (int(rest[11]) + int(rest[12])) / bench_mod.CLOCK_TICKS
+        out[int(tid)] = (int(rest[11]) + int(rest[12])) / harness.CLOCK_TICKS
     return out
+
+
+class AlternatingParent(wl.FedsimContender):
+    """``ProcessExecutor(workers=2, threads=1)``; round 1 at torch's default, then A (default) / B (1 thread)."""
+
+    def __init__(self, bench: wl.Bench, log_dir: Path, conditions: dict[str, int]) -> None:
+        super().__init__("process_w2", bench, ProcessExecutor(devices="cpu", workers=2, threads=1), log_dir)
+        self.conditions, self.default = conditions, torch.get_num_threads()
+        self.per_thread: list[list[float]] = []
+
+    def label(self, round_num: int) -> str | None:
+        return None if round_num == 1 else ("A" if round_num % 2 == 0 else "B")
+
+    def prepare(self, round_num: int) -> None:
+        label = self.label(round_num)
+        torch.set_num_threads(self.default if label is None else self.conditions[label])
+
+    def run_round(self, round_num: int) -> None:
+        before = thread_cpu_s()
+        try:
+            super().run_round(round_num)
+        finally:
+            after = thread_cpu_s()
+            self.per_thread.append(sorted((after[t] - before.get(t, 0.0) for t in after), reverse=True))
+            torch.set_num_threads(self.default)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--model", default="2nn", choices=sorted(bench_mod.MODELS))
-    p.add_argument("--rounds", type=int, default=20, help="rounds after one warm-up round, alternating A/B")
-    p.add_argument("--examples-per-client", type=int, default=None)
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--model", default="2nn", choices=sorted(wl.MODELS))
+    wl.add_workload_args(p, models=None)
+    harness.add_common_args(p, repeats=("--rounds", 20, "rounds after one warm-up round, alternating A/B"), warmup=None)
     args = p.parse_args(argv)
-    bargs = bench_mod.parse_args(["--rounds", str(args.rounds), "--warmup", "1"])
-    data = bench_mod.mnist_shaped(bargs.num_examples, bargs.seed)
-    shares = bench_mod.iid(data.labels, num_clients=bargs.clients, seed=bargs.seed)
-    if args.examples_per_client:
-        shares = [s[: args.examples_per_client] for s in shares]
-    bench = bench_mod.make_bench(args.model, data, shares, bargs)
-    default_threads = torch.get_num_threads()
-    conditions = {"A": default_threads, "B": 1}
-    rows: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
+    out_given = args.out is not None
+    args.warmup = 1
+    data, shares = wl.mnist_clients(args)
+    head = harness.new_report(args, harness.HERE / "parent_threads_ab.json")  # a file only with --out
+    bench = wl.make_bench(args.model, data, shares, args)
+    conditions = {"A": torch.get_num_threads(), "B": 1}
+    rows: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
     with tempfile.TemporaryDirectory() as tmp:
-        contender = bench_mod.FedsimContender("process_w2", bench, ProcessExecutor(devices="cpu", workers=2, threads=1), Path(tmp))
-        contender.start()
-        try:
-            contender.run_round(1)
-            for round_num in range(2, bench.total_rounds + 1):
-                label = "A" if round_num % 2 == 0 else "B"
-                torch.set_num_threads(conditions[label])
-                bench_mod.wait_for_quiet()
-                before, meter = thread_cpu_s(), bench_mod.Meter()
-                contender.run_round(round_num)
-                wall, others = meter.stop()
-                after = thread_cpu_s()
-                per_thread = sorted((after[t] - before.get(t, 0.0) for t in after), reverse=True)
-                rows[label].append({"wall_s": wall, "parent_cpu_s": sum(per_thread), "parent_threads_busy": sum(c > 0 for c in per_thread),
-                                    "others_cores": others})
-                torch.set_num_threads(default_threads)
-        finally:
-            contender.close()
-        reference = bench_mod.FedsimContender("serial_t1", bench, SerialExecutor(threads=1), Path(tmp))
+        contender = AlternatingParent(bench, Path(tmp), conditions)
+        with harness.busy_machine(args.load) as load:
+            row = harness.run_interleaved([contender], bench.total_rounds, tag=args.model)["process_w2"]
+        for round_num in range(2, bench.total_rounds + 1):
+            i, per_thread = round_num - 1, contender.per_thread[round_num - 1]
+            rows[contender.label(round_num)].append({
+                "wall_s": row["round_s"][i], "parent_cpu_s": sum(per_thread), "parent_threads_busy": sum(c > 0 for c in per_thread),
+                "others_cores": row["others_cores"][i], "load_cores": row["load_cores"][i]})
+        reference = wl.FedsimContender("serial_t1", bench, SerialExecutor(threads=1), Path(tmp))
         reference.start()
         for round_num in range(1, bench.total_rounds + 1):
             reference.run_round(round_num)
-    same = torch.equal(contender.info()["params"], reference.info()["params"])
+    same = torch.equal(row["params"], reference.info()["params"])
     print(f"{args.model}: ProcessExecutor(workers=2, threads=1), {len(shares[0])} examples/client, rounds alternate A/B")
     print(f"{'parent threads':<22}{'rounds':>7}{'median wall s':>15}{'min wall s':>12}{'median parent cpu s':>21}{'median others':>15}")
     for label, threads in conditions.items():
@@ -98,8 +115,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{med('parent_cpu_s'):>21.3f}{med('others_cores'):>15.2f}")
     a, b = (statistics.median(x["wall_s"] for x in rows[k]) for k in "AB")
     print(f"A/B median wall ratio: {a / b:.2f}x; final weights equal to SerialExecutor(threads=1): {same}")
-    if args.out:
-        args.out.write_text(json.dumps({"conditions": conditions, "rows": rows, "bitwise_equal_serial": same}, indent=2) + "\n")
+    if out_given:
+        harness.write_json(args.out, {**head, "conditions": conditions, "rows": rows, "bitwise_equal_serial": same, "load": load.record()})
 
 
 if __name__ == "__main__":

@@ -9,31 +9,30 @@ weights, nothing else) is the floor.
 
 Workload: the FedProx paper's Synthetic(1,1), 100 natural clients (sizes 20-100+, ~4 ms of training
 each with multinomial logistic regression), every client in every round, batch 10, 1 thread.
-Contenders' rounds are interleaved; ``QUEUE_DEPTH`` is a module constant of the parent's side only, set
-before each contender's round.
+Contenders' rounds are interleaved (``harness.run_interleaved``, in a fixed order, no quiet wait unless
+``--quiet-wait``); ``QUEUE_DEPTH`` is a module constant of the parent's side only, set before each
+contender's round (untimed).
 
 Run from the repository root::
 
     .venv/bin/python experiments/bench/task_gap.py            # ~1 minute
     .venv/bin/python experiments/bench/task_gap.py --rounds 9 --model 2nn
+    .venv/bin/python experiments/bench/task_gap.py --load 1   # busy machine: results_task_gap_load1.json
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import sys
 import tempfile
-import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedsim import Client, Workload
+from fedsim import Workload
 from fedsim.data.federated import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
@@ -44,16 +43,8 @@ from fedsim.params import flatten
 from fedsim.types import FitTask
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_executors import code_version, machine  # noqa: E402
-
-
-class TimedClient(Client):
-    """Stamps the wall-clock start and end of its ``fit`` into the update's metrics."""
-
-    def fit(self, model, data, **kwargs):  # type: ignore[no-untyped-def]
-        start = time.perf_counter()
-        update = super().fit(model, data, **kwargs)
-        return replace(update, metrics={**update.metrics, "t_start": start, "t_end": time.perf_counter()})
+import harness  # noqa: E402  (timing, reporting, --load)
+from workload import TimedClient  # noqa: E402  (stamps the start and end of its fit)
 
 
 def gaps(results: list[Any]) -> list[float]:
@@ -63,6 +54,31 @@ def gaps(results: list[Any]) -> list[float]:
         mine = sorted((r for r in results if r.worker == worker), key=lambda r: r.metrics["t_start"])
         out += [b.metrics["t_start"] - a.metrics["t_end"] for a, b in zip(mine, mine[1:])]
     return out
+
+
+class GapContender:
+    """One executor fitting every client per round, with ``pool.QUEUE_DEPTH`` set before its rounds."""
+
+    def __init__(self, name: str, executor: Executor, depth: int, workload: Workload, global_params: Any, tasks: list[FitTask]) -> None:
+        self.name, self.executor, self.depth, self.workload = name, executor, depth, workload
+        self.global_params, self.tasks = global_params, tasks
+        self.gaps: list[list[float]] = []
+
+    def start(self) -> None:
+        self.prepare(0)
+        self.executor.start(self.workload)
+
+    def prepare(self, round_num: int) -> None:
+        pool.QUEUE_DEPTH = self.depth
+
+    def run_round(self, round_num: int) -> None:
+        self.gaps.append(gaps(self.executor.fit(self.global_params, self.tasks)))
+
+    def close(self) -> None:
+        self.executor.close()
+
+    def info(self) -> dict[str, Any]:
+        return {"gaps": self.gaps}
 
 
 def contenders(log_dir: Path) -> dict[str, tuple[Executor, int]]:
@@ -79,44 +95,30 @@ def contenders(log_dir: Path) -> dict[str, tuple[Executor, int]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--model", choices=("mlr", "2nn"), default="mlr")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per contender, after one warm-up")
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results_task_gap.json"))
+    harness.add_common_args(parser, repeats=("--rounds", 5, "timed rounds per contender, after one warm-up"), warmup=None,
+                            quiet_wait=0.0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    head = harness.new_report(args, harness.HERE / "results_task_gap.json")
     data = federate(synthetic(num_devices=100, seed=0), natural, client_test_fraction=0.2, seed=0)
     clients = make_clients(data, functools.partial(TimedClient, batch_size=10))
     model_cls = LogisticRegression if args.model == "mlr" else functools.partial(MLP2NN, hidden=200)
     model_factory = functools.partial(model_cls, input_shape=(60,), num_classes=10)
     global_params = flatten(model_factory())
     tasks = [FitTask(client_id=c.client_id, round_num=1, seed=c.client_id, config={}) for c in clients]
-    rows: dict[str, dict[str, list[float]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        chosen = contenders(Path(tmp))
-        for name, (executor, depth) in chosen.items():
-            pool.QUEUE_DEPTH = depth
-            executor.start(Workload(model_factory, clients, data.train, log_dir=Path(tmp) / name))
-            rows[name] = {"round_s": [], "median_gap_ms": [], "sum_gaps_ms": []}
-        try:
-            for round_num in range(args.rounds + 1):
-                for name, (executor, depth) in chosen.items():
-                    pool.QUEUE_DEPTH = depth
-                    start = time.perf_counter()
-                    results = executor.fit(global_params, tasks)
-                    wall = time.perf_counter() - start
-                    if round_num:  # round 0 warms up
-                        rows[name]["round_s"].append(wall)
-                        rows[name]["median_gap_ms"].append(statistics.median(gaps(results)) * 1e3)
-                        rows[name]["sum_gaps_ms"].append(sum(gaps(results)) * 1e3)
-        finally:
-            for executor, _ in chosen.values():
-                executor.close()
+    with tempfile.TemporaryDirectory() as tmp, harness.busy_machine(args.load) as load:
+        chosen = [GapContender(name, executor, depth, Workload(model_factory, clients, data.train, log_dir=Path(tmp) / name),
+                               global_params, tasks) for name, (executor, depth) in contenders(Path(tmp)).items()]
+        results = harness.run_interleaved(chosen, args.rounds + 1, tag=args.model, rotate=False)  # round 1 warms up
+    rows = {name: {"round_s": r["round_s"][1:], "median_gap_ms": [statistics.median(g) * 1e3 for g in r["gaps"][1:]],
+                   "sum_gaps_ms": [sum(g) * 1e3 for g in r["gaps"][1:]], "others_cores": r["others_cores"][1:],
+                   "load_cores": r["load_cores"][1:]} for name, r in results.items()}
     summary = {name: {key: statistics.median(values) for key, values in row.items()} for name, row in rows.items()}
     for name, row in summary.items():
         print(f"{name:20s} round {row['round_s'] * 1e3:7.1f} ms   gap between tasks {row['median_gap_ms']:.3f} ms "
               f"(median)   all gaps {row['sum_gaps_ms']:.1f} ms per round")
-    args.out.write_text(json.dumps({"command": " ".join(sys.argv), "model": args.model, "code": code_version(),
-                                    "machine": machine(), "summary": summary, "rounds": rows}, indent=1))
-    print(f"wrote {args.out}")
+    harness.write_json(args.out, {"command": " ".join(sys.argv), "model": args.model, **head,
+                                  "load": load.record(), "summary": summary, "rounds": rows})
 
 
 if __name__ == "__main__":
