@@ -1,6 +1,18 @@
-"""``python -m fedsim``: run the Hydra-configured experiment."""
+"""``python -m fedsim`` and the ``fedsim`` command: run the Hydra-configured experiment (see fedsim/cli.py)."""
 
-from fedsim.cli import main
+import sys
+
+
+def main() -> None:
+    """Start the process workers' forkserver first when the command line asks for them (its imports then overlap
+    with this process's own), then hand over to the command line proper."""
+    from fedsim.forkserver import start_early
+
+    start_early(sys.argv[1:])
+    from fedsim.cli import main as cli_main
+
+    cli_main()
+
 
 if __name__ == "__main__":
     main()

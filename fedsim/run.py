@@ -103,11 +103,11 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
     validate(cfg)
     if run_dir is not None:
         check_writable(run_dir)
+    executor = _instantiate_a(cfg.executor, Executor, "executor", "fedsim.executor.Executor")  # first: see process.py
     data = build_data(cfg)
     clients = make_clients(data, _instantiate(cfg.client))
     model_factory = build_model_factory(cfg, data)
     strategy = _instantiate_a(cfg.strategy, Strategy, "strategy", "fedsim.strategy.Strategy")
-    executor = _instantiate_a(cfg.executor, Executor, "executor", "fedsim.executor.Executor")
     logger = make_logger(cfg, run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress, client_rows_in_memory=False)
     logger.log_label_distribution(label_counts(data))
     server = Server(

@@ -60,7 +60,9 @@ def kill_loop(executor: Executor, stop: threading.Event, interval: float, second
 
 
 def _process_workers(executor: ProcessExecutor) -> list[int]:
-    return [w.process.pid for w in executor.workers if w.process.pid] + _children()
+    """The run's workers and every process below this one: workers being started (forked by the forkserver, or
+    spawned), the forkserver itself and multiprocessing's resource tracker."""
+    return [w.process.pid for w in executor.workers if w.process.pid] + _descendants(os.getpid())
 
 
 def _ray_workers() -> list[int]:
@@ -97,15 +99,6 @@ def _descendants(pid: int) -> list[int]:
             found.extend(children)
             todo.extend(children)
     return found
-
-
-def _children() -> list[int]:
-    """Pids of this process's children (workers being started are not in ``executor.workers`` yet)."""
-    try:
-        text = open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
 
 
 def one_repeat(kind: str, rounds: int, interval: float, seconds: float, seed: int, reference: torch.Tensor) -> dict:

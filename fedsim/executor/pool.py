@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import replace
 from multiprocessing import current_process
 from multiprocessing.connection import Connection, wait
-from multiprocessing.context import SpawnContext
+from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -198,7 +198,7 @@ def _with_params(update: ClientUpdate, params: torch.Tensor) -> ClientUpdate:
     return replace(update, params=params)
 
 
-def launch_worker(ctx: SpawnContext, index: int, device: str, threads: int, workload: Workload, global_params: torch.Tensor) -> WorkerHandle:
+def launch_worker(ctx: BaseContext, index: int, device: str, threads: int, workload: Workload, global_params: torch.Tensor) -> WorkerHandle:
     """Spawn worker ``index``; returns at once (call :meth:`WorkerHandle.await_ready`).
 
     The process gets only its spec and pipe: multiprocessing writes a process's arguments to it while still

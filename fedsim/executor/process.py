@@ -10,14 +10,15 @@ seed (at most ``max_retries`` times), so a fault changes nothing in the results.
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import time
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import wait
 
 import torch
-import torch.multiprocessing as mp
 
+from fedsim.forkserver import worker_context
 from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
 from fedsim.executor.placement import physical_cores, plan_workers, resolve_devices
 from fedsim.executor.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker, small_message
@@ -54,7 +55,7 @@ class ProcessExecutor(Executor):
             raise ValueError(f"executor.max_retries must be >= 0 (got {max_retries})")
         self.plan = plan_workers(resolve_devices(devices), workers, workers_per_device, threads, physical_cores())
         self.client_timeout_s, self.max_retries, self.start_timeout_s = client_timeout_s, max_retries, start_timeout_s
-        self._ctx = mp.get_context("spawn")
+        self._ctx = worker_context()
         self._workers: list[WorkerHandle] = []
         self._workload: Workload | None = None
         self._global: torch.Tensor | None = None
@@ -65,6 +66,7 @@ class ProcessExecutor(Executor):
         return list(self._workers)
 
     def start(self, workload: Workload) -> None:
+        began = time.perf_counter()
         check_sendable(workload)
         with torch.random.fork_rng(devices=[]):  # a throwaway initialisation must not advance the caller's RNG
             numel = flatten(workload.model_factory()).numel()
@@ -77,6 +79,7 @@ class ProcessExecutor(Executor):
             launched = [self._launch(index) for index in range(len(self.plan))]
             for worker in launched:
                 self._workers.append(self._ready_or_restart(worker))
+            log.info("%d process workers ready in %.2f s", len(self._workers), time.perf_counter() - began)
         except BaseException:
             for worker in launched[len(self._workers):]:  # started, never awaited
                 worker.kill()
@@ -101,9 +104,20 @@ class ProcessExecutor(Executor):
         raise AssertionError("unreachable")
 
     def _launch(self, index: int) -> WorkerHandle:
+        """Fork worker ``index`` from the forkserver. If the forkserver is killed (by the OOM killer, say) while it
+        forks, this executor spawns its workers from then on: a new forkserver would need seconds of imports
+        before its first fork, and it would be one more process whose death stops every start."""
         assert self._workload is not None and self._global is not None
         device, threads = self.plan[index]
-        return launch_worker(self._ctx, index, device, threads, self._workload, self._global)
+        try:
+            return launch_worker(self._ctx, index, device, threads, self._workload, self._global)
+        except (EOFError, ConnectionError) as error:
+            if self._ctx.get_start_method() != "forkserver":
+                raise
+            log.warning("worker w%d could not be forked: the forkserver died (%s); spawning workers from now on",
+                        index, type(error).__name__)
+            self._ctx = mp.get_context("spawn")
+            return launch_worker(self._ctx, index, device, threads, self._workload, self._global)
 
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
         if self._global is None:

@@ -111,7 +111,9 @@ def _warm_up(model: torch.nn.Module, data: TensorData) -> None:
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies, so no worker outlives a killed run."""
+    """Ask Linux to SIGKILL this process when its parent dies, so that no worker outlives a killed run. The
+    parent is the forkserver, which exits when the run's main process does; and a forkserver that dies takes
+    its workers along, which the executor sees (their status pipes close) and replaces."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

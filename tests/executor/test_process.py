@@ -141,6 +141,32 @@ def test_sigkilled_worker_is_replaced_and_result_unchanged(tmp_path: Path) -> No
     assert_all_gone(pids)
 
 
+def test_a_killed_forkserver_takes_its_workers_along_and_they_are_replaced(tmp_path: Path) -> None:
+    """Workers are forked from the forkserver and die with it (Linux's parent-death signal: no worker may outlive
+    the run, and the forkserver exits with it). Killed mid-run, it is restarted, the workers are replaced and
+    retried with the same seeds: the results stay those of the serial executor."""
+    from multiprocessing import forkserver
+
+    executor = ProcessExecutor(devices="cpu", workers=2)
+    data = _data()
+    factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)
+    clients = make_clients(data, functools.partial(Client, epochs=1, batch_size=8))
+    params = flatten(factory())
+    tasks = [FitTask(0, 1, 10), FitTask(1, 1, 11), FitTask(2, 1, 12)]
+    with executor:
+        executor.start(Workload(factory, clients, data.train))
+        first, workers = forkserver._forkserver._forkserver_pid, [w.process.pid for w in executor.workers]
+        os.kill(first, signal.SIGKILL)
+        _wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers))
+        results = executor.fit(params, tasks)
+        assert forkserver._forkserver._forkserver_pid not in (None, first)
+        assert not {w.process.pid for w in executor.workers} & set(workers)
+    with SerialExecutor() as serial:
+        serial.start(Workload(factory, clients, data.train))
+        reference = serial.fit(params, tasks)
+    assert [torch.equal(a.params, b.params) for a, b in zip(results, reference)] == [True, True, True]
+
+
 def test_tasks_queued_behind_a_killed_worker_run_again_without_using_retries(tmp_path: Path) -> None:
     """One worker holds the task it trains and the next one; it dies on the first. With no retries
     allowed, the first fails, and the queued one (never started) still trains, equal to serial."""

@@ -14,7 +14,8 @@ SCRIPT = Path(__file__).parents[2] / "experiments" / "faults" / "kill_loop.py"
 
 
 def _orphaned_workers() -> set[int]:
-    """Pids of live spawned worker processes whose parent is gone (adopted by init; zombies excluded)."""
+    """Pids of live worker processes (spawned, or forked from a forkserver) and forkservers whose parent is gone
+    (adopted by init; zombies excluded)."""
     found = set()
     for entry in os.listdir("/proc"):
         try:
@@ -22,7 +23,7 @@ def _orphaned_workers() -> set[int]:
             fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if "spawn_main" in cmdline and fields[0] != "Z" and fields[1] == "1":
+        if ("spawn_main" in cmdline or "forkserver" in cmdline) and fields[0] != "Z" and fields[1] == "1":
             found.add(int(entry))
     return found
 
