@@ -41,10 +41,15 @@ def live_fedsim_objects() -> dict[str, int]:
 class Probe(Callback):
     def __init__(self, out: str) -> None:
         self.out = Path(out)
+        self.sigint_before = _name(signal.getsignal(signal.SIGINT))  # before any job (a shell may start us ignoring it)
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         handler = signal.getsignal(signal.SIGINT)
         record = {"fds": len(os.listdir("/proc/self/fd")), "children": child_commands(), "live": live_fedsim_objects(),
-                  "sigint": getattr(handler, "__qualname__", str(handler)), "status": str(job_return.status)}
+                  "sigint": _name(handler), "sigint_before": self.sigint_before, "status": str(job_return.status)}
         with open(self.out, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def _name(handler: Any) -> str:
+    return getattr(handler, "__qualname__", str(handler))
