@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -20,7 +21,10 @@ from typing import Any
 
 import numpy as np
 from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
+
+with warnings.catch_warnings():  # in Jupyter without ipywidgets, tqdm.contrib.logging's import of tqdm.auto warns
+    warnings.simplefilter("ignore")  # "IProgress not found"; fedsim's progress bar is the plain one
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
 from fedsim.checkpoint import write_text_atomic
 from fedsim.errors import RunWriteError
