@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from torch import nn
 from fedsim.data.tensor_data import TensorData
 from fedsim.params import flatten
 from fedsim.strategy.base import LocalTraining, hook_before_step
+from fedsim.task_trainer import TaskTrainer
 from fedsim.types import ClientUpdate
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -141,15 +143,21 @@ class Client:
         config = dict(config or {})
         state = {} if state is None else state
         self._local = local
+        trainable = [p.requires_grad for p in model.parameters()]
         try:
-            if local is not None:
-                local.begin_task(model, config, state)
+            if local is None:
+                return self._train(model, data, config, generator, round_num, local)
+            trainer = TaskTrainer(self, model, data, config, generator)
+            local.begin_task(model, config, state)
+            local.before_training(trainer, state)
             update = self._train(model, data, config, generator, round_num, local)
-            if local is not None:
-                local.end_task(model, config, state)
+            local.after_training(trainer, state)
+            local.end_task(model, config, state)
+            return replace(update, metrics={**update.metrics, **trainer.metrics}) if trainer.metrics else update
         finally:
             self._local = None  # a Client is the same after a task as before it
-        return update
+            for parameter, flag in zip(model.parameters(), trainable):  # and so is the model's trainability
+                parameter.requires_grad_(flag)
 
     def _train(
         self, model: nn.Module, data: TensorData, config: dict[str, Any], generator: torch.Generator,
@@ -231,3 +239,25 @@ def evaluate_indices(
     n = len(rows)
     loss, hits = float(loss_sum), int(correct)
     return {"loss": loss / n if n else float("nan"), "accuracy": hits / n if n else float("nan"), "num_examples": float(n)}
+
+
+@torch.no_grad()
+def example_losses(
+    client: Client, model: nn.Module, data: TensorData, indices: torch.Tensor, *, batch_size: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every listed example's loss (``client.per_example_loss``) and whether ``model`` classified it right, as two
+    CPU tensors in the order of ``indices``; the model is put in evaluation mode. Batches of ``batch_size`` rows
+    in that order: the same rows give the same values, bit for bit, wherever this runs with the same threads."""
+    model.eval()
+    device = next(model.parameters()).device
+    rows = torch.as_tensor(indices).to(data.x.device)
+    losses, correct = [], []
+    for start in range(0, len(rows), batch_size):
+        idx = rows[start : start + batch_size]
+        x, y = data.x[idx].to(device), data.y[idx].to(device)
+        logits = model(x)
+        losses.append(client.per_example_loss(logits, y).float().cpu())
+        correct.append((logits.argmax(dim=1) == y).cpu())
+    if not losses:
+        return torch.zeros(0), torch.zeros(0, dtype=torch.bool)
+    return torch.cat(losses), torch.cat(correct)

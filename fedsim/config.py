@@ -46,6 +46,15 @@ class ObjectiveSchema:
 
 
 @dataclass
+class ClientEvalSchema:
+    """Who is scored on their local test splits, and how often (see fedsim/client_eval.py)."""
+
+    who: str = "sampled"
+    size: Optional[int] = None
+    every: Optional[int] = None
+
+
+@dataclass
 class RunSchema:
     """Types of the run-level fields. Group sections stay free-form: their ``_target_`` decides."""
 
@@ -73,6 +82,7 @@ class RunSchema:
     stragglers: StragglerSchema = field(default_factory=lambda: StragglerSchema())
     early_stop: EarlyStopSchema = field(default_factory=lambda: EarlyStopSchema())
     objective: ObjectiveSchema = field(default_factory=lambda: ObjectiveSchema())
+    evaluate_clients: ClientEvalSchema = field(default_factory=lambda: ClientEvalSchema())
 
 
 def register_schema() -> None:

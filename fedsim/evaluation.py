@@ -9,13 +9,11 @@ differently); training is not affected.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
 from torch import nn
 
-from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.params import load_flat
 
@@ -62,17 +60,3 @@ class DeviceEvaluator:
             copied = replace(data, x=data.x.to(self.device), y=data.y.to(self.device))
             self._data[id(data)] = (data, copied)
         return copied  # type: ignore[return-value]
-
-
-def clients_evaluation(model: nn.Module, clients: Sequence[Client], data: TensorData) -> dict[str, float]:
-    """``model`` on the local test splits of ``clients``, example-weighted (``eval/client_loss`` and
-    ``eval/client_accuracy``); empty when they hold no test data."""
-    loss_sum, correct_sum, total = 0.0, 0.0, 0
-    for client in clients:
-        result = client.evaluate(model, data)
-        n = int(result["num_examples"])
-        if n:
-            loss_sum, correct_sum, total = loss_sum + result["loss"] * n, correct_sum + result["accuracy"] * n, total + n
-    if total == 0:
-        return {}
-    return {"eval/client_loss": loss_sum / total, "eval/client_accuracy": correct_sum / total}

@@ -27,8 +27,10 @@ with warnings.catch_warnings():  # in Jupyter without ipywidgets, tqdm.contrib.l
     from tqdm.contrib.logging import logging_redirect_tqdm
 
 from fedsim.checkpoint import write_text_atomic
+from fedsim.client_eval import csv_text, describe
 from fedsim.errors import RunWriteError
 from fedsim.storage import closing_naming_errors, naming_write_errors, quiet_writer_thread_errors
+from fedsim.types import ClientScore
 from fedsim.tensorboard_log import (
     is_counter, label_distribution_image, shown_hparams, tensorboard_tag, write_hparams,
 )
@@ -152,6 +154,20 @@ class RunLogger:
         for name in names:
             self._histogram(tensorboard_tag(f"client/fit/{name}"), [r.get("metrics", {}).get(name) for r in rows], round_num)
 
+    def log_client_scores(self, round_num: int, scores: list[ClientScore], personal: bool) -> None:
+        """An every-client evaluation (:mod:`fedsim.client_eval`): each client's values to
+        ``client_eval/round-<NNNN>.csv``, and their histograms to TensorBoard (``eval_global/client_accuracy``,
+        ``/client_loss``, and ``eval_personal/...`` with personal models)."""
+        if self.run_dir is not None:
+            path = self.run_dir / "client_eval" / f"round-{round_num:04d}.csv"
+            with self._writing(path):
+                path.parent.mkdir(exist_ok=True)
+                write_text_atomic(path, csv_text(scores, personal))
+        families = [("eval_global", "loss", "accuracy")] + ([("eval_personal", "personal_loss", "personal_accuracy")] if personal else [])
+        for prefix, loss, accuracy in families:
+            self._histogram(f"{prefix}/client_accuracy", [getattr(s, accuracy) for s in scores], round_num)
+            self._histogram(f"{prefix}/client_loss", [getattr(s, loss) for s in scores], round_num)
+
     def _histogram(self, tag: str, values: list[Any], round_num: int) -> None:
         """A TensorBoard histogram of the finite ``values``; nothing when there are none."""
         finite = [v for v in values if v is not None and math.isfinite(v)]
@@ -199,6 +215,9 @@ class RunLogger:
                     self._writer.add_scalar(tensorboard_tag(name), value, round_num)
         if "eval/accuracy" in metrics:
             self._show_eval(round_num, metrics)
+        clients_line = describe(metrics)
+        if clients_line is not None:
+            log.info("round %d: %s", round_num, clients_line)
 
     def _show_eval(self, round_num: int, metrics: dict[str, float]) -> None:
         acc, loss = metrics["eval/accuracy"], metrics.get("eval/loss", math.nan)

@@ -28,6 +28,7 @@ from fedsim.strategy.base import Strategy
 from fedsim.data.federated import FederatedData, federate, make_clients
 from fedsim.resume_check import computation_settings
 from fedsim.seeding import partition_seed
+from fedsim.client_eval import ClientEvaluation
 from fedsim.server import RoundFailedError, RunResult, Server
 from fedsim.stragglers import Stragglers
 from fedsim.trackers import make_logger
@@ -131,6 +132,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         early_stop=EarlyStop(cfg.early_stop.target_accuracy, cfg.early_stop.patience),
         state_store=cfg.state_store,
         threads=cfg.server_threads,
+        client_eval=ClientEvaluation(cfg.evaluate_clients.who, cfg.evaluate_clients.size, cfg.evaluate_clients.every),
     )
     server.settings = computation_settings(flat_hparams(cfg))
     resume = resume_target(cfg.resume, run_dir)

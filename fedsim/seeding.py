@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_SAMPLING, _TASK, _INIT, _PARTITION = 0, 1, 2, 3
+_SAMPLING, _TASK, _INIT, _PARTITION, _COHORT = 0, 1, 2, 3, 4
 
 
 def _derive(*entropy: int) -> int:
@@ -33,3 +33,8 @@ def init_seed(seed: int) -> int:
 def partition_seed(seed: int) -> int:
     """Seed for partitioning the data over clients."""
     return _derive(seed, _PARTITION)
+
+
+def cohort_rng(seed: int) -> np.random.Generator:
+    """The generator that draws the fixed evaluation cohort (``evaluate_clients=cohort``) once per run."""
+    return np.random.default_rng(np.random.SeedSequence([seed, _COHORT]))

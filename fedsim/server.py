@@ -18,7 +18,8 @@ from fedsim.client import Client, evaluate_indices
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
 from fedsim.early_stop import EarlyStop
-from fedsim.evaluation import DeviceEvaluator, clients_evaluation, eval_device as eval_device_named
+from fedsim.client_eval import ClientEvaluation, eval_tasks, summary
+from fedsim.evaluation import DeviceEvaluator, eval_device as eval_device_named
 from fedsim.logging import RunLogger, process_rss_mb, without_client_rows
 from fedsim.context import RunContext
 from fedsim.params import ParamLayout, flatten, load_flat
@@ -27,10 +28,10 @@ from fedsim.round_metrics import client_row, train_metrics
 from fedsim.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
 from fedsim.seeding import init_seed, sampling_rng, task_seed
 from fedsim.stragglers import Stragglers
-from fedsim.strategy.base import Strategy
+from fedsim.strategy.base import LocalTraining, Strategy, personalises
 from fedsim.strategy_guard import checked_aggregate, checked_scalars
 from fedsim.threads import torch_threads
-from fedsim.types import ClientUpdate, FitTask
+from fedsim.types import ClientFailure, ClientUpdate, FitTask
 from fedsim.updates import apply_failure_policy, sound_updates
 
 log = logging.getLogger("fedsim")
@@ -86,9 +87,12 @@ class Server:
         early_stop: EarlyStop | None = None,
         state_store: str = "memory",
         threads: int | None = 1,
+        client_eval: ClientEvaluation | None = None,
     ) -> None:
         self.stragglers = stragglers or Stragglers()
         _check_settings(num_rounds, eval_every, clients_per_round, len(clients), self.stragglers)
+        self.client_eval = client_eval or ClientEvaluation()
+        self.client_eval.check(len(clients))
         strategy.check(clients_per_round)
         self.model_factory, self.clients, self.strategy, self.executor = model_factory, clients, strategy, executor
         self.train_data, self.test_data = train_data, test_data
@@ -105,6 +109,7 @@ class Server:
         self.early_stop = early_stop or EarlyStop()
         state_dir = self.checkpoint_dir / "client_state" if self.checkpoint_dir is not None else None
         self.client_states = ClientStateStore(state_store, state_dir)
+        self.local: LocalTraining | None = None  # the strategy's client half, from run()
         self.settings: dict[str, Any] = {}  # the run's settings as dotted keys, set by fedsim.run (for resume checks)
         strategy.setup(self.run_context())  # here, so that a strategy's objection comes before any work
         executor.check(self._workload())  # likewise the executor's (e.g. what vmap cannot vectorise)
@@ -140,7 +145,9 @@ class Server:
             return RunResult(self.params, self.model, self.logger.history, False, "already finished")
         if self.start_round == 1:
             self.client_states.clear()  # a fresh run: whatever an earlier run left in this directory goes
-        self.executor.start(self._workload())
+        workload = self._workload()
+        self.local = workload.local  # the strategy's client half for this run (what personalise() comes from)
+        self.executor.start(workload)
         last_good = self._snapshot(self.start_round - 1)  # not on disk yet; what an error falls back to
         try:
             for round_num in self.logger.rounds(self.start_round, self.num_rounds):
@@ -264,10 +271,12 @@ class Server:
         metrics = train_metrics(updates, len(results)) | from_strategy
         metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
         metrics["client/num_aggregated"] = float(len(kept))
-        if round_num % self.eval_every == 0 or round_num == self.num_rounds:
-            eval_start = time.perf_counter()
+        eval_start, central, federated = time.perf_counter(), self._central_eval_due(round_num), self.client_eval.due(round_num, self.eval_every, self.num_rounds)
+        if central:
             metrics.update(self.evaluate())
-            metrics.update(self.evaluate_clients(client_ids))
+        if federated:
+            metrics.update(self.evaluate_clients(round_num, client_ids))
+        if central or federated:
             metrics["time/eval_s"] = time.perf_counter() - eval_start
         metrics["time/fit_s"] = fit_s
         metrics["time/round_s"] = time.perf_counter() - start
@@ -287,6 +296,9 @@ class Server:
         epochs = self.stragglers.epochs_for(round_num, client_id)
         return config if epochs is None else {**config, "epochs": epochs}
 
+    def _central_eval_due(self, round_num: int) -> bool:
+        return round_num % self.eval_every == 0 or round_num == self.num_rounds
+
     def evaluate(self) -> dict[str, float]:
         """Loss and accuracy of the current global model on the centralized test set."""
         if self.test_data is None or len(self.test_data) == 0:
@@ -294,10 +306,25 @@ class Server:
         result = evaluate_indices(self.evaluator.load(self.params), self.evaluator.on_device(self.test_data))
         return {"eval/loss": result["loss"], "eval/accuracy": result["accuracy"]}
 
-    def evaluate_clients(self, client_ids: Sequence[int]) -> dict[str, float]:
-        """Federated evaluation: the global model on the local test splits of ``client_ids``
-        (this round's sampled clients), example-weighted; empty when they hold no test data."""
-        return clients_evaluation(self.evaluator.load(self.params), [self.clients[cid] for cid in client_ids], self.train_data)
+    def evaluate_clients(self, round_num: int, sampled: Sequence[int]) -> dict[str, float]:
+        """Federated evaluation through the executor (see :mod:`fedsim.client_eval`): the clients that
+        ``evaluate_clients`` names (``sampled``: this round's) scored on their local test splits with the global
+        model and, if the algorithm has them, their personal models; their distribution as metrics, each client's
+        values in ``client_eval/round-<NNNN>.csv``. Empty when none of them holds test data."""
+        personal = personalises(self.local)
+        ids = self.client_eval.clients(sampled, len(self.clients), self.seed)
+        tasks = eval_tasks(round_num, ids, self.clients, self.client_states.get if personal else None)
+        if not tasks:
+            return {}
+        scores, failed = [], 0
+        for result in self.executor.evaluate(self.params, tasks):
+            if isinstance(result, ClientFailure):
+                self.logger.log_text("client_eval/failure", f"{result.error}\n{result.traceback}", round_num)
+                failed += 1
+            else:
+                scores.extend(result.scores)
+        self.logger.log_client_scores(round_num, scores, personal)
+        return summary(scores, personal) | ({"eval_global/failed_tasks": float(failed)} if failed else {})
 
     def _snapshot(self, round_num: int) -> dict[str, Any] | None:
         """:meth:`state_dict` after ``round_num`` (cloned), kept in memory in case the next round fails; ``None``

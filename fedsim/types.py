@@ -72,3 +72,45 @@ class ClientFailure:
 
 
 TaskResult = Union[ClientUpdate, ClientFailure]
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """Evaluate a group of clients on their local test splits, with the round's global weights and, when the
+    algorithm has personal models, with each client's own (``states``: one per client, as committed after the
+    round; empty otherwise). Groups are formed from the evaluated clients alone (see
+    :mod:`fedsim.client_eval`), so results never depend on the executor or the number of workers."""
+
+    client_ids: tuple[int, ...]
+    round_num: int
+    states: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def client_id(self) -> int:
+        """The group's first client: what executors key the task's result by (groups never overlap)."""
+        return self.client_ids[0]
+
+
+@dataclass(frozen=True)
+class ClientScore:
+    """One client's evaluation: test examples, then loss and accuracy of the global model and, when the algorithm
+    has one, of its personal model (``personal=False``: the client has none yet and its personal values are the
+    global model's)."""
+
+    client_id: int
+    num_examples: int
+    loss: float
+    accuracy: float
+    personal_loss: float | None = None
+    personal_accuracy: float | None = None
+    personal: bool = False
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """The scores of an :class:`EvalTask`'s clients, in its order; ``client_id`` is the group's first client."""
+
+    client_id: int
+    round_num: int
+    scores: tuple[ClientScore, ...]
+    worker: str = "main"

@@ -38,10 +38,11 @@ from fedsim.server import RunResult, Server  # noqa: E402
 from fedsim.strategy import Strategy  # noqa: E402
 from fedsim.tensorboard_log import tensorboard_tag  # noqa: E402
 from fedsim.types import ClientUpdate, FitTask  # noqa: E402
+from fedsim.client_eval import ClientEvaluation  # noqa: E402
 
 CONF = Path(CONFIG_DIR)
 USER_PKG = Path(__file__).resolve().parent / "user_pkg"
-GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "logger", "tracker", "experiment")
+GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "logger", "tracker", "evaluate_clients", "experiment")
 SYNTHETIC = "fedsim.data.synthetic.synthetic"
 TIMEOUT_S = 300  # a guard against hangs, not a speed assertion
 
@@ -141,14 +142,15 @@ def _check_client(cfg: DictConfig, option: str) -> None:
 def _check_strategy(cfg: DictConfig, option: str) -> None:
     strategy = instantiate(cfg.strategy)
     assert isinstance(strategy, Strategy)
-    model = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.Linear(1, 1))  # 5 values: 2 + 1, then 1 + 1
+    # 9 values: 2 + 1, BatchNorm's weight, bias, running mean and variance (FedBN needs one), then 1 + 1
+    model = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.BatchNorm1d(1), torch.nn.Linear(1, 1))
     strategy.setup(RunContext(layout=ParamLayout.of(model), num_clients=10, num_examples=tuple(range(1, 11)),
                               clients_per_round=10, num_rounds=2, seed=0))
     # ten clients: enough for the robust rules (Krum needs 2f + 3; trimmed_mean's beta=0.1 must trim one)
-    metrics = {"local_steps": 2.0, "lr": 0.1}  # what Client.fit reports (SCAFFOLD needs them)
-    updates = [ClientUpdate(i, 1, torch.linspace(-1, 1, 5) * i, i + 1, metrics=metrics) for i in range(10)]
-    new = strategy.aggregate(1, torch.full((5,), 0.5), updates)
-    assert new.shape == (5,) and new.dtype == torch.float32 and torch.isfinite(new).all()
+    metrics = {"local_steps": 2.0, "lr": 0.1, "train_loss": 0.5}  # what Client.fit reports (SCAFFOLD, FedNova need them)
+    updates = [ClientUpdate(i, 1, torch.linspace(-1, 1, 9) * i, i + 1, metrics=metrics) for i in range(10)]
+    new = strategy.aggregate(1, torch.full((9,), 0.5), updates)
+    assert new.shape == (9,) and new.dtype == torch.float32 and torch.isfinite(new).all()
     strategy.load_state_dict(strategy.state_dict())  # checkpoints round-trip
     assert torch.isfinite(strategy.aggregate(2, new, updates)).all()
 
@@ -169,6 +171,12 @@ def _check_logger(cfg: DictConfig, option: str) -> None:
     RunLogger(None, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress).close()
 
 
+def _check_evaluate_clients(cfg: DictConfig, option: str) -> None:
+    section = cfg.evaluate_clients
+    plan = ClientEvaluation(section.who, section.size, section.every)
+    assert plan.who == option and len(plan.clients([1, 3], 200, seed=0)) == {"sampled": 2, "all": 200, "cohort": section.size}[option]
+
+
 def _check_tracker(cfg: DictConfig, option: str) -> None:
     from fedsim.trackers import TrackedLogger, make_logger
 
@@ -180,6 +188,7 @@ def _check_tracker(cfg: DictConfig, option: str) -> None:
 CHECKS = {
     "data": _check_data, "partition": _check_partition, "model": _check_model, "client": _check_client,
     "strategy": _check_strategy, "executor": _check_executor, "logger": _check_logger, "tracker": _check_tracker,
+    "evaluate_clients": _check_evaluate_clients,
 }
 
 

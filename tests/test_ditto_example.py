@@ -195,7 +195,7 @@ def test_every_round_reports_the_personal_models(runs: dict[str, tuple[list[dict
 
 def test_the_global_model_is_fedavgs(runs: dict[str, tuple[list[dict[str, Any]], Path]]) -> None:
     # the update sent back is the global copy, trained as FedAvg's clients train: the same global model, bit for bit
-    keys = ("train/loss", "eval/loss", "eval/accuracy", "eval/client_loss")
+    keys = ("train/loss", "eval/loss", "eval/accuracy", "eval_global/loss")
     assert [[r[k] for k in keys] for r in runs["ditto"][0]] == [[r[k] for k in keys] for r in runs["fedavg"][0]]
 
 

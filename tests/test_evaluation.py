@@ -54,5 +54,5 @@ def test_server_on_a_cpu_machine_evaluates_on_the_cpu_with_auto() -> None:
         ).run().history
 
     auto, cpu = history("auto"), history("cpu")
-    keys = ("eval/loss", "eval/accuracy", "eval/client_loss", "eval/client_accuracy")
+    keys = ("eval/loss", "eval/accuracy", "eval_global/loss", "eval_global/accuracy")
     assert [[r[k] for k in keys] for r in auto] == [[r[k] for k in keys] for r in cpu]

@@ -215,7 +215,7 @@ def metrics_row(round_num: int, acc: float, round_s: float) -> dict[str, Any]:
     """One metrics.jsonl record with the fields a real serial run logs (copied from one)."""
     return {"round": round_num, "train/loss": 0.9, "client/num_sampled": 3.0, "client/num_failed": 0.0,
             "client/num_examples": 384.0, "client/num_rejected": 0.0, "client/num_aggregated": 3.0,
-            "eval/loss": 2.0 - acc, "eval/accuracy": acc, "eval/client_loss": 0.97, "eval/client_accuracy": 0.76,
+            "eval/loss": 2.0 - acc, "eval/accuracy": acc, "eval_global/loss": 0.97, "eval_global/accuracy": 0.76,
             "time/eval_s": 0.15, "time/fit_s": round_s - 0.15, "time/round_s": round_s, "system/rss_mb": 682.8,
             "clients": [{"client_id": 0, "num_examples": 77, "train_loss": 0.37, "update_norm": 0.65,
                          "epoch_losses": [0.7, 0.04], "worker": "serial", "device": "cpu"}]}

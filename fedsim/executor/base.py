@@ -25,7 +25,7 @@ from fedsim.executor import client_guard
 from fedsim.params import load_flat, restore_fixed_state
 from fedsim.state_values import copy_state, state_problem
 from fedsim.strategy.base import LocalTraining
-from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
+from fedsim.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 
 MAX_FAILED_STARTS = 5  # failed starts of one worker slot in a row (killed while starting) before the run stops
 
@@ -59,6 +59,11 @@ class Executor(ABC):
     @abstractmethod
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
         """Train every task from ``global_params``; results sorted by client id."""
+
+    def evaluate(self, global_params: torch.Tensor, tasks: Sequence[EvalTask]) -> list[EvalResult | ClientFailure]:
+        """Score every task's clients with ``global_params`` (see :mod:`fedsim.executor.eval_task`), on the same
+        workers as :meth:`fit`; results sorted by each task's first client. Every built-in executor has it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot evaluate clients (evaluate_clients needs Executor.evaluate)")
 
     def close(self) -> None:
         """Release workers; safe to call twice."""

@@ -21,7 +21,7 @@ from fedsim.errors import WorkerStartupError
 from fedsim.executor import by_value
 from fedsim.executor.base import Workload
 from fedsim.executor.worker import WorkerSpec, worker_main
-from fedsim.types import ClientUpdate, FitTask, TaskResult
+from fedsim.types import ClientUpdate, EvalTask, FitTask, TaskResult
 
 NO_MAIN_GUARD = (
     "fedsim: a worker process was started while your script was being imported by another worker: "
@@ -179,11 +179,12 @@ class WorkerHandle:
 SMALL_MESSAGE = 32 * 1024  # bytes a task may carry in-band and still wait in a busy worker's pipe
 
 
-def small_message(task: FitTask) -> bool:
+def small_message(task: FitTask | EvalTask) -> bool:
     """Whether ``task`` pickles small enough to wait in the pipe of a worker that is still training: a large
     one (a model-sized array in its config or state) would block the parent's send until the worker reads
     it, and with it every timeout. Tensors cross as shared memory and count for nothing."""
-    arrays = [v for v in (*task.config.values(), *task.state.values()) if isinstance(v, np.ndarray)]
+    values = [v for state in task.states for v in state.values()] if isinstance(task, EvalTask) else [*task.config.values(), *task.state.values()]
+    arrays = [v for v in values if isinstance(v, np.ndarray)]
     return sum(a.nbytes for a in arrays) < SMALL_MESSAGE
 
 

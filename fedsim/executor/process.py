@@ -23,7 +23,7 @@ from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or
 from fedsim.executor.placement import physical_cores, plan_workers, resolve_devices
 from fedsim.executor.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker, small_message
 from fedsim.params import flatten
-from fedsim.types import ClientUpdate, FitTask, TaskResult
+from fedsim.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
 
@@ -120,8 +120,16 @@ class ProcessExecutor(Executor):
             return launch_worker(self._ctx, index, device, threads, self._workload, self._global)
 
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
+        return self._run(global_params, tasks, "fit")
+
+    def evaluate(self, global_params: torch.Tensor, tasks: Sequence[EvalTask]) -> list[EvalResult | ClientFailure]:
+        return self._run(global_params, tasks, "evaluate")  # type: ignore[return-value]
+
+    def _run(self, global_params: torch.Tensor, tasks: Sequence[FitTask | EvalTask], what: str) -> list:
+        """Run ``tasks`` (training or evaluation: the worker tells them apart) on the workers, with the same
+        queueing, retries and timeouts; results sorted by each task's (first) client."""
         if self._global is None:
-            raise RuntimeError("ProcessExecutor.fit called before start()")
+            raise RuntimeError(f"ProcessExecutor.{what} called before start()")
         self._global.copy_(global_params)
         pending = deque(sorted(tasks, key=lambda t: t.client_id))
         attempts: dict[int, int] = {}

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from fedsim.executor.base import Workload, run_task
+from fedsim.executor.eval_task import run_eval_task
 from fedsim.params import fixed_state
 from fedsim.executor.worker_log import log_result, redirect_output, tagged
-from fedsim.types import ClientUpdate, FitTask, TaskResult
+from fedsim.types import ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 
 
 def to_array(flat: torch.Tensor) -> np.ndarray:
@@ -71,8 +72,9 @@ class RayWorker:
     def ready(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "device": str(self.device), "threads": torch.get_num_threads()}
 
-    def fit(self, global_ref: list[Any], task: FitTask) -> tuple[TaskResult, np.ndarray | None]:
-        """Train ``task``; returns the result without its weights, and the weights as an array.
+    def fit(self, global_ref: list[Any], task: FitTask | EvalTask) -> tuple[TaskResult | EvalResult, np.ndarray | None]:
+        """Train ``task``; returns the result without its weights, and the weights as an array. An
+        :class:`~fedsim.types.EvalTask` is scored instead (its result carries no weights).
 
         ``global_ref`` is ``[ObjectRef]`` (wrapped so that Ray does not resolve it per call): the
         actor fetches the round's global weights once, on its first task of the round."""
@@ -81,6 +83,11 @@ class RayWorker:
         if global_ref[0] != self._round_ref:
             self._round_ref, self._global = global_ref[0], to_tensor(ray.get(global_ref[0]))
         assert self._global is not None
+        if isinstance(task, EvalTask):
+            with tagged(task):
+                scored = run_eval_task(self.model, self.clients, self.data, self._global, task, self.name, self.workload.local, self.fixed)
+                log_result(self.log, scored)
+            return scored, None
         with tagged(task):
             result = run_task(self.model, self.clients[task.client_id], self.data, self._global, task, self.name, self.workload.local,
                               self.fixed)

@@ -36,7 +36,7 @@ from fedsim.errors import WorkerStartupError
 from fedsim.executor.placement import physical_cores
 from fedsim.executor.ray_actor import RayWorker, to_array, to_tensor
 from fedsim.executor.ray_reasons import death_reason, kill_quietly, start_failure
-from fedsim.types import FitTask, TaskResult
+from fedsim.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
 
@@ -194,8 +194,16 @@ class RayExecutor(Executor):
                 slot.waiting_said = True
 
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
+        return self._run(global_params, tasks, "fit")
+
+    def evaluate(self, global_params: torch.Tensor, tasks: Sequence[EvalTask]) -> list[EvalResult | ClientFailure]:
+        return self._run(global_params, tasks, "evaluate")  # type: ignore[return-value]
+
+    def _run(self, global_params: torch.Tensor, tasks: Sequence[FitTask | EvalTask], what: str) -> list:
+        """Run ``tasks`` (training or evaluation: the actor tells them apart) with the same queueing, retries and
+        timeouts; results sorted by each task's (first) client."""
         if not self._slots:
-            raise RuntimeError("RayExecutor.fit called before start()")
+            raise RuntimeError(f"RayExecutor.{what} called before start()")
         global_ref = [self._ray.put(to_array(global_params))]  # once per round, shared by every task
         pending = deque(sorted(tasks, key=lambda t: t.client_id))
         attempts: dict[int, int] = {}

@@ -7,8 +7,10 @@ from collections.abc import Sequence
 import torch
 
 from fedsim.executor.base import Executor, Workload, run_task
+from fedsim.executor.eval_task import run_eval_task
 from fedsim.params import fixed_state
-from fedsim.types import FitTask, TaskResult
+from fedsim.threads import torch_threads
+from fedsim.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
 
 
 class SerialExecutor(Executor):
@@ -46,6 +48,14 @@ class SerialExecutor(Executor):
             ]
         finally:
             torch.set_num_threads(previous)
+
+    def evaluate(self, global_params: torch.Tensor, tasks: Sequence[EvalTask]) -> list[EvalResult | ClientFailure]:
+        if self._workload is None or self._model is None:
+            raise RuntimeError("SerialExecutor.evaluate called before start()")
+        clients, data = self._workload.clients, self._workload.train_data
+        with torch_threads(self.threads):
+            return [run_eval_task(self._model, clients, data, global_params, task, "serial", self._workload.local, self._fixed)
+                    for task in sorted(tasks, key=lambda t: t.client_id)]
 
     def close(self) -> None:
         self._model = None

@@ -14,6 +14,7 @@ With several ``devices`` each one vectorises its share of the chunks, from one t
 
 from __future__ import annotations
 
+import copy
 import traceback as tb
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,13 +26,15 @@ from torch import nn
 from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
+from fedsim.executor.eval_task import run_eval_task
 from fedsim.executor.placement import resolve_devices
 from fedsim.executor.vmap_optim import VmapUnsupportedError
 from fedsim.executor.vmap_train import EAGER_TAIL, ChunkModel, ClientPlan, plan_task, train_chunk
 from fedsim.params import ParamLayout, flatten
 from fedsim.strategy.base import LocalTraining
 from fedsim.state_values import copy_state
-from fedsim.types import ClientFailure, ClientUpdate, FitTask, TaskResult
+from fedsim.threads import torch_threads
+from fedsim.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 
 # Client methods that executor=vmap replaces with its own vectorised loop: a subclass must not override them.
 _BUILT_IN_LOOP = ("fit", "_train", "_run_epoch", "train_step", "objective", "loss")
@@ -61,6 +64,7 @@ class VmapExecutor(Executor):
         self._contexts: list[ChunkModel] = []
         self._workload: Workload | None = None
         self._specs: dict = {}  # optimizer specs by (client class, factory, config), for this run
+        self._eval_model: nn.Module | None = None
 
     def check(self, workload: Workload) -> None:
         """What :meth:`start` refuses without building anything on a device (model, clients, client half)."""
@@ -81,6 +85,7 @@ class VmapExecutor(Executor):
             ChunkModel(model, layout, _to_device(workload.train_data, model), local, f"vmap{i}") for i, model in enumerate(models)
         ]
         self._workload = workload
+        self._eval_model = copy.deepcopy(models[0])  # evaluation loads weights into its model; training's stays as it is
         probe_vectorisation(self._contexts[0], workload.clients)
 
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
@@ -104,7 +109,19 @@ class VmapExecutor(Executor):
         by_id = {t.client_id: t for t in tasks}
         return [with_new_state(self._workload.local, by_id[r.client_id], global_params, r) for r in sorted(results, key=lambda r: r.client_id)]
 
+    def evaluate(self, global_params: torch.Tensor, tasks: Sequence[EvalTask]) -> list[EvalResult | ClientFailure]:
+        """Score the tasks on the first device, one after another: a group shares the global model, so its
+        concatenated forward pass is already one batched pass (see :mod:`fedsim.executor.eval_task`); with
+        ``devices=cpu`` the scores equal the serial executor's bit for bit."""
+        if self._workload is None or self._eval_model is None:
+            raise RuntimeError("VmapExecutor.evaluate called before start()")
+        clients, data = self._workload.clients, self._contexts[0].data
+        with torch_threads(self.threads):
+            return [run_eval_task(self._eval_model, clients, data, global_params, task, "vmap0", self._workload.local)
+                    for task in sorted(tasks, key=lambda t: t.client_id)]
+
     def close(self) -> None:
+        self._eval_model = None
         self._specs = {}
         self._contexts = []
         self._workload = None
@@ -209,6 +226,12 @@ def vectorised_local(local: LocalTraining | None) -> LocalTraining | None:
             f"that depends on the trained model ({type(local).__name__}.end_task), which has no vectorised form "
             "(write it with update_state instead if you can); use executor=process"
         )
+    for hook in ("before_training", "after_training"):
+        if local is not None and getattr(type(local), hook) is not getattr(LocalTraining, hook):
+            raise VmapUnsupportedError(
+                f"executor=vmap cannot run the strategy's client half {type(local).__name__}: it trains or measures "
+                f"the model outside the local epochs ({type(local).__name__}.{hook}); use executor=process"
+            )
     if local is None or type(local).functional_term is not LocalTraining.functional_term:
         return local
     hooks = ("begin", "begin_task", "loss_term", "before_step")

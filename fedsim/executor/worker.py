@@ -21,9 +21,10 @@ import torch
 
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import run_task
+from fedsim.executor.eval_task import run_eval_task
 from fedsim.params import fixed_state
 from fedsim.executor.worker_log import log_result, redirect_output, tagged
-from fedsim.types import ClientUpdate
+from fedsim.types import ClientUpdate, EvalTask
 
 _PR_SET_PDEATHSIG = 1
 
@@ -68,7 +69,10 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             break
         task, slot = message
         with tagged(task):
-            result = run_task(model, workload.clients[task.client_id], data, global_params, task, spec.name, workload.local, fixed)
+            if isinstance(task, EvalTask):
+                result = run_eval_task(model, workload.clients, data, global_params, task, spec.name, workload.local, fixed)
+            else:
+                result = run_task(model, workload.clients[task.client_id], data, global_params, task, spec.name, workload.local, fixed)
             log_result(log, result)
         if isinstance(result, ClientUpdate) and fits(result.params, result_buffers[slot]):
             result_buffers[slot].copy_(result.params)

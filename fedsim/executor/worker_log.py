@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from fedsim.types import ClientUpdate, FitTask, TaskResult
+from fedsim.types import ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 
 
 class _TaskTag(logging.Filter):
@@ -73,7 +73,7 @@ def redirect_output(name: str, log_path: Path | None) -> logging.Logger:
 
 
 @contextmanager
-def tagged(task: FitTask) -> Iterator[None]:
+def tagged(task: FitTask | EvalTask) -> Iterator[None]:
     """Tag everything printed or logged inside the block with ``task``'s round and client."""
     _TaskTag.task = task
     try:
@@ -82,9 +82,11 @@ def tagged(task: FitTask) -> Iterator[None]:
         _TaskTag.task = None
 
 
-def log_result(log: logging.Logger, result: TaskResult) -> None:
+def log_result(log: logging.Logger, result: TaskResult | EvalResult) -> None:
     """One line per trained client, or the failure's full traceback."""
     if isinstance(result, ClientUpdate):
         log.info("trained: %d examples, train loss %.4f", result.num_examples, result.metrics.get("train_loss", float("nan")))
+    elif isinstance(result, EvalResult):
+        log.info("evaluated %d clients (%d..%d)", len(result.scores), result.scores[0].client_id, result.scores[-1].client_id)
     else:
         log.error("failed:\n%s", result.traceback)

@@ -10,7 +10,8 @@ from Decentralized Data" (AISTATS).
   layers of 384 and 192 ReLU units and a linear output. The paper feeds 24x24 crops (about 10^6
   parameters: 1,068,298); on uncropped 32x32 images it has 1,756,426.
 
-Neither uses BatchNorm. Dense-layer input sizes are computed from ``input_shape``.
+Neither uses BatchNorm; :class:`CNNBatchNorm` is the MNIST CNN with BatchNorm, for FedBN. Dense-layer
+input sizes are computed from ``input_shape``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,51 @@ class McMahanCNN(nn.Module):
         self.classifier = nn.Sequential(
             nn.Flatten(),
             nn.Linear(64 * h * w, fc_units),
+            nn.ReLU(),
+            nn.Linear(fc_units, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W)`` → logits ``(B, num_classes)``."""
+        return self.classifier(self.features(x))
+
+
+class CNNBatchNorm(nn.Module):
+    """:class:`McMahanCNN` with BatchNorm after each convolution, as in the digits CNN of FedBN (Li, Jiang, Zhang,
+    Kamp, Dou, ICLR 2021): conv5x5(32)-BN-ReLU-pool → conv5x5(64)-BN-ReLU-pool → FC(``fc_units``)-ReLU → linear.
+    Returns logits ``(B, num_classes)``.
+
+    ``fc_batch_norm=True`` adds BatchNorm1d after the dense layer too, as that paper's CNN has; it is off by
+    default because BatchNorm1d refuses, in training, a batch of one example, which a client's last batch is
+    whenever its training examples are one more than a multiple of the batch size (the convolutions' BatchNorm
+    has the feature map's positions as well, and no such limit). Convolutions and dense layers are built in
+    :class:`McMahanCNN`'s order and BatchNorm draws nothing at initialisation, so with the same seed their
+    initial weights are :class:`McMahanCNN`'s. ``executor=vmap`` cannot train BatchNorm: use ``executor=process``.
+    """
+
+    def __init__(
+        self, input_shape: tuple[int, ...], num_classes: int, fc_units: int = 512, fc_batch_norm: bool = False
+    ) -> None:
+        super().__init__()
+        c, h, w = require_image_shape(input_shape, "cnn_bn")
+        for _ in range(2):  # conv 5x5 'same' keeps the size; 2x2 pooling halves it
+            h, w = _out_size(h, 2, 2), _out_size(w, 2, 2)
+        _check_positive((h, w), input_shape, "cnn_bn")
+        self.features = nn.Sequential(
+            nn.Conv2d(c, 32, kernel_size=5, padding=2),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, kernel_size=5, padding=2),
+            nn.BatchNorm2d(64),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        dense_norm = [nn.BatchNorm1d(fc_units)] if fc_batch_norm else []
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(64 * h * w, fc_units),
+            *dense_norm,
             nn.ReLU(),
             nn.Linear(fc_units, num_classes),
         )

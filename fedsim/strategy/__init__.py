@@ -2,6 +2,9 @@
 
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.strategy.fedavg import FedAvg
+from fedsim.strategy.fedbn import FedBN, LocalNorms
+from fedsim.strategy.feddyn import DynamicRegulariser, FedDyn
+from fedsim.strategy.fednova import FedNova
 from fedsim.strategy.fedper import FedPer, PersonalLayers
 from fedsim.strategy.fedprox import FedProx, ProximalTerm
 from fedsim.strategy.scaffold import ControlCorrection, Scaffold
@@ -9,6 +12,7 @@ from fedsim.strategy.robust import Krum, Median, TrimmedMean
 from fedsim.strategy.server_opt import FedAdagrad, FedAdam, FedAvgM, FedOpt, FedYogi
 
 __all__ = [
-    "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedOpt", "FedPer", "FedProx", "FedYogi", "Krum", "LocalTraining", "Median",
-    "PersonalLayers", "ProximalTerm", "Scaffold", "ControlCorrection", "Strategy", "TrimmedMean", "gradients",
+    "ControlCorrection", "DynamicRegulariser", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedBN", "FedDyn", "FedNova",
+    "FedOpt", "FedPer", "FedProx", "FedYogi", "Krum", "LocalNorms", "LocalTraining", "Median", "PersonalLayers",
+    "ProximalTerm", "Scaffold", "Strategy", "TrimmedMean", "gradients",
 ]

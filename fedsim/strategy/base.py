@@ -11,7 +11,7 @@ One method is required, :meth:`Strategy.aggregate`. The other hooks have sensibl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ from torch import nn
 
 from fedsim.context import RunContext
 from fedsim.types import ClientUpdate
+
+if TYPE_CHECKING:
+    from fedsim.task_trainer import TaskTrainer
 
 
 class LocalTraining:
@@ -46,6 +49,26 @@ class LocalTraining:
         """Called once per task after the last step (``model`` holds the trained weights): write what the
         client keeps into ``state`` (e.g. FedPer's personal layers). ``executor=vmap`` has no model per
         client and refuses a client half that overrides this; prefer :meth:`update_state` where you can."""
+
+    def before_training(self, trainer: "TaskTrainer", state: dict[str, Any]) -> None:
+        """Called once per task after :meth:`begin_task`, before the local epochs, with a
+        :class:`~fedsim.task_trainer.TaskTrainer`: what this client half needs to train or measure beyond the
+        standard local epochs (FedRep's head epochs, q-FFL's loss of the global model). Scalars it puts in
+        ``trainer.metrics`` go into the update's metrics. ``executor=vmap`` refuses a client half that
+        overrides it."""
+
+    def after_training(self, trainer: "TaskTrainer", state: dict[str, Any]) -> None:
+        """Called once per task after the local epochs, once the update's weights are taken and before
+        :meth:`end_task`: the model may be retrained freely here (Ditto's personal model). As
+        :meth:`before_training`, refused by ``executor=vmap``."""
+
+    def personalise(self, model: nn.Module, state: dict[str, Any]) -> bool:
+        """For evaluation: put this client's personal parts, as ``state`` holds them, into ``model`` (which
+        holds the global weights), and return True; return False when the client has none (it never trained:
+        its personal model is the global one). Called by every executor for every client that is
+        evaluated; overriding it is what makes an algorithm report ``eval_personal/`` metrics next to
+        ``eval_global/`` (see docs/personalisation.md). The default has nothing personal."""
+        return False
 
     def update_state(
         self, state: dict[str, Any], config: dict[str, Any], global_params: torch.Tensor, update: ClientUpdate
@@ -92,6 +115,11 @@ class LocalTraining:
         at start-up; a client half that adds no term (the base class) needs none.
         """
         raise NotImplementedError(f"{type(self).__name__} has no functional_term(); executor=vmap cannot run it")
+
+
+def personalises(local: LocalTraining | None) -> bool:
+    """Whether ``local`` overrides :meth:`LocalTraining.personalise` (the algorithm has personal models)."""
+    return local is not None and type(local).personalise is not LocalTraining.personalise
 
 
 def gradients(model: nn.Module) -> tuple[list[nn.Parameter], list[torch.Tensor]]:

@@ -14,7 +14,7 @@ last layer personal (the entries that share the last entry's module prefix), as 
 do with the classifier. The strategy finds the entries in the parameter layout it is told about at
 :meth:`setup`, so it works from the command line with ``strategy._target_=`` alone.
 The centralized ``eval/`` metrics evaluate the global model, whose personal layers are the initial ones:
-judge FedPer by its clients' local performance.
+judge FedPer by its clients' personal models, ``eval_personal/...`` (see :mod:`fedsim.client_eval`).
 """
 
 from __future__ import annotations
@@ -42,13 +42,17 @@ class PersonalLayers(LocalTraining):
         self.names = tuple(names)
 
     def begin_task(self, model: nn.Module, config: dict[str, Any], state: dict[str, Any]) -> None:
+        self.personalise(model, state)  # a client's first round starts from the global model's personal layers
+
+    def personalise(self, model: nn.Module, state: dict[str, Any]) -> bool:
         own = state.get(STATE_KEY)
         if not own:
-            return  # first round of this client: it starts from the global model's personal layers
+            return False
         entries = model.state_dict()
         with torch.no_grad():
             for name, value in own.items():
                 entries[name].copy_(value)
+        return True
 
     def end_task(self, model: nn.Module, config: dict[str, Any], state: dict[str, Any]) -> None:
         entries = model.state_dict()
