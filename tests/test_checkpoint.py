@@ -114,16 +114,21 @@ def _wait_for_rounds(run_dir: Path, rounds: int, proc: subprocess.Popen, timeout
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     runs = {}
-    for strategy in ("fedavg", "scaffold", "fedadam"):
+    for strategy in ("fedavg", "ditto", "fedadam"):
         run_dir = tmp_path_factory.mktemp(f"full-{strategy}")
-        subprocess.run(_cli(run_dir, f"strategy={strategy}"), check=True, capture_output=True, timeout=300)
+        subprocess.run(_cli(run_dir, *_settings(strategy)), check=True, capture_output=True, timeout=300)
         runs[strategy] = run_dir
     return runs
 
 
-@pytest.mark.parametrize(("strategy", "kill_after"), [("fedavg", 2), ("scaffold", 3), ("fedadam", 11)])
+def _settings(strategy: str) -> list[str]:
+    """Ditto (personal models in client state) with every client evaluated with both models every round."""
+    return [f"strategy={strategy}"] + (["evaluate_clients=all"] if strategy == "ditto" else [])
+
+
+@pytest.mark.parametrize(("strategy", "kill_after"), [("fedavg", 2), ("ditto", 3), ("fedadam", 11)])
 def test_sigkilled_run_resumes_bitwise(strategy: str, kill_after: int, tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
-    proc = subprocess.Popen(_cli(tmp_path, f"strategy={strategy}"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(_cli(tmp_path, *_settings(strategy)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for_rounds(tmp_path, kill_after, proc)
         proc.send_signal(signal.SIGKILL)
@@ -131,12 +136,16 @@ def test_sigkilled_run_resumes_bitwise(strategy: str, kill_after: int, tmp_path:
     finally:
         proc.kill()
     assert len(_metrics(tmp_path)) < ROUNDS
-    done = subprocess.run(_cli(tmp_path, f"strategy={strategy}", "resume=true"), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(_cli(tmp_path, *_settings(strategy), "resume=true"), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     full = uninterrupted[strategy]
     assert torch.equal(_final_params(tmp_path), _final_params(full))
     assert _metrics(tmp_path) == _metrics(full)
     _assert_one_value_per_round(tmp_path)
+    if strategy == "ditto":  # every client's global and personal scores, every round, as in the uninterrupted run
+        assert "eval_personal/accuracy_worst10" in _metrics(full)[-1]
+        files = sorted((full / "client_eval").iterdir())
+        assert len(files) == ROUNDS and [p.read_text() for p in files] == [(tmp_path / "client_eval" / p.name).read_text() for p in files]
 
 
 def test_resume_auto_starts_fresh_then_continues_a_killed_run_bitwise(tmp_path: Path, uninterrupted: dict[str, Path]) -> None:

@@ -1,18 +1,21 @@
 """Aggregation strategies: the base class, pure aggregation math, and one file per algorithm."""
 
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
+from fedsim.strategy.ditto import Ditto, PersonalModel
 from fedsim.strategy.fedavg import FedAvg
 from fedsim.strategy.fedbn import FedBN, LocalNorms
 from fedsim.strategy.feddyn import DynamicRegulariser, FedDyn
 from fedsim.strategy.fednova import FedNova
 from fedsim.strategy.fedper import FedPer, PersonalLayers
 from fedsim.strategy.fedprox import FedProx, ProximalTerm
+from fedsim.strategy.fedrep import FedRep, HeadThenBody
 from fedsim.strategy.scaffold import ControlCorrection, Scaffold
 from fedsim.strategy.robust import Krum, Median, TrimmedMean
 from fedsim.strategy.server_opt import FedAdagrad, FedAdam, FedAvgM, FedOpt, FedYogi
 
 __all__ = [
-    "ControlCorrection", "DynamicRegulariser", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedBN", "FedDyn", "FedNova",
-    "FedOpt", "FedPer", "FedProx", "FedYogi", "Krum", "LocalNorms", "LocalTraining", "Median", "PersonalLayers",
+    "ControlCorrection", "Ditto", "DynamicRegulariser", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedBN", "FedDyn", "FedNova",
+    "FedOpt", "FedPer", "FedProx", "FedRep", "FedYogi", "HeadThenBody", "Krum", "LocalNorms", "LocalTraining", "Median",
+    "PersonalLayers", "PersonalModel",
     "ProximalTerm", "Scaffold", "Strategy", "TrimmedMean", "gradients",
 ]

@@ -278,3 +278,64 @@ def test_executor_that_starts_ray_shuts_it_down_and_leaves_nothing(tmp_path: Pat
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "left behind: []" in done.stdout, done.stdout
+
+
+# --- issue #16's algorithms and every-client evaluation: Ray actors give the serial executor's answers -----------
+
+class _BatchNormMLP(torch.nn.Module):
+    """A small MLP with BatchNorm (for FedBN) and a last layer of its own (for Ditto's and FedRep's heads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(60, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU())
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the model class above reaches the actors by value
+
+
+def _algorithm_run(strategy, executor):  # type: ignore[no-untyped-def]
+    from fedsim.client_eval import ClientEvaluation
+    from fedsim.logging import RunLogger
+    from fedsim.server import Server
+
+    data = _data()
+    # one batch per epoch (every client has fewer than 64 training examples): BatchNorm never sees a batch of one
+    clients = make_clients(data, functools.partial(Client, epochs=2, batch_size=64))
+    server = Server(
+        model_factory=_BatchNormMLP, clients=clients, train_data=data.train, test_data=data.test, strategy=strategy,
+        executor=executor, num_rounds=3, clients_per_round=4, seed=7, logger=RunLogger(None, progress=False),
+        client_eval=ClientEvaluation("all"),
+    )
+    result = server.run()
+    states = {cid: server.client_states.get(cid) for cid in server.client_states.clients()}
+    evaluated = [{k: v for k, v in r.items() if k.startswith("eval")} for r in result.history]
+    return result.params, states, evaluated
+
+
+def _algorithms():  # type: ignore[no-untyped-def]
+    from fedsim.strategy import Ditto, FedBN, FedDyn, FedNova, FedRep
+
+    return {"fednova": FedNova, "feddyn": functools.partial(FedDyn, alpha=0.1), "fedbn": FedBN,
+            "ditto": Ditto, "fedrep": functools.partial(FedRep, head_epochs=1)}
+
+
+@pytest.mark.parametrize("name", ["fednova", "feddyn", "fedbn", "ditto", "fedrep"])
+def test_new_algorithms_with_every_client_evaluation_equal_serial(name: str) -> None:
+    make = _algorithms()[name]
+    params, states, evaluated = _algorithm_run(make(), SerialExecutor())
+    ray_params, ray_states, ray_evaluated = _algorithm_run(make(), RayExecutor(workers=2))
+    assert torch.equal(params, ray_params) and _same_states(states, ray_states) and evaluated == ray_evaluated
+    assert evaluated[-1]["eval_global/clients"] == 8
+
+
+def _same_states(a: object, b: object) -> bool:
+    """Equal client states: the same keys, tensors equal bit for bit."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_states(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    return a == b

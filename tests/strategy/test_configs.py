@@ -25,7 +25,7 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "mu": ("1.5", 1.5), "server_lr": ("0.25", 0.25), "momentum": ("0.5", 0.5), "beta2": ("0.9", 0.9),
     "tau": ("0.01", 0.01), "bias_correction": ("true", True), "initial_accumulator": ("0.5", 0.5),
     "beta": ("0.25", 0.25), "f": ("2", 2), "m": ("3", 3), "personal_layers": ("fc", "fc"),
-    "norm_layers": ("bn", "bn"), "alpha": ("0.1", 0.1),
+    "norm_layers": ("bn", "bn"), "alpha": ("0.1", 0.1), "lam": ("0.5", 0.5), "personal_epochs": ("2", 2), "head_epochs": ("3", 3),
 }
 
 
