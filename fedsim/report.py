@@ -207,7 +207,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--target", type=_fraction, default=None, help="report rounds to reach this test accuracy")
     parser.add_argument("--out", type=Path, default=None, help="where report.csv and the plots go (default: sweep_dir)")
     parser.add_argument("--metric", type=_metric, action="append", default=[], metavar="NAME",
-                        help="add a column: this scalar's final value, mean ± std over seeds (repeatable)")
+                        help="add a column (this scalar's final value, mean ± std over seeds) and its plot, NAME.png (repeatable)")
     parser.add_argument("--plot", type=_metric, action="append", default=[], metavar="NAME",
                         help=f"plot this scalar per configuration into NAME.png (repeatable; default {ACCURACY}, "
                              "drawn as accuracy.png)")
@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the table, write ``report.csv`` and ``accuracy.png``; exit status 2 when there are no runs."""
     args = parse_args(argv)
     root: Path = args.sweep_dir
-    plots = list(dict.fromkeys(args.plot or [ACCURACY]))
+    plots = list(dict.fromkeys([*(args.plot or [ACCURACY]), *args.metric]))  # every --metric is plotted too
     runs = load_runs(root, series=plots + ([ROUND_TIME] if args.x == "wall_time" else []))
     if not runs:
         print(f"{PROG}: no runs (metrics.jsonl or summary.json) under {root}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Real Hydra multirun sweeps, each in a fresh Python process, and ``python -m fedsim.report`` over one.
 
-Two sweeps run side by side in a module fixture: a 2x2 grid (strategy x partition.alpha) over two seeds
-with TensorBoard on the serial executor, and two seeds on one CPU worker process (to look for leftovers).
+Two sweeps run side by side in a module fixture: a 2x2 grid (strategy x partition.alpha) over two seeds, every
+client evaluated, with TensorBoard on the serial executor, and two seeds on one CPU worker process (to look for leftovers).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TIMEOUT_S = 180
-FIXED = ["clients_per_round=5", "logger.progress=False", "num_rounds=2", "partition.num_clients=20", "partition=dirichlet"]
-CONFIGS = [(strategy, alpha) for strategy in ("fedavg", "fedprox") for alpha in ("0.1", "1.0")]  # job order
+FIXED = ["clients_per_round=5", "evaluate_clients=all", "logger.progress=False", "num_rounds=2", "partition.num_clients=20", "partition=dirichlet"]
+CONFIGS = [(strategy, alpha) for strategy in ("fedavg", "ditto") for alpha in ("0.1", "1.0")]  # job order
 SEEDS = (0, 1)
 CSV_COLUMNS = ["configuration", "seeds_finished", "seeds_total", "rounds_min", "rounds_max", "final_accuracy_mean",
                "final_accuracy_std", "best_accuracy_mean", "best_accuracy_std", "wall_time_s_mean"]
@@ -41,7 +41,7 @@ def _fedsim(args: list[str], cwd: Path, tag: str) -> subprocess.Popen[str]:
 def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The two sweeps, then the report over the grid one."""
     cwd, tag = tmp_path_factory.mktemp("sweeps"), uuid.uuid4().hex
-    grid = ["strategy=fedavg,fedprox", "partition.alpha=0.1,1.0", "seed=0,1", *FIXED]
+    grid = ["strategy=fedavg,ditto", "partition.alpha=0.1,1.0", "seed=0,1", *FIXED]
     procs = {
         "grid": _fedsim([*grid, f"hydra.sweep.dir={cwd / 'grid'}"], cwd, tag),
         "process": _fedsim(["seed=0,1", "num_rounds=1", "logger=quiet", "executor=process", "executor.devices=cpu",
@@ -56,7 +56,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def job_dirs(root: Path) -> dict[tuple[str, str, int], Path]:
     """Where each (strategy, alpha, seed) job must have written: ``<job number>_<sorted overrides>``."""
     jobs = [(s, a, seed) for s, a in CONFIGS for seed in SEEDS]
-    return {(s, a, seed): root / (f"{i}_clients_per_round=5,logger.progress=False,num_rounds=2,partition.alpha={a},"
+    return {(s, a, seed): root / (f"{i}_clients_per_round=5,evaluate_clients=all,logger.progress=False,num_rounds=2,partition.alpha={a},"
                                   f"partition.num_clients=20,partition=dirichlet,seed={seed},strategy={s}")
             for i, (s, a, seed) in enumerate(jobs)}
 
@@ -119,6 +119,31 @@ def test_report_png_is_a_real_image(real: dict[str, Any]) -> None:
     assert png.read_bytes()[:8] == PNG_MAGIC
     pixels = mpimg.imread(png)
     assert pixels.shape[0] > 100 and pixels.shape[1] > 100 and pixels.std() > 0  # drawn, not blank
+
+
+def test_report_tables_and_plots_a_per_client_statistic(real: dict[str, Any], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``--metric eval_personal/accuracy_worst10``: a column (mean ± std over seeds of the final value; only Ditto has
+    personal models) and a plot of it."""
+    from fedsim import report
+
+    root, name = real["cwd"] / "grid", "eval_personal/accuracy_worst10"
+    assert report.main([str(root), "--out", str(tmp_path), "--metric", name]) == 0
+    assert "eval_personal/accuracy_worst10" in capsys.readouterr().out
+    with open(tmp_path / "report.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row, (strategy, alpha) in zip(rows, CONFIGS, strict=True):
+        finals = [_final(job_dirs(root)[strategy, alpha, seed], name) for seed in SEEDS]
+        if strategy == "fedavg":
+            assert finals == [None, None] and row[f"{name}_mean"] == ""
+        else:
+            assert float(row[f"{name}_mean"]) == pytest.approx(statistics.fmean(finals))
+    assert (tmp_path / "eval_personal_accuracy_worst10.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def _final(run_dir: Path, name: str) -> float | None:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return records[-1].get(name)
 
 
 def test_process_sweep_leaves_no_worker_behind(real: dict[str, Any]) -> None:
