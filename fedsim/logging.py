@@ -28,6 +28,7 @@ with warnings.catch_warnings():  # in Jupyter without ipywidgets, tqdm.contrib.l
 
 from fedsim.checkpoint import write_text_atomic
 from fedsim.client_eval import csv_text, describe
+from fedsim.metrics_records import add_client_rows, read_records, without_client_rows
 from fedsim.errors import RunWriteError
 from fedsim.storage import closing_naming_errors, naming_write_errors, quiet_writer_thread_errors
 from fedsim.types import ClientScore
@@ -91,7 +92,7 @@ class RunLogger:
         for every round whose scalars match it. A round whose rows cannot be found is kept without them,
         with one warning."""
         records = [dict(record) for record in history]
-        missing = _add_client_rows(records, read_records(earlier) if earlier is not None else {})
+        missing = add_client_rows(records, read_records(earlier) if earlier is not None else {})
         if missing:
             log.warning("resume: the per-client rows of %d round(s) were not found in %s; those rounds keep their "
                         "scalars only", missing, earlier)
@@ -256,43 +257,6 @@ class RunLogger:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, trace: TracebackType | None) -> None:
         self.close()
-
-
-def without_client_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The history as checkpoints keep it: every round's scalars, without its ``clients`` rows."""
-    return [{k: v for k, v in record.items() if k != "clients"} for record in history]
-
-
-def read_records(path: Path) -> dict[int, dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` by round; missing file, or a line cut short by a kill: skipped."""
-    records: dict[int, dict[str, Any]] = {}
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return records
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("round"), int):
-            records[record["round"]] = record
-    return records
-
-
-def _add_client_rows(history: list[dict[str, Any]], earlier: dict[int, dict[str, Any]]) -> int:
-    """Put back each record's ``clients`` from ``earlier`` where the scalars agree; how many were not found."""
-    missing = 0
-    for record in history:
-        if "clients" in record:
-            continue  # a checkpoint from before the rows were left out
-        found = earlier.get(record["round"])
-        if found is not None and without_client_rows([found])[0] == record:
-            if "clients" in found:
-                record["clients"] = found["clients"]
-        else:
-            missing += 1
-    return missing
 
 
 def process_rss_mb() -> float:

@@ -12,21 +12,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.checkpoint import CheckpointError, drop_checkpoints_after, list_checkpoints, save_checkpoint, save_if_missing, resolve as resolve_checkpoint
-from fedsim.state import ClientStateStore, restore_states
+from fedsim.checkpoint import list_checkpoints, save_checkpoint, save_if_missing
+from fedsim.state import ClientStateStore
 from fedsim.client import Client, evaluate_indices
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
 from fedsim.early_stop import EarlyStop
 from fedsim.client_eval import ClientEvaluation, eval_tasks, summary
 from fedsim.evaluation import DeviceEvaluator, eval_device as eval_device_named
-from fedsim.logging import RunLogger, process_rss_mb, without_client_rows
+from fedsim.logging import RunLogger, process_rss_mb
+from fedsim.metrics_records import without_client_rows
 from fedsim.context import RunContext
 from fedsim.params import ParamLayout, flatten, load_flat
-from fedsim.resume_check import check_changes, record_changes
 from fedsim.round_metrics import client_row, train_metrics
 from fedsim.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
-from fedsim.seeding import init_seed, sampling_rng, task_seed
+from fedsim.seeding import sampling_rng, task_seed
+from fedsim.server_setup import check_settings as _check_settings, initial_model as _initial_model, resume_from
 from fedsim.stragglers import Stragglers
 from fedsim.strategy.base import LocalTraining, Strategy, personalises
 from fedsim.strategy_guard import checked_aggregate, checked_scalars
@@ -224,29 +225,7 @@ class Server:
         """Continue from a checkpoint file, a checkpoints directory or a run directory (newest good checkpoint).
         Settings that change the computation must be the checkpoint's, except those in ``allow_changes``
         (see :mod:`fedsim.resume_check`)."""
-        path, state = resolve_checkpoint(target)
-        if state.get("fingerprint") != self._fingerprint():
-            raise CheckpointError(f"{path} belongs to another run setup: {state.get('fingerprint')} != {self._fingerprint()}")
-        changes = check_changes(state.get("settings", {}), self.settings, allow_changes, path)
-        self.params = state["params"].to(self.params.dtype)
-        self.start_round = int(state["round"]) + 1
-        self.strategy.setup(self.run_context())  # told again, before its state comes back
-        try:
-            self.strategy.load_state_dict(state["strategy"])
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise CheckpointError(f"{path}: its strategy state does not fit {type(self.strategy).__name__} ({type(error).__name__}: "
-                                  f"{error}); resume with the strategy the run was started with") from None
-        if self.finished:
-            log.info("%s is of round %d: the run is finished, nothing to do", path, self.start_round - 1)
-            return path  # nothing else is touched
-        record_changes(self.logger.run_dir, path, int(state["round"]), changes)
-        if restore_states(self.client_states, path, int(state.get("client_state_round", state["round"]))):
-            for later in drop_checkpoints_after(path.parent, int(state["round"])):  # rounds the resume abandons
-                log.warning("resume from round %d: removed %s, a checkpoint of the abandoned later rounds", state["round"], later)
-        self.logger.restore(state["history"], self.start_round, earlier=path.parent.parent / "metrics.jsonl")
-        self.early_stop.replay(state["history"])
-        log.info("resumed from %s: continuing at round %d", path, self.start_round)
-        return path
+        return resume_from(self, target, allow_changes)
 
     def run_round(self, round_num: int) -> dict[str, float]:
         """One round; returns its metrics. Updates ``self.params`` unless no client succeeded."""
@@ -335,20 +314,3 @@ class Server:
         """After an error: write the last completed round's checkpoint unless it is on disk already."""
         if state is not None and self.checkpoint_dir is not None:
             save_if_missing(self.checkpoint_dir, state["round"], state, keep=self.keep_checkpoints)
-
-
-def _check_settings(num_rounds: int, eval_every: int, clients_per_round: int, num_clients: int, stragglers: Stragglers) -> None:
-    """Refuse impossible round settings with one line; warn about stragglers that cannot straggle."""
-    if num_rounds < 1 or eval_every < 1:
-        raise ValueError(f"num_rounds and eval_every must be >= 1 (got {num_rounds}, {eval_every})")
-    if not 1 <= clients_per_round <= num_clients:
-        raise ValueError(f"clients_per_round must be between 1 and the {num_clients} clients (got {clients_per_round})")
-    if stragglers.fraction > 0 and stragglers.epochs < 2:
-        log.warning("stragglers.fraction=%s has no effect: with %d local epoch(s) there is nothing to cut", stragglers.fraction, stragglers.epochs)
-
-
-def _initial_model(model_factory: Callable[[], nn.Module], seed: int) -> nn.Module:
-    """The round-0 global model, from the run seed only (the caller's global RNG is left as it was)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(init_seed(seed))
-        return model_factory()

@@ -1,0 +1,66 @@
+"""What the :class:`~fedsim.server.Server` does once: check its settings, build the round-0 model, resume a run."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from fedsim.checkpoint import CheckpointError, drop_checkpoints_after, resolve as resolve_checkpoint
+from fedsim.resume_check import check_changes, record_changes
+from fedsim.seeding import init_seed
+from fedsim.state import restore_states
+from fedsim.stragglers import Stragglers
+
+if TYPE_CHECKING:
+    from fedsim.server import Server
+
+log = logging.getLogger("fedsim")
+
+
+def check_settings(num_rounds: int, eval_every: int, clients_per_round: int, num_clients: int, stragglers: Stragglers) -> None:
+    """Refuse impossible round settings with one line; warn about stragglers that cannot straggle."""
+    if num_rounds < 1 or eval_every < 1:
+        raise ValueError(f"num_rounds and eval_every must be >= 1 (got {num_rounds}, {eval_every})")
+    if not 1 <= clients_per_round <= num_clients:
+        raise ValueError(f"clients_per_round must be between 1 and the {num_clients} clients (got {clients_per_round})")
+    if stragglers.fraction > 0 and stragglers.epochs < 2:
+        log.warning("stragglers.fraction=%s has no effect: with %d local epoch(s) there is nothing to cut", stragglers.fraction, stragglers.epochs)
+
+
+def initial_model(model_factory: Callable[[], nn.Module], seed: int) -> nn.Module:
+    """The round-0 global model, from the run seed only (the caller's global RNG is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(init_seed(seed))
+        return model_factory()
+
+
+def resume_from(server: "Server", target: str | Path, allow_changes: Sequence[str] = ()) -> Path:
+    """:meth:`fedsim.server.Server.resume`: put ``server`` in the state the checkpoint at ``target`` recorded."""
+    path, state = resolve_checkpoint(target)
+    if state.get("fingerprint") != server._fingerprint():
+        raise CheckpointError(f"{path} belongs to another run setup: {state.get('fingerprint')} != {server._fingerprint()}")
+    changes = check_changes(state.get("settings", {}), server.settings, allow_changes, path)
+    server.params = state["params"].to(server.params.dtype)
+    server.start_round = int(state["round"]) + 1
+    server.strategy.setup(server.run_context())  # told again, before its state comes back
+    try:
+        server.strategy.load_state_dict(state["strategy"])
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CheckpointError(f"{path}: its strategy state does not fit {type(server.strategy).__name__} ({type(error).__name__}: "
+                              f"{error}); resume with the strategy the run was started with") from None
+    if server.finished:
+        log.info("%s is of round %d: the run is finished, nothing to do", path, server.start_round - 1)
+        return path  # nothing else is touched
+    record_changes(server.logger.run_dir, path, int(state["round"]), changes)
+    if restore_states(server.client_states, path, int(state.get("client_state_round", state["round"]))):
+        for later in drop_checkpoints_after(path.parent, int(state["round"])):  # rounds the resume abandons
+            log.warning("resume from round %d: removed %s, a checkpoint of the abandoned later rounds", state["round"], later)
+    server.logger.restore(state["history"], server.start_round, earlier=path.parent.parent / "metrics.jsonl")
+    server.early_stop.replay(state["history"])
+    log.info("resumed from %s: continuing at round %d", path, server.start_round)
+    return path
