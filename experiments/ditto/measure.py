@@ -44,10 +44,10 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, float]:
     personal = [c["metrics"]["personal_accuracy"] for r in last for c in r["clients"] if "personal_accuracy" in c.get("metrics", {})]
     mean = lambda key: float(np.mean([r[key] for r in last]))  # noqa: E731
     return {
-        "global_client_accuracy": mean("eval/client_accuracy"),
+        "global_client_accuracy": mean("eval_global/accuracy"),
         "personal_accuracy": mean("fit/personal_accuracy"),
         "personal_accuracy_p10": float(np.percentile(personal, 10)),
-        "global_client_loss": mean("eval/client_loss"),
+        "global_client_loss": mean("eval_global/loss"),
         "personal_loss": mean("fit/personal_loss"),
         "final_test_accuracy": records[-1]["eval/accuracy"],
     }
