@@ -147,7 +147,8 @@ def _check_strategy(cfg: DictConfig, option: str) -> None:
     strategy.setup(RunContext(layout=ParamLayout.of(model), num_clients=10, num_examples=tuple(range(1, 11)),
                               clients_per_round=10, num_rounds=2, seed=0))
     # ten clients: enough for the robust rules (Krum needs 2f + 3; trimmed_mean's beta=0.1 must trim one)
-    metrics = {"local_steps": 2.0, "lr": 0.1, "train_loss": 0.5}  # what Client.fit reports (SCAFFOLD, FedNova need them)
+    # what Client.fit reports (SCAFFOLD, FedNova need them), and q-FFL's client half
+    metrics = {"local_steps": 2.0, "lr": 0.1, "train_loss": 0.5, "qffl_start_loss": 0.5}
     updates = [ClientUpdate(i, 1, torch.linspace(-1, 1, 9) * i, i + 1, metrics=metrics) for i in range(10)]
     new = strategy.aggregate(1, torch.full((9,), 0.5), updates)
     assert new.shape == (9,) and new.dtype == torch.float32 and torch.isfinite(new).all()

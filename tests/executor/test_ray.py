@@ -317,13 +317,13 @@ def _algorithm_run(strategy, executor):  # type: ignore[no-untyped-def]
 
 
 def _algorithms():  # type: ignore[no-untyped-def]
-    from fedsim.strategy import Ditto, FedBN, FedDyn, FedNova, FedRep
+    from fedsim.strategy import QFFL, Ditto, FedBN, FedDyn, FedNova, FedRep
 
     return {"fednova": FedNova, "feddyn": functools.partial(FedDyn, alpha=0.1), "fedbn": FedBN,
-            "ditto": Ditto, "fedrep": functools.partial(FedRep, head_epochs=1)}
+            "ditto": Ditto, "fedrep": functools.partial(FedRep, head_epochs=1), "qffl": QFFL}
 
 
-@pytest.mark.parametrize("name", ["fednova", "feddyn", "fedbn", "ditto", "fedrep"])
+@pytest.mark.parametrize("name", ["fednova", "feddyn", "fedbn", "ditto", "fedrep", "qffl"])
 def test_new_algorithms_with_every_client_evaluation_equal_serial(name: str) -> None:
     make = _algorithms()[name]
     params, states, evaluated = _algorithm_run(make(), SerialExecutor())
