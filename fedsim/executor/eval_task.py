@@ -14,6 +14,7 @@ with the global weights plus its personal parts; one that has none scores as the
 
 from __future__ import annotations
 
+import math
 import traceback as tb
 from collections.abc import Sequence
 from dataclasses import replace
@@ -65,26 +66,21 @@ def _group_scores(model: nn.Module, members: list[Client], data: TensorData) -> 
     if not _shared_evaluation(members):
         return [_own_score(model, client, data) for client in members]
     sizes = [int(c.test_indices.size) for c in members]
-    rows = torch.from_numpy(np.concatenate([c.test_indices for c in members])) if members else torch.zeros(0, dtype=torch.int64)
+    rows = torch.from_numpy(np.concatenate([c.test_indices for c in members]))
     losses, correct = example_losses(members[0], model, data, rows, batch_size=EVAL_BATCH)
-    scores, start = [], 0
-    for client, n in zip(members, sizes):
-        scores.append(_score(client.client_id, losses[start : start + n], correct[start : start + n]))
-        start += n
-    return scores
+    # per-client sums in one pass (float64, each client's examples added in order): ~12 µs per client less than
+    # slicing, which made scoring 1,000 small clients 1.7x a centralized pass instead of 1.1x (docs/performance.md)
+    owner = np.repeat(np.arange(len(members)), sizes)
+    loss_sums = np.bincount(owner, weights=losses.double().numpy(), minlength=len(members)).tolist()
+    hits = np.bincount(owner, weights=correct.numpy(), minlength=len(members)).tolist()
+    return [ClientScore(c.client_id, n, s / n, int(h) / n) if n else ClientScore(c.client_id, 0, math.nan, math.nan)
+            for c, n, s, h in zip(members, sizes, loss_sums, hits)]
 
 
 def _shared_evaluation(members: list[Client]) -> bool:
     """Whether one pass can score every member: one class, whose ``evaluate`` is the built-in one."""
     kinds = {type(c) for c in members}
     return len(kinds) == 1 and next(iter(kinds)).evaluate is Client.evaluate
-
-
-def _score(client_id: int, losses: torch.Tensor, correct: torch.Tensor) -> ClientScore:
-    n = int(losses.numel())
-    if n == 0:
-        return ClientScore(client_id, 0, float("nan"), float("nan"))
-    return ClientScore(client_id, n, float(losses.double().sum()) / n, int(correct.sum()) / n)
 
 
 def _own_score(model: nn.Module, client: Client, data: TensorData) -> ClientScore:
