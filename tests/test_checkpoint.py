@@ -178,7 +178,7 @@ def _assert_one_value_per_round(run_dir: Path) -> None:
 
 
 def test_sigint_stops_at_a_safe_point_and_resume_finishes(tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
-    proc = subprocess.Popen(_cli(tmp_path, "strategy=scaffold", "checkpoint_every=0"), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_cli(tmp_path, *_settings("ditto"), "checkpoint_every=0"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     _wait_for_rounds(tmp_path, 4, proc)
     proc.send_signal(signal.SIGINT)
@@ -187,16 +187,16 @@ def test_sigint_stops_at_a_safe_point_and_resume_finishes(tmp_path: Path, uninte
     assert "resume=" in err
     stopped_at = len(_metrics(tmp_path))
     assert load_latest(tmp_path / "checkpoints")[1]["round"] == stopped_at < ROUNDS
-    done = subprocess.run(_cli(tmp_path, "strategy=scaffold", f"resume={tmp_path}"), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(_cli(tmp_path, *_settings("ditto"), f"resume={tmp_path}"), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert torch.equal(_final_params(tmp_path), _final_params(uninterrupted["scaffold"]))
+    assert torch.equal(_final_params(tmp_path), _final_params(uninterrupted["ditto"]))
 
 
 def test_resume_errors_are_one_line(tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
     nothing = subprocess.run(_cli(tmp_path, "resume=true"), capture_output=True, text=True, timeout=120)
     assert nothing.returncode == 2 and nothing.stderr.strip().startswith("fedsim: error: no checkpoint")
     assert len(nothing.stderr.strip().splitlines()) == 1
-    other = subprocess.run(_cli(tmp_path / "b", "strategy=scaffold", "clients_per_round=5", f"resume={uninterrupted['scaffold']}"),
+    other = subprocess.run(_cli(tmp_path / "b", "strategy=ditto", "clients_per_round=5", f"resume={uninterrupted['ditto']}"),
                            capture_output=True, text=True, timeout=120)
     assert other.returncode == 2 and "belongs to another run setup" in other.stderr
 
