@@ -19,7 +19,7 @@ from fedsim.data.federated import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
-from fedsim.executor.base import Executor
+from fedsim.executor.base import Executor, Workload
 from fedsim.logging import RunLogger
 from fedsim.models import MLP2NN, LogisticRegression
 from fedsim.seeding import sampling_rng
@@ -142,17 +142,23 @@ def test_every_client_is_scored_into_a_file_and_tensorboard(tmp_path: Path) -> N
 def test_scores_are_bitwise_the_same_under_serial_process_and_vmap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(client_eval, "EXAMPLES_PER_TASK", 25)  # several groups, so that several workers score
     runs = {}
-    for name, executor in (("serial", SerialExecutor()), ("process", ProcessExecutor(devices="cpu", workers=3)),
-                           ("vmap", VmapExecutor())):
+    for name, executor in (("serial", SerialExecutor()), ("process", ProcessExecutor(devices="cpu", workers=3))):
         history = _server(executor, run_dir=tmp_path / name).run().history
         runs[name] = (_files(tmp_path / name), _eval_metrics(history))
     assert len(eval_tasks(2, range(12), make_clients(_data(), Client))) > 3
-    assert runs["process"][0] == runs["serial"][0] and runs["process"][1] == runs["serial"][1]
-    # vmap trains with batched kernels (float rounding differs), so its global model and scores differ slightly
-    assert list(runs["vmap"][0]) == list(runs["serial"][0])
-    for vmap_round, serial_round in zip(runs["vmap"][1], runs["serial"][1]):
-        assert vmap_round.keys() == serial_round.keys()
-        assert all(vmap_round[k] == pytest.approx(serial_round[k], rel=1e-4, abs=1e-4) for k in serial_round)
+    assert runs["process"] == runs["serial"]
+    # vmap trains with batched kernels, so a vmap run's model differs from serial's in the last bits; its
+    # evaluation is the serial code on the same weights, so with the same weights the scores are equal exactly
+    data = _data()
+    clients = make_clients(data, Client)
+    params = torch.randn(610, generator=torch.Generator().manual_seed(3)) * 0.1  # LogisticRegression((60,), 10)
+    tasks = eval_tasks(1, range(12), clients)
+    scored = []
+    for executor in (SerialExecutor(), VmapExecutor()):
+        executor.start(Workload(functools.partial(LogisticRegression, (60,), 10), clients, data.train))
+        scored.append([r.scores for r in executor.evaluate(params, tasks)])
+        executor.close()
+    assert scored[0] == scored[1] and sum(len(s) for s in scored[0]) == 12
 
 
 def test_personal_models_are_scored_alongside_the_global_one_in_worker_processes_too(tmp_path: Path) -> None:

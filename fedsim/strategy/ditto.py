@@ -47,7 +47,8 @@ class PersonalModel(LocalTraining):
 
     def begin_task(self, model: nn.Module, config: dict[str, Any], state: dict[str, Any]) -> None:
         self.anchor = [p.detach().clone() for p in model.parameters() if p.requires_grad]
-        self.start = flatten(model)
+        if STATE_KEY not in state:  # the client's first round: v_k starts as w^t
+            self.start = flatten(model)
 
     def after_training(self, trainer: TaskTrainer, state: dict[str, Any]) -> None:
         load_flat(trainer.model, state.get(STATE_KEY, self.start))
