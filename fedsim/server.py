@@ -27,7 +27,8 @@ from fedsim.params import ParamLayout, flatten, load_flat
 from fedsim.round_metrics import client_row, train_metrics
 from fedsim.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
 from fedsim.seeding import sampling_rng, task_seed
-from fedsim.server_setup import check_settings as _check_settings, initial_model as _initial_model, resume_from
+from fedsim.server_setup import check_model_fits_data, check_settings as _check_settings, initial_model as _initial_model
+from fedsim.server_setup import resume_from
 from fedsim.stragglers import Stragglers
 from fedsim.strategy.base import LocalTraining, Strategy, personalises
 from fedsim.strategy_guard import checked_aggregate, checked_scalars
@@ -101,6 +102,7 @@ class Server:
         self.eval_every, self.min_success_fraction, self.threads = eval_every, min_success_fraction, threads
         self.logger = logger or RunLogger(None)
         self.model = _initial_model(model_factory, seed)
+        check_model_fits_data(self.model, train_data)
         self.params = flatten(self.model)
         self.evaluator = DeviceEvaluator(self.model, eval_device_named(eval_device))
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None

@@ -17,6 +17,7 @@ from fedsim.state import restore_states
 from fedsim.stragglers import Stragglers
 
 if TYPE_CHECKING:
+    from fedsim.data.tensor_data import TensorData
     from fedsim.server import Server
 
 log = logging.getLogger("fedsim")
@@ -37,6 +38,37 @@ def initial_model(model_factory: Callable[[], nn.Module], seed: int) -> nn.Modul
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(init_seed(seed))
         return model_factory()
+
+
+def check_model_fits_data(model: nn.Module, data: "TensorData") -> None:
+    """Refuse, in one line and before any training, a model whose output does not have one score per class of the
+    data (its labels would be out of range in every client's loss). One forward pass of two rows, in evaluation
+    mode and without gradients; the model's mode is restored."""
+    if len(data) == 0:
+        return
+    largest = int(data.y.max())
+    if largest >= data.num_classes:
+        raise ValueError(f"data: a training label is {largest} but the data declares {data.num_classes} classes; "
+                         "set the dataset's num_classes to at least the largest label + 1")
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(data.x[:2])
+    except (RuntimeError, ValueError, IndexError, TypeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"model: {type(model).__name__} cannot take the data's examples of shape {tuple(data.x.shape[1:])} "
+            f"({data.x.dtype}): {first}; pick a model made for this data (docs/datasets.md lists them)"
+        ) from None
+    finally:
+        model.train(was_training)
+    if out.ndim != 2 or out.shape[1] != data.num_classes:
+        raise ValueError(
+            f"model: {type(model).__name__} outputs {tuple(out.shape[1:])} scores per example but the data has "
+            f"{data.num_classes} classes; build the model with num_classes={data.num_classes} (fedsim passes the "
+            "data's num_classes to a `_partial_: true` model option)"
+        )
 
 
 def resume_from(server: "Server", target: str | Path, allow_changes: Sequence[str] = ()) -> Path:

@@ -283,3 +283,10 @@ def auto(labels: np.ndarray, *, num_clients: int = 100, seed: int, groups: np.nd
     if groups is not None:
         return natural(labels, seed=seed, groups=groups)
     return iid(labels, num_clients=num_clients, seed=seed)
+
+
+def follows_groups(partition: object) -> bool:
+    """Whether ``partition`` (a partitioner, or a ``functools.partial`` of one, as Hydra's ``_partial_`` makes)
+    is :func:`natural` or :func:`auto`: one client per natural group whenever the data has groups."""
+    func = getattr(partition, "func", partition)
+    return func in (natural, auto)

@@ -8,14 +8,19 @@ memory and handed to worker processes once per run.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+ArrayLike = Any
+"""A numpy array, a torch tensor or anything ``np.asarray`` takes."""
+
 
 @dataclass(frozen=True)
 class TensorData:
-    """Features ``x`` (float32, shape ``(N, *input_shape)``) and labels ``y`` (int64, shape ``(N,)``).
+    """Features ``x`` (shape ``(N, *input_shape)``: float32, or int64 token ids for text models) and labels
+    ``y`` (int64, shape ``(N,)``).
 
     ``groups`` optionally gives the natural owner of every example (e.g. the device of the FedProx
     Synthetic data); the ``natural`` partitioner uses it.
@@ -48,7 +53,48 @@ class TensorData:
 
 @dataclass(frozen=True)
 class DataSplit:
-    """A dataset's training part (to be partitioned over clients) and its centralized test part."""
+    """A dataset's training part (to be partitioned over clients) and its centralized test part.
+
+    ``local_test`` is for data that comes with its own per-client split (LEAF's per-user train/test
+    files): a boolean mask over ``train``'s rows, true for the rows in their owner's own test split.
+    Those rows are usually the same examples as ``test`` (LEAF's test files are both), so loaders keep
+    them as the last rows of ``train`` and make ``test`` a view of them: no copy. With
+    ``partition=natural`` (or ``auto``) each owner's client tests on exactly its own rows; any other
+    partitioner divides only the unmasked rows and splits them with ``client_test_fraction``.
+    """
 
     train: TensorData
     test: TensorData
+    local_test: np.ndarray | None = None
+
+    @classmethod
+    def from_arrays(
+        cls,
+        x_train: ArrayLike,
+        y_train: ArrayLike,
+        x_test: ArrayLike,
+        y_test: ArrayLike,
+        *,
+        num_classes: int | None = None,
+        client_ids: ArrayLike | None = None,
+        test_client_ids: ArrayLike | None = None,
+    ) -> DataSplit:
+        """Your own arrays (numpy or torch) as a split; see :func:`fedsim.data.arrays.split_from_arrays`."""
+        from fedsim.data.arrays import split_from_arrays
+
+        return split_from_arrays(
+            x_train, y_train, x_test, y_test,
+            num_classes=num_classes, client_ids=client_ids, test_client_ids=test_client_ids,
+        )
+
+    def __post_init__(self) -> None:
+        if self.local_test is None:
+            return
+        mask = np.asarray(self.local_test)
+        if mask.dtype != np.bool_ or mask.shape != (len(self.train),):
+            raise ValueError(
+                f"DataSplit: local_test must be a boolean mask with one entry per training row "
+                f"({len(self.train)}), got dtype {mask.dtype} and shape {mask.shape}"
+            )
+        if self.train.groups is None:
+            raise ValueError("DataSplit: local_test needs train.groups (the owner of every row)")
