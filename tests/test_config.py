@@ -57,6 +57,22 @@ VISION_WRITERS: dict[str, Writer] = {
 }
 
 
+def _write_npz(root: Path, n_train: int, n_test: int) -> list[str]:
+    """An ``.npz`` of ``n_train`` + ``n_test`` rows (10 classes, 4 owners) for ``data=npz``."""
+    rng = np.random.default_rng(0)
+    path = root / "arrays.npz"
+    np.savez(path, x_train=rng.standard_normal((n_train, 6)).astype(np.float32), y_train=np.arange(n_train) % 10,
+             x_test=rng.standard_normal((n_test, 6)).astype(np.float32), y_test=np.arange(n_test) % 10,
+             client_ids=np.arange(n_train) % 4)
+    return [f"data.path={path}"]
+
+
+# other data options: writer(root, n_train, n_test) -> the overrides that point the option at the files
+DATA_WRITERS: dict[str, Callable[[Path, int, int], list[str]]] = {
+    "fedsim.data.arrays.npz": _write_npz,
+}
+
+
 def _with_data(overrides: list[str], root: Path, n_train: int, n_test: int) -> list[str] | None:
     """``overrides`` plus what makes their dataset loadable here (tiny files under ``root``);
     ``None`` when the dataset is neither synthetic nor one we can write."""
@@ -64,6 +80,8 @@ def _with_data(overrides: list[str], root: Path, n_train: int, n_test: int) -> l
     target = cfg.data._target_
     if target == SYNTHETIC:
         return list(overrides)
+    if target in DATA_WRITERS:
+        return [*overrides, *DATA_WRITERS[target](root, n_train, n_test)]
     if target not in VISION_WRITERS:
         return None
     VISION_WRITERS[target](root, n_train, n_test, cfg)
@@ -96,10 +114,11 @@ def _check_data(cfg: DictConfig, option: str) -> None:
     train, test = split.train, split.test
     assert len(train) > 0 and len(test) > 0
     assert train.input_shape == test.input_shape and train.num_classes == test.num_classes >= 2
-    assert train.x.dtype == torch.float32 and train.y.dtype == torch.int64
+    assert train.x.dtype in (torch.float32, torch.int64) and train.y.dtype == torch.int64  # int64: token ids
     assert int(train.y.min()) >= 0 and int(train.y.max()) < train.num_classes
     if cfg.data._target_ != SYNTHETIC:
-        assert len(train) == 60 and len(test) == 20  # the tiny files, not some other copy
+        rows = len(train) - (int(split.local_test.sum()) if split.local_test is not None else 0)
+        assert rows == 60 and len(test) == 20  # the tiny files, not some other copy
 
 
 def _check_partition(cfg: DictConfig, option: str) -> None:

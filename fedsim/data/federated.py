@@ -62,7 +62,7 @@ def _check_every_client_trains(client_train: list[np.ndarray], groups: np.ndarra
     """Refuse, in one line, an owner whose rows are all in its own test split (it could not train)."""
     empty = [i for i, rows in enumerate(client_train) if rows.size == 0]
     if empty:
-        owner = groups[shares[empty[0]][0]]
+        owner = np.asarray(groups[shares[empty[0]][0]]).item()
         raise ValueError(
             f"data: {len(empty)} client(s) have test rows but no training rows (first: owner {owner!r}); "
             "remove them from the data files or use a partitioner other than natural"
