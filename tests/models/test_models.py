@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from fedsim.models import CifarCNN, LogisticRegression, McMahanCNN, MLP2NN, ResNet18GN
+from fedsim.models.emnist_cnn import EmnistCNN
 
 MNIST = (1, 28, 28)
 CIFAR = (3, 32, 32)
@@ -23,6 +24,8 @@ CASES = [
     (CifarCNN, MNIST),
     (ResNet18GN, CIFAR),
     (ResNet18GN, MNIST),
+    (EmnistCNN, MNIST),
+    (EmnistCNN, CIFAR),
 ]
 
 
@@ -55,6 +58,10 @@ def test_parameter_counts(cls: type[nn.Module], shape: tuple[int, ...], expected
     assert _num_params(cls(shape, 10)) == expected
 
 
+def test_emnist_cnn_has_reddi_et_al_parameter_count() -> None:
+    assert _num_params(EmnistCNN(MNIST, 62)) == 1_206_590  # Reddi et al. 2021, EMNIST CR CNN (62 classes)
+
+
 def test_mcmahan_cnn_dense_input_is_computed() -> None:
     assert McMahanCNN(MNIST, 10).classifier[1].in_features == 7 * 7 * 64
     assert McMahanCNN(CIFAR, 10).classifier[1].in_features == 8 * 8 * 64
@@ -62,7 +69,7 @@ def test_mcmahan_cnn_dense_input_is_computed() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cls", "name"), [(McMahanCNN, "cnn"), (CifarCNN, "cifar_cnn"), (ResNet18GN, "resnet18")]
+    ("cls", "name"), [(McMahanCNN, "cnn"), (CifarCNN, "cifar_cnn"), (ResNet18GN, "resnet18"), (EmnistCNN, "emnist_cnn")]
 )
 def test_image_models_reject_flat_inputs(cls: type[nn.Module], name: str) -> None:
     expected = (
