@@ -55,6 +55,14 @@ def test_bitwise_equal_to_serial(workers: int) -> None:
     assert ray.is_initialized(), "an executor that joined Ray must not shut it down"
 
 
+def test_char_lstm_bitwise_equal_to_serial() -> None:
+    """The McMahan et al. character LSTM on Shakespeare-like token rows (test_text_executors.py's federation)."""
+    import test_text_executors as text
+
+    result = text.run(RayExecutor(workers=1))
+    assert torch.equal(result.params, text.serial_reference("char_lstm").params)
+
+
 def test_raising_client_is_reported_with_traceback_and_policy_applies() -> None:
     with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
         run(RayExecutor(workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))
