@@ -15,6 +15,7 @@ With several ``devices`` each one vectorises its share of the chunks, from one t
 from __future__ import annotations
 
 import copy
+import logging
 import traceback as tb
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,8 @@ from fedsim.strategy.base import LocalTraining
 from fedsim.state_values import copy_state
 from fedsim.threads import torch_threads
 from fedsim.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
+
+log = logging.getLogger("fedsim")
 
 # Client methods that executor=vmap replaces with its own vectorised loop: a subclass must not override them.
 _BUILT_IN_LOOP = ("fit", "_train", "_run_epoch", "train_step", "objective", "loss")
@@ -77,6 +80,7 @@ class VmapExecutor(Executor):
         with torch.random.fork_rng(devices=[]):  # a throwaway initialisation must not advance the caller's RNG
             models = [workload.model_factory().to(device) for device in self.devices]
         check_model(models[0])
+        warn_unbatched_layers(models[0])
         check_clients(workload.clients)
         local = vectorised_local(workload.local)
         layout = ParamLayout.of(models[0])
@@ -204,6 +208,16 @@ def check_model(model: nn.Module) -> None:
                 f"executor=vmap cannot train BatchNorm ({name or 'the model'}: {type(module).__name__}); "
                 "use GroupNorm (e.g. model=resnet18 is GroupNorm) or executor=process"
             )
+
+
+def warn_unbatched_layers(model: nn.Module) -> None:
+    """Say once, at start-up, that recurrent layers gain nothing from vmap: PyTorch has no batched kernel for them
+    under ``torch.func.vmap`` and loops over the chunk's clients (the results are still right)."""
+    recurrent = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.RNNBase)})
+    if recurrent:
+        log.warning("executor=vmap trains %s one client at a time (PyTorch has no batched kernel for it under "
+                    "torch.func.vmap): expect no speed-up over executor=serial; executor=process is faster for this "
+                    "model", ", ".join(recurrent))
 
 
 def check_clients(clients: Sequence[Client]) -> None:

@@ -128,11 +128,14 @@ LSTM_TOLERANCE = tolerance(ROUNDS * EPOCHS * math.ceil(max(TRAIN_SIZES) / BATCH)
 # vmap has no batched LSTM kernel: it warns, and loops over the chunk's clients for that op
 @pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_vmap_matches_serial_within_float32_rounding(model: str) -> None:
-    vmapped = run(VmapExecutor(chunk_size=3), model)
+def test_vmap_matches_serial_within_float32_rounding(model: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="fedsim"):
+        vmapped = run(VmapExecutor(chunk_size=3), model)
     reference = serial_reference(model).params
     error = float((vmapped.params - reference).norm() / reference.norm())
     assert error <= LSTM_TOLERANCE
+    said = [r.getMessage() for r in caplog.records if "one client at a time" in r.getMessage()]
+    assert len(said) == (model != "bag_of_words"), "vmap says at start-up that it cannot batch an LSTM"
 
 
 def test_frozen_glove_is_read_by_every_worker_and_not_federated(tmp_path: Path) -> None:
