@@ -21,10 +21,14 @@ import torch
 from fedsim.context import RunContext
 from fedsim.params import ParamLayout
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ holds the vision_files helpers
+sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))  # tests/data: writers of the other formats
 
+import hf_files  # noqa: E402
+import leaf_files  # noqa: E402
+import tff_files  # noqa: E402
 import vision_files  # noqa: E402
 
 from fedsim.client import Client  # noqa: E402
@@ -67,9 +71,30 @@ def _write_npz(root: Path, n_train: int, n_test: int) -> list[str]:
     return [f"data.path={path}"]
 
 
-# other data options: writer(root, n_train, n_test) -> the overrides that point the option at the files
-DATA_WRITERS: dict[str, Callable[[Path, int, int], list[str]]] = {
-    "fedsim.data.arrays.npz": _write_npz,
+def _leaf(root: Path, name: str, n_train: int, n_test: int) -> list[str]:
+    """A LEAF folder of 12 users (the reference experiments sample 10 per round)."""
+    leaf_files.write_leaf(root, name, n_train, n_test, users=12)
+    return [f"data.root={root}"]
+
+
+def _write_hf(root: Path, n_train: int, n_test: int, cfg: DictConfig) -> list[str]:
+    """The Hugging Face copy that ``cfg.data``'s columns describe: FEMNIST-like, Shakespeare-like or generic."""
+    writers = {"image": hf_files.write_femnist_hf, "x": hf_files.write_shakespeare_hf}
+    feature = "" if OmegaConf.is_missing(cfg.data, "feature_column") else cfg.data.feature_column
+    return writers.get(feature, hf_files.write_hf)(root, n_train, n_test)
+
+
+# other data options: writer(root, n_train, n_test, cfg) -> the overrides that point the option at the files
+DATA_WRITERS: dict[str, Callable[[Path, int, int, DictConfig], list[str]]] = {
+    "fedsim.data.arrays.npz": lambda root, n, m, cfg: _write_npz(root, n, m),
+    "fedsim.data.leaf.femnist": lambda root, n, m, cfg: _leaf(root, "femnist", n, m),
+    "fedsim.data.leaf.shakespeare": lambda root, n, m, cfg: _leaf(root, "shakespeare", n, m),
+    "fedsim.data.leaf.sent140": lambda root, n, m, cfg: leaf_files.write_sent140(root, n, m),
+    "fedsim.data.leaf.celeba": lambda root, n, m, cfg: leaf_files.write_celeba(root, n, m),
+    "fedsim.data.cifar100.cifar100": lambda root, n, m, cfg: tff_files.write_cifar100(root, n, m),
+    "fedsim.data.tff.femnist_tff": lambda root, n, m, cfg: tff_files.write_femnist_tff(
+        root, n, m, only_digits=bool(cfg.data.get("only_digits")), writers=12),
+    "fedsim.data.hf.hf": _write_hf,
 }
 
 
@@ -81,7 +106,7 @@ def _with_data(overrides: list[str], root: Path, n_train: int, n_test: int) -> l
     if target == SYNTHETIC:
         return list(overrides)
     if target in DATA_WRITERS:
-        return [*overrides, *DATA_WRITERS[target](root, n_train, n_test)]
+        return [*overrides, *DATA_WRITERS[target](root, n_train, n_test, cfg)]
     if target not in VISION_WRITERS:
         return None
     VISION_WRITERS[target](root, n_train, n_test, cfg)
@@ -234,7 +259,26 @@ def test_every_experiment_composes_and_builds(option: str, tmp_path: Path) -> No
     assert isinstance(server, Server)
     assert server.num_rounds == base.num_rounds and server.clients_per_round == base.clients_per_round
     assert all(c.epochs == cfg.client.epochs and c.batch_size == cfg.client.batch_size for c in server.clients)
-    assert type(server.strategy) is get_class(cfg.strategy._target_)
+    assert type(server.strategy) is type(instantiate(cfg.strategy))  # (a _target_ may be a factory, e.g. FedAvgM)
+
+
+REFERENCE_EXPERIMENTS = {  # the published setting each preset must keep: (clients per round, E, B, client lr)
+    "femnist_cnn": (10, 1, 20, 0.1),  # Reddi et al. 2021, EMNIST CR
+    "shakespeare_lstm": (10, 1, 4, 1.0),  # Reddi et al. 2021, Shakespeare
+    "cifar100_resnet": (10, 1, 20, 0.1),  # Reddi et al. 2021, CIFAR-100
+}
+
+
+@pytest.mark.parametrize("option", sorted(REFERENCE_EXPERIMENTS))
+def test_reference_experiments_train_one_round_on_tiny_files(option: str, tmp_path: Path) -> None:
+    base = compose([f"experiment={option}"])
+    setting = (base.clients_per_round, base.client.epochs, base.client.batch_size, base.client.optimizer.lr)
+    assert setting == REFERENCE_EXPERIMENTS[option]
+    overrides = _with_data([f"experiment={option}"], tmp_path, 600, 60) or pytest.fail(f"no tiny files for {option}")
+    result = build_server(compose([*overrides, "num_rounds=1", "logger=quiet"])).run()
+    [round_one] = result.history
+    assert round_one["client/num_aggregated"] == 10 and math.isfinite(round_one["train/loss"])
+    assert 0 <= round_one["eval/accuracy"] <= 1
 
 
 def test_experiment_presets_set_their_groups() -> None:

@@ -39,8 +39,8 @@ DIRICHLET_MAX_DRAWS = 200
 """How many times :func:`dirichlet` redraws before giving up on ``min_size``."""
 
 _NATURAL_NEEDS_GROUPS = (
-    "partition=natural needs a dataset with natural client groups (data=synthetic); "
-    "use partition=iid, dirichlet, shards or lognormal"
+    "partition=natural needs a dataset with natural clients (data=synthetic, femnist, shakespeare, sent140, celeba, "
+    "femnist_tff, the Hugging Face copies, or npz with client_ids); use partition=iid, dirichlet, shards or lognormal"
 )
 
 

@@ -203,7 +203,8 @@ def test_natural_matches_groups_in_sorted_order():
 
 
 def test_natural_without_groups_explains_what_to_use():
-    msg = ("partition=natural needs a dataset with natural client groups (data=synthetic); "
+    msg = ("partition=natural needs a dataset with natural clients (data=synthetic, femnist, shakespeare, sent140, "
+           "celeba, femnist_tff, the Hugging Face copies, or npz with client_ids); "
            "use partition=iid, dirichlet, shards or lognormal")
     with pytest.raises(ValueError, match=re.escape(msg)):
         P.natural(np.zeros(8), seed=0, groups=None)
