@@ -262,6 +262,20 @@ def test_every_experiment_composes_and_builds(option: str, tmp_path: Path) -> No
     assert type(server.strategy) is type(instantiate(cfg.strategy))  # (a _target_ may be a factory, e.g. FedAvgM)
 
 
+@pytest.mark.parametrize("option", _options("data"))
+def test_every_data_option_trains_one_round_on_its_files(option: str, tmp_path: Path) -> None:
+    """Composed as on the command line, read from tiny real-format files, one round: natural clients where the data
+    has owners (else 3 IID clients); logistic regression on features, a bag of words on token ids."""
+    overrides = _with_data([f"data={option}"], tmp_path, 60, 20) or pytest.fail(f"no tiny files for data={option}")
+    split = instantiate(compose(overrides).data)
+    partition = ["partition=natural"] if split.train.groups is not None else ["partition=iid", "partition.num_clients=3"]
+    model = "model=bag_of_words" if split.train.x.dtype == torch.int64 else "model=logreg"
+    cfg = compose([*overrides, *partition, model, "num_rounds=1", "clients_per_round=2", "logger=quiet"])
+    [round_one] = build_server(cfg).run().history
+    assert round_one["client/num_aggregated"] == 2 and math.isfinite(round_one["train/loss"])
+    assert round_one["eval/accuracy"] >= 0 and round_one["eval_global/clients"] == 2
+
+
 REFERENCE_EXPERIMENTS = {  # the published setting each preset must keep: (clients per round, E, B, client lr)
     "femnist_cnn": (10, 1, 20, 0.1),  # Reddi et al. 2021, EMNIST CR
     "shakespeare_lstm": (10, 1, 4, 1.0),  # Reddi et al. 2021, Shakespeare

@@ -123,6 +123,31 @@ def _pooled(
     return DataSplit(TensorData(x, y, classes, groups), test, local_test=mask)
 
 
+def split_from_pool(
+    x: ArrayLike, y: ArrayLike, *, client_ids: ArrayLike, test_mask: ArrayLike, num_classes: int | None = None
+) -> DataSplit:
+    """A :class:`DataSplit` from ONE pool of rows that each belong to an owner (``client_ids``) and are either in
+    that owner's training or its test part (``test_mask`` true): :meth:`DataSplit.from_arrays` with
+    ``test_client_ids`` without its copy. Float32 features are used as they are; the centralized test set is a view
+    when the test rows are the pool's last rows, else a copy of the test rows only."""
+    features, labels = _features(x, "x"), _labels(y, "y")
+    if features.shape[0] != labels.shape[0]:
+        raise ValueError(f"data: x has {features.shape[0]} rows but y has {labels.shape[0]}; give one label per row")
+    owners = _owners(client_ids, len(labels), "client_ids")
+    mask = _owners(test_mask, len(labels), "test_mask")
+    if mask.dtype != np.bool_:
+        raise ValueError(f"data: test_mask must be boolean (true: the row is in its owner's test part), got {mask.dtype}")
+    classes = _num_classes(labels, labels[:0], num_classes)
+    test_rows = np.flatnonzero(mask)
+    if test_rows.size and test_rows[0] == len(mask) - test_rows.size:  # the tail: a view
+        cut = int(test_rows[0])
+        test = TensorData(features[cut:], labels[cut:], classes, owners[cut:])
+    else:
+        index = torch.from_numpy(test_rows)
+        test = TensorData(features[index], labels[index], classes, owners[test_rows])
+    return DataSplit(TensorData(features, labels, classes, owners), test, local_test=mask)
+
+
 def npz(*, path: str | Path, num_classes: int | None = None) -> DataSplit:
     """Read one ``.npz`` file (see the module docstring); a missing file or array is refused in one line."""
     where = os.path.expanduser(str(path))

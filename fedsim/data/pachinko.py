@@ -16,7 +16,7 @@ by all clients, so later clients see fewer labels (as in TFF's files).
 Implementation: between two exhaustions a client's draws are i.i.d. from fixed distributions, so they
 are drawn in one vectorised batch, cut just after the draw that empties a label, and redrawn from the
 renormalised distributions for the rest. That is exactly the one-at-a-time process, in at most
-``num_clients + (number of labels)`` batches (milliseconds for 50,000 CIFAR-100 labels).
+``num_clients + (number of labels)`` batches (about 0.2 s for 50,000 CIFAR-100 labels on 2 cores).
 
 Decisions the sources leave open:
 
@@ -75,16 +75,16 @@ class _Labels:
         left = self.total - self.taken
         return (self.table >= 0) & (left[np.maximum(self.table, 0)] > 0)
 
-    def take(self, fine: np.ndarray) -> tuple[np.ndarray, bool]:
-        """Give out one example per entry of ``fine``, stopping just after the draw that empties a label.
-        Returns the example indices and whether a label was emptied."""
+    def take(self, fine: np.ndarray) -> np.ndarray:
+        """Give out one example per entry of ``fine`` (the example indices), stopping just after the draw that
+        empties a label: the draws after it came from distributions that are no longer the client's."""
         rank = _occurrence(fine)  # 1 for a label's first draw in the batch, 2 for its second, ...
         emptied = np.flatnonzero(rank == (self.total - self.taken)[fine])
         if emptied.size:
             fine, rank = fine[: emptied[0] + 1], rank[: emptied[0] + 1]
         out = self.pool[self.start[fine] + self.taken[fine] + rank - 1]
         self.taken += np.bincount(fine, minlength=len(self.taken))
-        return out, bool(emptied.size)
+        return out
 
 
 def _occurrence(values: np.ndarray) -> np.ndarray:
@@ -117,7 +117,7 @@ def _draw(tree: _Labels, theta: np.ndarray, phi: np.ndarray, count: int, rng: np
         alive = tree.alive()
         coarse = _pick(theta[None, :], alive.any(axis=1)[None, :], rng.random(count))
         slot = _pick(phi[coarse], alive[coarse], rng.random(count))
-        got, _ = tree.take(tree.table[coarse, slot])
+        got = tree.take(tree.table[coarse, slot])
         parts.append(got)
         count -= len(got)
     return parts
@@ -144,7 +144,10 @@ def _check_coarse_of(coarse_of: object, labels: np.ndarray) -> np.ndarray:
 
 def _sizes(n: int, num_clients: int, examples_per_client: object) -> tuple[int, np.ndarray]:
     """The first pass's size per client and the second pass's (leftover) sizes; see the module docstring."""
-    per_client = n // num_clients if examples_per_client is None else _check_int_at_least("examples_per_client", examples_per_client, 1)
+    if examples_per_client is None:
+        per_client = n // num_clients
+    else:
+        per_client = _check_int_at_least("examples_per_client", examples_per_client, 1)
     if per_client * num_clients > n:
         raise ValueError(f"partition.examples_per_client × num_clients must be ≤ the {n} training examples "
                          f"(got {per_client} × {num_clients} = {per_client * num_clients})")

@@ -87,6 +87,16 @@ class DataSplit:
             num_classes=num_classes, client_ids=client_ids, test_client_ids=test_client_ids,
         )
 
+    @classmethod
+    def from_pool(
+        cls, x: ArrayLike, y: ArrayLike, *, client_ids: ArrayLike, test_mask: ArrayLike, num_classes: int | None = None
+    ) -> DataSplit:
+        """One pool of rows, each with its owner and whether it is in the owner's test part; no copy of the
+        training rows. See :func:`fedsim.data.arrays.split_from_pool`."""
+        from fedsim.data.arrays import split_from_pool
+
+        return split_from_pool(x, y, client_ids=client_ids, test_mask=test_mask, num_classes=num_classes)
+
     def __post_init__(self) -> None:
         if self.local_test is None:
             return

@@ -48,12 +48,14 @@ class McMahanCNN(nn.Module):
     ``fc_units`` (default 512) is the width of the dense ReLU layer.
     """
 
+    option_name = "cnn"  # the config option named in error messages
+
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, fc_units: int = 512) -> None:
         super().__init__()
-        c, h, w = require_image_shape(input_shape, "cnn")
+        c, h, w = require_image_shape(input_shape, self.option_name)
         for _ in range(2):  # conv 5x5 'same' keeps the size; 2x2 pooling halves it
             h, w = _out_size(h, 2, 2), _out_size(w, 2, 2)
-        _check_positive((h, w), input_shape, "cnn")
+        _check_positive((h, w), input_shape, self.option_name)
         self.features = nn.Sequential(
             nn.Conv2d(c, 32, kernel_size=5, padding=2),
             nn.ReLU(),

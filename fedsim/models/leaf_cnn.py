@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from fedsim.models.cnn import require_image_shape
+from fedsim.models.cnn import McMahanCNN, require_image_shape
 
 
 def _pooled(size: int, times: int, ceil: bool) -> int:
@@ -31,35 +31,15 @@ def _pooled(size: int, times: int, ceil: bool) -> int:
     return size
 
 
-class FemnistCNN(nn.Module):
-    """LEAF's FEMNIST CNN; returns logits ``(B, num_classes)``. ``fc_units`` (default 2048) is the dense layer's
-    width. Needs images ``(C, H, W)`` of at least 4x4 pixels."""
+class FemnistCNN(McMahanCNN):
+    """LEAF's FEMNIST CNN; returns logits ``(B, num_classes)``. It is McMahan et al.'s MNIST CNN
+    (:class:`~fedsim.models.cnn.McMahanCNN`) with a dense layer of ``fc_units`` = 2048. Needs images ``(C, H, W)``
+    of at least 4x4 pixels."""
+
+    option_name = "femnist_cnn"
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, fc_units: int = 2048) -> None:
-        super().__init__()
-        c, h, w = require_image_shape(input_shape, "femnist_cnn")
-        h, w = _pooled(h, 2, ceil=False), _pooled(w, 2, ceil=False)
-        if min(h, w) < 1:
-            raise ValueError(f"model=femnist_cnn: images of shape {tuple(input_shape)} are too small for it "
-                             "(at least 4x4)")
-        self.features = nn.Sequential(
-            nn.Conv2d(c, 32, kernel_size=5, padding=2),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, kernel_size=5, padding=2),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-        )
-        self.classifier = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(64 * h * w, fc_units),
-            nn.ReLU(),
-            nn.Linear(fc_units, num_classes),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, C, H, W)`` → logits ``(B, num_classes)``."""
-        return self.classifier(self.features(x))
+        super().__init__(input_shape, num_classes, fc_units)
 
 
 def _celeba_block(in_channels: int, channels: int) -> nn.Sequential:

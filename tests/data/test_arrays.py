@@ -173,3 +173,22 @@ def test_a_model_whose_output_does_not_match_the_classes_is_refused_at_start_up(
         _server_with(functools.partial(_FixedOutput, (5,), 7), split)
     with pytest.raises(ValueError, match=r"LogisticRegression cannot take the data's examples of shape \(5,\)"):
         _server_with(functools.partial(LogisticRegression, (6,), 7), split)
+
+
+def test_from_pool_keeps_the_pool_without_a_copy_and_each_owners_test_rows() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((40, 3)).astype(np.float32)
+    y, owners = np.arange(40) % 4, np.arange(40) % 5
+    mask = np.zeros(40, dtype=bool)
+    mask[::4] = True  # test rows spread through the pool
+    split = DataSplit.from_pool(x, y, client_ids=owners, test_mask=mask)
+    assert split.train.x.data_ptr() == x.ctypes.data and len(split.train) == 40
+    assert torch.equal(split.test.x, torch.from_numpy(x[mask])) and list(split.test.groups) == list(owners[mask])
+    data = federate(split, functools.partial(natural), client_test_fraction=0.3, seed=0)
+    for owner in range(5):
+        assert sorted(data.client_test[owner]) == [r for r in range(40) if mask[r] and owners[r] == owner]
+        assert sorted(data.client_train[owner]) == [r for r in range(40) if not mask[r] and owners[r] == owner]
+    tail = np.arange(40) >= 30
+    assert DataSplit.from_pool(x, y, client_ids=owners, test_mask=tail).test.x.data_ptr() == split.train.x[30:].data_ptr()
+    with pytest.raises(ValueError, match="test_mask must be boolean"):
+        DataSplit.from_pool(x, y, client_ids=owners, test_mask=tail.astype(int))

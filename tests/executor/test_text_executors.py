@@ -1,7 +1,8 @@
 """Text models through fedsim under every executor: the process and Ray executors give the serial run's weights
 bit for bit; vmap (torch.func runs nn.LSTM and embeddings) matches it within a float32 rounding bound.
 
-The federations are tiny LEAF-like token data: 4 users with their own train and test rows (``natural`` clients),
+The federations are tiny: real LEAF Shakespeare files (4 roles) for the character LSTM, and Sent140-like token rows
+for the others; 4 users with their own train and test rows (``natural`` clients),
 short sequences and small LSTMs, so that a run costs tens of milliseconds and the executors' start-up dominates.
 """
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -18,7 +21,9 @@ import torch
 
 from fedsim.client import Client
 from fedsim.data.federated import FederatedData, federate, make_clients
+from fedsim.data.leaf import shakespeare
 from fedsim.data.partition import natural
+from fedsim.data.text import NUM_CHARACTER_IDS
 from fedsim.data.tensor_data import DataSplit
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
 from fedsim.logging import RunLogger
@@ -27,9 +32,12 @@ from fedsim.params import flatten
 from fedsim.server import RunResult, Server
 from fedsim.strategy import FedAvg
 
-SEQ_LEN, CHARS, WORDS = 12, 20, 40
+SEQ_LEN, WORDS = 12, 40
 ROUNDS, PER_ROUND, EPOCHS, BATCH = 2, 3, 2, 8
 TRAIN_SIZES, TEST_SIZES = (14, 22, 9, 30), (3, 4, 2, 5)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))  # tests/data: real-format file writers
+import leaf_files  # noqa: E402
 
 
 def token_split(vocab: int, num_classes: int, padded: bool, seed: int = 0) -> DataSplit:
@@ -53,14 +61,24 @@ def token_split(vocab: int, num_classes: int, padded: bool, seed: int = 0) -> Da
     )
 
 
+_LEAF_DIR = tempfile.TemporaryDirectory(prefix="fedsim-leaf-")  # removed when the test process exits
+
+
+def shakespeare_split() -> DataSplit:
+    """Real LEAF Shakespeare files (4 roles, 2 train files and 1 test file; tests/data/leaf_files.py) read by
+    ``data=shakespeare``'s loader, keeping the last ``SEQ_LEN`` characters of each 80-character window."""
+    leaf_files.write_leaf(_LEAF_DIR.name, "shakespeare", sum(TRAIN_SIZES), sum(TEST_SIZES), users=4)
+    return shakespeare(root=_LEAF_DIR.name, seq_length=SEQ_LEN)
+
+
 @functools.lru_cache(maxsize=None)
 def federation(padded: bool) -> FederatedData:
-    split = token_split(WORDS, 2, padded=True) if padded else token_split(CHARS, CHARS, padded=False)
+    split = token_split(WORDS, 2, padded=True) if padded else shakespeare_split()
     return federate(split, functools.partial(natural), client_test_fraction=0.0, seed=0)
 
 
 MODELS = {
-    "char_lstm": (False, functools.partial(CharLSTM, input_shape=(SEQ_LEN,), num_classes=CHARS, hidden=16)),
+    "char_lstm": (False, functools.partial(CharLSTM, input_shape=(SEQ_LEN,), num_classes=NUM_CHARACTER_IDS, hidden=16)),
     "sent_lstm": (True, functools.partial(SentimentLSTM, input_shape=(SEQ_LEN,), num_classes=2, vocab_size=WORDS,
                                           embed_dim=8, hidden=12, fc_units=10)),
     "bag_of_words": (True, functools.partial(BagOfWords, input_shape=(SEQ_LEN,), num_classes=2, vocab_size=WORDS,
@@ -96,8 +114,8 @@ def test_two_rounds_train_every_text_model(model: str) -> None:
     assert torch.isfinite(result.params).all()
     losses = [c["train_loss"] for r in result.history for c in r["clients"]]
     assert len(losses) == ROUNDS * PER_ROUND and all(math.isfinite(v) for v in losses)
-    assert federation(MODELS[model][0]).num_clients == 4
-    assert [len(t) for t in federation(MODELS[model][0]).client_test] == list(TEST_SIZES)
+    data = federation(MODELS[model][0])
+    assert data.num_clients == 4 and sum(len(t) for t in data.client_test) == sum(TEST_SIZES)
 
 
 @pytest.mark.parametrize("workers", [1, 3])
