@@ -79,6 +79,7 @@ class RunSchema:
     executor: Any = field(default_factory=dict)
     logger: Any = field(default_factory=dict)
     tracker: Any = field(default_factory=dict)
+    clock: Any = field(default_factory=dict)
     stragglers: StragglerSchema = field(default_factory=lambda: StragglerSchema())
     early_stop: EarlyStopSchema = field(default_factory=lambda: EarlyStopSchema())
     objective: ObjectiveSchema = field(default_factory=lambda: ObjectiveSchema())

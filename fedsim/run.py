@@ -30,6 +30,7 @@ from fedsim.resume_check import computation_settings
 from fedsim.seeding import partition_seed
 from fedsim.client_eval import ClientEvaluation
 from fedsim.server import RoundFailedError, RunResult, Server
+from fedsim.sim.clock import SyncClock
 from fedsim.stragglers import Stragglers
 from fedsim.trackers import make_logger
 
@@ -98,6 +99,18 @@ def build_model_factory(cfg: DictConfig, data: FederatedData) -> Callable[[], An
     return functools.partial(_instantiate(cfg.model), input_shape=data.train.input_shape, num_classes=data.train.num_classes)
 
 
+def build_clock(cfg: DictConfig, num_clients: int) -> SyncClock | None:
+    """The simulated clock of ``cfg.clock`` for ``num_clients`` clients, or None (``clock=none``)."""
+    if cfg.clock.get("_target_") is None:
+        return None
+    if cfg.clock.get("_partial_") is not True:
+        raise ConfigError("clock: the option needs `_partial_: true` (fedsim passes num_clients and seed)")
+    clock = _instantiate(cfg.clock)(num_clients=num_clients, seed=cfg.seed)
+    if not isinstance(clock, SyncClock):
+        raise ConfigError(f"clock._target_={cfg.clock._target_} builds a {type(clock).__name__}, not a fedsim.sim.clock.SyncClock")
+    return clock
+
+
 def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
     """Validate ``cfg`` and build every component; raises ``ConfigError``/``ValueError``/``FileNotFoundError``
     with a one-line message before any training starts."""
@@ -133,6 +146,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         state_store=cfg.state_store,
         threads=cfg.server_threads,
         client_eval=ClientEvaluation(cfg.evaluate_clients.who, cfg.evaluate_clients.size, cfg.evaluate_clients.every),
+        clock=build_clock(cfg, len(clients)),
     )
     server.settings = computation_settings(flat_hparams(cfg))
     resume = resume_target(cfg.resume, run_dir)

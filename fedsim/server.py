@@ -29,6 +29,8 @@ from fedsim.errors import ClientMisuseError, RoundFailedError, StrategyError  # 
 from fedsim.seeding import sampling_rng, task_seed
 from fedsim.server_setup import check_model_fits_data, check_settings as _check_settings, initial_model as _initial_model
 from fedsim.server_setup import resume_from
+from fedsim.sim.clock import RoundSchedule, SyncClock
+from fedsim.sim.rounds import check_sampling, clocked_round
 from fedsim.stragglers import Stragglers
 from fedsim.strategy.base import LocalTraining, Strategy, personalises
 from fedsim.strategy_guard import checked_aggregate, checked_scalars
@@ -90,12 +92,17 @@ class Server:
         state_store: str = "memory",
         threads: int | None = 1,
         client_eval: ClientEvaluation | None = None,
+        clock: SyncClock | None = None,
     ) -> None:
         self.stragglers = stragglers or Stragglers()
         _check_settings(num_rounds, eval_every, clients_per_round, len(clients), self.stragglers)
         self.client_eval = client_eval or ClientEvaluation()
         self.client_eval.check(len(clients))
         strategy.check(clients_per_round)
+        self.clock = clock
+        if clock is not None:
+            clock.check(len(clients))
+            check_sampling(clock, strategy)
         self.model_factory, self.clients, self.strategy, self.executor = model_factory, clients, strategy, executor
         self.train_data, self.test_data = train_data, test_data
         self.num_rounds, self.clients_per_round, self.seed = num_rounds, clients_per_round, seed
@@ -210,6 +217,7 @@ class Server:
             "client_state_round": self.client_states.round,  # its entries live in client_state/, versioned
             "fingerprint": self._fingerprint(),
             "settings": self.settings,  # what a resume may not change silently (fedsim.resume_check)
+            **({"clock": self.clock.state_dict()} if self.clock is not None else {}),
         }
 
     def _fingerprint(self) -> dict[str, int]:
@@ -232,12 +240,10 @@ class Server:
     def run_round(self, round_num: int) -> dict[str, float]:
         """One round; returns its metrics. Updates ``self.params`` unless no client succeeded."""
         start = time.perf_counter()
-        client_ids = self.strategy.sample(round_num, len(self.clients), self.clients_per_round, sampling_rng(self.seed, round_num))
-        tasks = [
-            FitTask(cid, round_num, task_seed(self.seed, round_num, cid), self._client_config(round_num, cid), self.client_states.get(cid))
-            for cid in client_ids
-        ]
-        results = sorted(self.executor.fit(self.params, tasks), key=lambda r: r.client_id)
+        configs, schedule = self._plan(round_num)
+        client_ids = sorted(configs)
+        tasks = [FitTask(cid, round_num, task_seed(self.seed, round_num, cid), configs[cid], self.client_states.get(cid)) for cid in client_ids]
+        results = sorted(self.executor.fit(self.params, tasks), key=lambda r: r.client_id) if tasks else []
         fit_s = time.perf_counter() - start
         succeeded = apply_failure_policy(round_num, results, self.min_success_fraction, self.logger)
         updates = sound_updates(round_num, succeeded, self.params, self.logger)
@@ -259,10 +265,25 @@ class Server:
             metrics.update(self.evaluate_clients(round_num, client_ids))
         if central or federated:
             metrics["time/eval_s"] = time.perf_counter() - eval_start
+        if schedule is not None:
+            metrics.update(schedule.metrics())
+            self.clock.advance(schedule)  # type: ignore[union-attr]
         metrics["time/fit_s"] = fit_s
         metrics["time/round_s"] = time.perf_counter() - start
         metrics["system/rss_mb"] = process_rss_mb()
         return metrics
+
+    def _plan(self, round_num: int) -> tuple[dict[int, dict[str, Any]], RoundSchedule | None]:
+        """The config of every task of the round, by client id, and the clock's schedule (None without a clock)."""
+        rng = sampling_rng(self.seed, round_num)
+        if self.clock is None:
+            ids = self.strategy.sample(round_num, len(self.clients), self.clients_per_round, rng)
+            return {cid: self._client_config(round_num, cid) for cid in ids}, None
+        schedule, configs = clocked_round(
+            self.clock, self.strategy, round_num, rng, clients=self.clients, clients_per_round=self.clients_per_round,
+            config_of=lambda cid: self._client_config(round_num, cid), num_params=self.params.numel(),
+        )
+        return configs, schedule
 
     def _commit_client_states(self, round_num: int, kept: list[ClientUpdate]) -> None:
         """Make the accepted updates' new states the clients' states from now on; collect versions that no

@@ -85,6 +85,10 @@ def resume_from(server: "Server", target: str | Path, allow_changes: Sequence[st
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise CheckpointError(f"{path}: its strategy state does not fit {type(server.strategy).__name__} ({type(error).__name__}: "
                               f"{error}); resume with the strategy the run was started with") from None
+    if server.clock is not None:
+        if "clock" not in state:
+            raise CheckpointError(f"{path} was written without a simulated clock; resume it without one (clock=none)")
+        server.clock.load_state_dict(state["clock"])
     if server.finished:
         log.info("%s is of round %d: the run is finished, nothing to do", path, server.start_round - 1)
         return path  # nothing else is touched

@@ -14,6 +14,8 @@ def apply_failure_policy(round_num: int, results: list[TaskResult], min_success_
     """The round's updates, once every failure is logged; :class:`RoundFailedError` when fewer than
     ``min_success_fraction`` of the clients succeeded, :class:`ClientMisuseError` on any fatal failure (a
     misuse that would make results depend on the executor is never tolerated)."""
+    if not results:  # the simulated clock dropped every sampled client: nothing failed
+        return []
     updates = [r for r in results if isinstance(r, ClientUpdate)]
     failures = [r for r in results if isinstance(r, ClientFailure)]
     fatal = next((f for f in failures if f.fatal), None)

@@ -39,6 +39,7 @@ from fedsim.logging import RunLogger  # noqa: E402
 from fedsim.models import LogisticRegression  # noqa: E402
 from fedsim.run import CONFIG_DIR, build_server, compose, run_config  # noqa: E402
 from fedsim.server import RunResult, Server  # noqa: E402
+from fedsim.sim.clock import SyncClock  # noqa: E402
 from fedsim.strategy import Strategy  # noqa: E402
 from fedsim.tensorboard_log import tensorboard_tag  # noqa: E402
 from fedsim.types import ClientUpdate, FitTask  # noqa: E402
@@ -46,7 +47,7 @@ from fedsim.client_eval import ClientEvaluation  # noqa: E402
 
 CONF = Path(CONFIG_DIR)
 USER_PKG = Path(__file__).resolve().parent / "user_pkg"
-GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "logger", "tracker", "evaluate_clients", "experiment")
+GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "logger", "tracker", "evaluate_clients", "clock", "experiment")
 SYNTHETIC = "fedsim.data.synthetic.synthetic"
 TIMEOUT_S = 300  # a guard against hangs, not a speed assertion
 
@@ -231,10 +232,19 @@ def _check_tracker(cfg: DictConfig, option: str) -> None:
     logger.close()
 
 
+def _check_clock(cfg: DictConfig, option: str) -> None:
+    if cfg.clock._target_ is None:
+        return
+    clock = instantiate(cfg.clock)(num_clients=20, seed=0)  # the example trace has 20 clients
+    assert isinstance(clock, SyncClock) and clock.profiles.num_clients == 20 and clock.now_s == 0.0
+
+
+EXAMPLE_TRACE = Path(__file__).resolve().parents[1] / "experiments" / "sim" / "example_trace.csv"
+
 CHECKS = {
     "data": _check_data, "partition": _check_partition, "model": _check_model, "client": _check_client,
     "strategy": _check_strategy, "executor": _check_executor, "logger": _check_logger, "tracker": _check_tracker,
-    "evaluate_clients": _check_evaluate_clients,
+    "evaluate_clients": _check_evaluate_clients, "clock": _check_clock,
 }
 
 
@@ -243,6 +253,8 @@ def test_every_group_option_composes_and_instantiates(group: str, option: str, t
     overrides = [f"{group}={option}"]
     if group == "data":
         overrides = _with_data(overrides, tmp_path, 60, 20) or pytest.fail(f"no tiny files for data={option}")
+    if group == "clock" and option == "trace":
+        overrides.append(f"clock.path={EXAMPLE_TRACE}")
     cfg = compose(overrides)
     assert cfg[group] is not None
     CHECKS[group](cfg, option)

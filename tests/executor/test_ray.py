@@ -63,6 +63,18 @@ def test_char_lstm_bitwise_equal_to_serial() -> None:
     assert torch.equal(result.params, text.serial_reference("char_lstm").params)
 
 
+def test_simulated_clock_gives_serial_metrics_and_times() -> None:
+    """A run with availability, over-selection and a deadline that drops and cuts clients (tests/sim/test_clock.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
+    import test_clock as clocked
+    from fedsim.run import build_server, compose
+
+    reference = build_server(compose(clocked.CLOCKED)).run()
+    result = build_server(compose([*clocked.CLOCKED, "executor=ray", "executor.workers=2"])).run()
+    assert clocked._sim(result.history) == clocked._sim(reference.history)
+    assert torch.equal(result.params, reference.params)
+
+
 def test_raising_client_is_reported_with_traceback_and_policy_applies() -> None:
     with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
         run(RayExecutor(workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))

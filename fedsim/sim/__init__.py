@@ -1,0 +1,2 @@
+"""The simulated clock: device profiles (:mod:`fedsim.sim.profiles`), the time model of a round
+(:mod:`fedsim.sim.clock`) and clocked rounds (:mod:`fedsim.sim.rounds`)."""
