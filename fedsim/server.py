@@ -30,6 +30,7 @@ from fedsim.seeding import sampling_rng, task_seed
 from fedsim.server_setup import check_model_fits_data, check_settings as _check_settings, initial_model as _initial_model
 from fedsim.server_setup import resume_from
 from fedsim.sim.clock import RoundSchedule, SyncClock
+from fedsim.sim.buffered import BufferedLoop, check_async, consumed_ids
 from fedsim.sim.rounds import check_sampling, clocked_round
 from fedsim.stragglers import Stragglers
 from fedsim.strategy.base import LocalTraining, Strategy, personalises
@@ -103,6 +104,10 @@ class Server:
         if clock is not None:
             clock.check(len(clients))
             check_sampling(clock, strategy)
+        self.loop: BufferedLoop | None = None  # the event loop of an asynchronous strategy (FedBuff)
+        if getattr(strategy, "asynchronous", False):
+            check_async(clock, strategy, len(clients))  # type: ignore[arg-type]
+            self.loop = BufferedLoop(clock, strategy, seed)  # type: ignore[arg-type]
         self.model_factory, self.clients, self.strategy, self.executor = model_factory, clients, strategy, executor
         self.train_data, self.test_data = train_data, test_data
         self.num_rounds, self.clients_per_round, self.seed = num_rounds, clients_per_round, seed
@@ -218,6 +223,7 @@ class Server:
             "fingerprint": self._fingerprint(),
             "settings": self.settings,  # what a resume may not change silently (fedsim.resume_check)
             **({"clock": self.clock.state_dict()} if self.clock is not None else {}),
+            **({"async": self.loop.state_dict()} if self.loop is not None else {}),
         }
 
     def _fingerprint(self) -> dict[str, int]:
@@ -239,6 +245,8 @@ class Server:
 
     def run_round(self, round_num: int) -> dict[str, float]:
         """One round; returns its metrics. Updates ``self.params`` unless no client succeeded."""
+        if self.loop is not None:
+            return self._async_round(round_num)
         start = time.perf_counter()
         configs, schedule = self._plan(round_num)
         client_ids = sorted(configs)
@@ -258,6 +266,24 @@ class Server:
         metrics = train_metrics(updates, len(results)) | from_strategy
         metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
         metrics["client/num_aggregated"] = float(len(kept))
+        if schedule is not None:
+            metrics.update(schedule.metrics())
+            self.clock.advance(schedule)  # type: ignore[union-attr]
+        return self._finish_round(round_num, metrics, client_ids, start, fit_s)
+
+    def _async_round(self, round_num: int) -> dict[str, float]:
+        """One server step of an asynchronous strategy (FedBuff): events on the clock until its buffer is full."""
+        start, previous = time.perf_counter(), self.params
+        self.params, updates, sim = self.loop.step(self, round_num)  # type: ignore[union-attr]
+        fit_s = time.perf_counter() - start
+        self._commit_client_states(round_num, updates)
+        self.logger.log_clients(round_num, [client_row(u, previous) for u in updates])
+        metrics = train_metrics(updates, len(updates)) | sim
+        metrics["client/num_aggregated"] = float(len(updates))
+        return self._finish_round(round_num, metrics, consumed_ids(updates), start, fit_s)
+
+    def _finish_round(self, round_num: int, metrics: dict[str, float], client_ids: list[int], start: float, fit_s: float) -> dict[str, float]:
+        """Evaluate when due and add the wall times and memory to the round's metrics."""
         eval_start, central, federated = time.perf_counter(), self._central_eval_due(round_num), self.client_eval.due(round_num, self.eval_every, self.num_rounds)
         if central:
             metrics.update(self.evaluate())
@@ -265,9 +291,6 @@ class Server:
             metrics.update(self.evaluate_clients(round_num, client_ids))
         if central or federated:
             metrics["time/eval_s"] = time.perf_counter() - eval_start
-        if schedule is not None:
-            metrics.update(schedule.metrics())
-            self.clock.advance(schedule)  # type: ignore[union-attr]
         metrics["time/fit_s"] = fit_s
         metrics["time/round_s"] = time.perf_counter() - start
         metrics["system/rss_mb"] = process_rss_mb()

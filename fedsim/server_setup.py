@@ -89,6 +89,8 @@ def resume_from(server: "Server", target: str | Path, allow_changes: Sequence[st
         if "clock" not in state:
             raise CheckpointError(f"{path} was written without a simulated clock; resume it without one (clock=none)")
         server.clock.load_state_dict(state["clock"])
+    if server.loop is not None:
+        server.loop.load_state_dict(state["async"])
     if server.finished:
         log.info("%s is of round %d: the run is finished, nothing to do", path, server.start_round - 1)
         return path  # nothing else is touched

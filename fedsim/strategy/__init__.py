@@ -3,6 +3,7 @@
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.strategy.ditto import Ditto, PersonalModel
 from fedsim.strategy.fedavg import FedAvg
+from fedsim.strategy.fedbuff import FedBuff
 from fedsim.strategy.fedbn import FedBN, LocalNorms
 from fedsim.strategy.feddyn import DynamicRegulariser, FedDyn
 from fedsim.strategy.fednova import FedNova
@@ -15,7 +16,7 @@ from fedsim.strategy.robust import Krum, Median, TrimmedMean
 from fedsim.strategy.server_opt import FedAdagrad, FedAdam, FedAvgM, FedOpt, FedYogi
 
 __all__ = [
-    "ControlCorrection", "Ditto", "DynamicRegulariser", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedBN", "FedDyn", "FedNova",
+    "ControlCorrection", "Ditto", "DynamicRegulariser", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedBN", "FedBuff", "FedDyn", "FedNova",
     "FedOpt", "FedPer", "FedProx", "FedRep", "FedYogi", "HeadThenBody", "Krum", "LocalNorms", "LocalTraining", "Median",
     "PersonalLayers", "PersonalModel", "ProximalTerm", "QFFL", "Scaffold", "StartLoss", "Strategy", "TrimmedMean",
     "gradients",

@@ -75,6 +75,18 @@ def test_simulated_clock_gives_serial_metrics_and_times() -> None:
     assert torch.equal(result.params, reference.params)
 
 
+def test_fedbuff_gives_serial_metrics_and_times() -> None:
+    """The asynchronous loop's batches (one per start version) run on Ray actors: same events, same weights."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
+    import test_fedbuff as buffered
+    from fedsim.run import build_server, compose
+
+    reference = build_server(compose(buffered.BUFFERED)).run()
+    result = build_server(compose([*buffered.BUFFERED, "executor=ray", "executor.workers=2"])).run()
+    assert buffered._sim(result.history) == buffered._sim(reference.history)
+    assert torch.equal(result.params, reference.params)
+
+
 def test_raising_client_is_reported_with_traceback_and_policy_applies() -> None:
     with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
         run(RayExecutor(workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))

@@ -27,6 +27,7 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "beta": ("0.25", 0.25), "f": ("2", 2), "m": ("3", 3), "personal_layers": ("fc", "fc"),
     "norm_layers": ("bn", "bn"), "alpha": ("0.1", 0.1), "lam": ("0.5", 0.5), "personal_epochs": ("2", 2), "head_epochs": ("3", 3),
     "q": ("2.0", 2.0), "lipschitz": ("5.0", 5.0), "sampling": ("uniform", "uniform"),
+    "buffer_size": ("4", 4), "concurrency": ("7", 7), "staleness_exponent": ("1.0", 1.0),
 }
 
 

@@ -1,0 +1,153 @@
+"""The event loop of asynchronous FL (FedBuff, :mod:`fedsim.strategy.fedbuff`) on the simulated clock.
+
+Up to ``concurrency`` clients train at once. Each task starts from the global model version current at its start
+time and finishes at ``start + its duration`` on the clock (:meth:`fedsim.sim.clock.SyncClock.timing`: download,
+compute, upload). Events are handled in order of (finish time, start order), a deterministic tie-break. A finished
+task's update goes to the buffer and a new client starts at once; a full buffer makes one server step, fedsim's
+"round". Everything here is a pure function of the seed, the profiles and the results, so the run is the same under
+every executor and worker count.
+
+Parallelism: a task's result is needed only when its event comes, but its inputs (start weights, client, seed) are
+known when it starts. When a result is needed, every started task without one is trained, one executor call per
+start version (the K tasks started after a server step share it), so the executor gets batches to run in parallel.
+
+New clients are drawn uniformly among the clients not training, from ``(seed, start order)``. Clients must be
+always online (availability with asynchronous training is not modelled yet). A checkpoint (taken after a server
+step, when the buffer is empty) holds the clock, the tasks in flight and the start weights they need; a resumed run
+trains them again from the same inputs, so it continues exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from fedsim.seeding import task_seed
+from fedsim.sim.clock import BYTES_PER_PARAMETER, SyncClock
+from fedsim.strategy.fedbuff import FedBuff
+from fedsim.types import ClientUpdate, FitTask, TaskResult
+from fedsim.updates import apply_failure_policy, sound_updates
+
+if TYPE_CHECKING:
+    from fedsim.server import Server
+
+_DOMAIN = 0xB0FF  # the stream that picks which client starts next
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task in flight: its start order, client, the model version it started from and its times."""
+
+    seq: int
+    client_id: int
+    version: int
+    start_s: float
+    finish_s: float
+
+
+def check_async(clock: SyncClock | None, strategy: FedBuff, num_clients: int) -> None:
+    """Refuse, in one line, what the asynchronous loop cannot run."""
+    if clock is None:
+        raise ValueError("strategy=fedbuff trains asynchronously on the simulated clock: add clock=sampled or clock=trace")
+    if not clock.profiles.always_online or clock.deadline_s is not None or clock.over_selection:
+        raise ValueError("strategy=fedbuff: clock.deadline_s, clock.over_selection and availability are for synchronous "
+                         "rounds; use clock.always_online=true with no deadline and no over-selection")
+    if strategy.concurrency + strategy.buffer_size > num_clients:
+        raise ValueError(f"strategy.concurrency + strategy.buffer_size must be <= the {num_clients} clients (got "
+                         f"{strategy.concurrency} + {strategy.buffer_size}): a client whose update waits in the buffer "
+                         "does not train again before the server step")
+
+
+class BufferedLoop:
+    """The state of an asynchronous run between server steps (see the module docstring)."""
+
+    def __init__(self, clock: SyncClock, strategy: FedBuff, seed: int) -> None:
+        self.clock, self.strategy, self.seed = clock, strategy, seed
+        self.version, self.started = 0, 0
+        self.in_flight: list[Task] = []
+        self.start_params: dict[int, torch.Tensor] = {}  # the weights of every version a task in flight started from
+        self.results: dict[int, TaskResult] = {}  # by start order: trained, not yet consumed
+
+    def step(self, server: Server, round_num: int) -> tuple[torch.Tensor, list[ClientUpdate], dict[str, float]]:
+        """Handle events until the buffer is full, then take one server step: (new weights, the updates consumed,
+        the step's ``sim/`` metrics)."""
+        started_at, before = self.clock.now_s, self.started
+        self.start_params.setdefault(self.version, server.params.clone())
+        consumed: list[tuple[ClientUpdate, Task]] = []
+        self._fill(server, set())
+        while len(consumed) < self.strategy.buffer_size:
+            task = min(self.in_flight, key=lambda t: (t.finish_s, t.seq))
+            if task.seq not in self.results:
+                self._train_pending(server, round_num)
+            self.in_flight.remove(task)
+            self.clock.now_s = task.finish_s
+            update = self._accepted(server, round_num, task, self.results.pop(task.seq))
+            if update is not None:
+                consumed.append((update, task))
+            self._fill(server, {t.client_id for _, t in consumed})
+        deltas = [u.params - self.start_params[t.version] for u, t in consumed]
+        taus = [self.version - t.version for _, t in consumed]
+        new = self.strategy.step(server.params, deltas, taus)
+        self.version += 1
+        self.start_params = {v: p for v, p in self.start_params.items() if any(t.version == v for t in self.in_flight)}
+        self.start_params[self.version] = new.clone()
+        metrics = {"sim/time_s": self.clock.now_s, "sim/round_s": self.clock.now_s - started_at,
+                   "sim/staleness_mean": float(np.mean(taus)), "sim/staleness_max": float(max(taus)),
+                   "sim/started": float(self.started - before), "sim/in_flight": float(len(self.in_flight))}
+        return new, [u for u, _ in consumed], metrics
+
+    def _fill(self, server: Server, buffered: set[int]) -> None:
+        """Start new tasks until ``concurrency`` are in flight, with clients drawn among those neither training nor
+        waiting in the buffer (a client's state is committed with the server step that uses its update, so a
+        client trains again only from its committed state: what a resumed run reads too)."""
+        while len(self.in_flight) < self.strategy.concurrency:
+            busy = {t.client_id for t in self.in_flight} | buffered
+            idle = np.array([c for c in range(len(server.clients)) if c not in busy])
+            client = int(idle[np.random.default_rng([self.seed, _DOMAIN, self.started]).integers(len(idle))])
+            epochs = int(server._client_config(self.version, client).get("epochs", server.clients[client].epochs))
+            size = server.params.numel() * BYTES_PER_PARAMETER
+            timing = self.clock.timing(client, epochs=epochs, num_train=server.clients[client].num_train,
+                                       model_bytes=size, update_bytes=size)
+            self.in_flight.append(Task(self.started, client, self.version, self.clock.now_s, self.clock.now_s + timing.total_s))
+            self.started += 1
+
+    def _train_pending(self, server: Server, round_num: int) -> None:
+        """Train every task in flight that has no result yet: one executor call per start version."""
+        pending = [t for t in self.in_flight if t.seq not in self.results]
+        for version in sorted({t.version for t in pending}):
+            group = [t for t in pending if t.version == version]
+            tasks = [FitTask(t.client_id, t.seq + 1, task_seed(self.seed, t.seq + 1, t.client_id),
+                             server._client_config(t.version, t.client_id), server.client_states.get(t.client_id))
+                     for t in group]
+            results = server.executor.fit(self.start_params[version], tasks)
+            apply_failure_policy(round_num, list(results), server.min_success_fraction, server.logger)
+            by_client = {r.client_id: r for r in results}
+            for t in group:
+                self.results[t.seq] = by_client[t.client_id]
+
+    def _accepted(self, server: Server, round_num: int, task: Task, result: TaskResult) -> ClientUpdate | None:
+        """The task's update, or None when it failed or was rejected (logged)."""
+        if not isinstance(result, ClientUpdate):
+            return None
+        sound = sound_updates(round_num, [result], self.start_params[task.version], server.logger)
+        return sound[0] if sound else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps (after a server step the buffer is empty and no result is pending)."""
+        return {"version": self.version, "started": self.started, "in_flight": [asdict(t) for t in self.in_flight],
+                "start_params": {str(v): p.clone() for v, p in self.start_params.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.version, self.started = int(state["version"]), int(state["started"])
+        self.in_flight = [Task(**t) for t in state["in_flight"]]
+        self.start_params = {int(v): p for v, p in state["start_params"].items()}
+        self.results = {}
+
+
+def consumed_ids(updates: Sequence[ClientUpdate]) -> list[int]:
+    """The clients whose updates a server step used, sorted (what the round's client evaluation scores)."""
+    return sorted({u.client_id for u in updates})

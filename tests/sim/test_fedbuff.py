@@ -1,0 +1,83 @@
+"""FedBuff on the simulated clock: the server step's rule with hand-computed numbers, the event loop's invariants,
+the same metrics and times under every executor, and the clear refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedsim.run import build_server, compose
+from fedsim.strategy import FedBuff
+
+BUFFERED = ["num_rounds=6", "logger=quiet", "eval_every=3", "clock=sampled", "strategy=fedbuff",
+            "strategy.buffer_size=3", "strategy.concurrency=5"]
+
+
+def test_server_step_is_the_staleness_weighted_mean_of_the_buffer() -> None:
+    strategy = FedBuff(buffer_size=2, server_lr=0.5)
+    w = torch.tensor([1.0, 2.0])
+    deltas = [torch.tensor([2.0, 0.0]), torch.tensor([0.0, 3.0])]
+    # s(0) = 1, s(3) = 1/2: w + 0.5 * ([2, 0] * 1 + [0, 3] * 0.5) / 2 = [1.5, 2.375]
+    assert torch.equal(strategy.step(w, deltas, [0, 3]), torch.tensor([1.5, 2.375]))
+    assert FedBuff(staleness_exponent=0.0).staleness_weight(99) == 1.0  # no staleness weighting
+    with pytest.raises(ValueError, match=r"strategy.buffer_size and strategy.concurrency must be >= 1"):
+        FedBuff(buffer_size=0)
+
+
+def test_events_come_in_finish_order_and_staleness_counts_the_steps_in_between() -> None:
+    server = build_server(compose(BUFFERED))
+    loop, events = server.loop, []
+    accepted = loop._accepted
+
+    def record(srv, round_num, task, result):  # noqa: ANN001, ANN202
+        events.append((round_num, loop.version, task, loop.clock.now_s, len(loop.in_flight)))
+        return accepted(srv, round_num, task, result)
+
+    loop._accepted = record
+    history = server.run().history
+    finishes = [task.finish_s for _, _, task, _, _ in events]
+    assert finishes == sorted(finishes) and all(now == task.finish_s for _, _, task, now, _ in events)
+    assert all(in_flight == 4 for *_, in_flight in events)  # concurrency 5, the finished one just removed
+    for round_num, metrics in enumerate(history, start=1):
+        mine = [(version, task) for r, version, task, _, _ in events if r == round_num]
+        taus = [version - task.version for version, task in mine]
+        assert len(mine) == 3 and metrics["sim/time_s"] == mine[-1][1].finish_s
+        assert metrics["sim/staleness_max"] == max(taus) and metrics["sim/staleness_mean"] == pytest.approx(sum(taus) / 3)
+    assert any(r["sim/staleness_max"] > 0 for r in history)  # updates did arrive stale
+    assert len(loop.in_flight) == 5 and len({t.client_id for t in loop.in_flight}) == 5
+
+
+@pytest.fixture(scope="module")
+def buffered_reference():
+    return build_server(compose(BUFFERED)).run()
+
+
+def _sim(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "system/"))} for r in history]
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_process_workers_give_the_serial_metrics_and_times(workers: int, buffered_reference) -> None:  # noqa: ANN001
+    result = build_server(compose([*BUFFERED, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])).run()
+    assert _sim(result.history) == _sim(buffered_reference.history)
+    assert torch.equal(result.params, buffered_reference.params)
+
+
+def test_buffer_of_one_is_asynchronous_fedavg_one_step_per_update() -> None:
+    result = build_server(compose([*BUFFERED, "strategy.buffer_size=1"])).run()
+    assert all(r["client/num_aggregated"] == 1 for r in result.history)
+    times = [r["sim/time_s"] for r in result.history]
+    assert times == sorted(times)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["clock=none"], r"strategy=fedbuff trains asynchronously on the simulated clock: add clock=sampled"),
+        (["clock.deadline_s=5"], r"clock.deadline_s, clock.over_selection and availability are for synchronous rounds"),
+        (["strategy.concurrency=25", "strategy.buffer_size=10"], r"concurrency \+ strategy.buffer_size must be <= the 30 clients"),
+    ],
+)
+def test_what_the_asynchronous_loop_cannot_run_is_refused_in_one_line(overrides: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_server(compose([*BUFFERED, *overrides]))
