@@ -1,15 +1,17 @@
 """Compare the runs of a sweep: ``python -m fedsim.report <sweep dir> [--target 0.6] [--out DIR] [--metric NAME]
-[--plot NAME] [--x round|wall_time]``.
+[--plot NAME] [--x round|wall_time|sim_time]``.
 
 Every directory under the sweep dir that holds a ``metrics.jsonl`` or a ``summary.json`` is a run: finished,
 unfinished, or failed (``summary.json``'s ``stop_reason`` is ``"error: ..."``; listed with its reason). Runs are
 grouped into configurations by their Hydra overrides (``.hydra/overrides.yaml``, else the directory name)
 without ``seed``; each configuration gets one table row and one ``report.csv`` row (seeds, final and best
-test accuracy mean ± std over seeds, rounds to reach ``--target``, mean wall time) and one curve per plot.
+test accuracy mean ± std over seeds, rounds to reach ``--target`` and, for runs on the simulated clock
+(``clock=sampled|trace``), the simulated seconds to reach it, mean wall time) and one curve per plot.
 ``--metric NAME`` (repeatable) adds a column for any scalar of ``metrics.jsonl`` (``eval/loss``,
 ``fit/personal_loss``, ``strategy/h_norm``): its value in the last round that logged it, mean ± std over the
 seeds that logged it. ``--plot NAME`` (repeatable; default ``eval/accuracy``, drawn as ``accuracy.png``) plots a
-scalar against ``--x`` (the round, or the wall time) into ``<name>.png`` (see :mod:`fedsim.report_plot`; needs
+scalar against ``--x`` (the round, the wall time, or the simulated time ``sim/time_s``: runs without it are
+left out of the plots, each named in a note) into ``<name>.png`` (see :mod:`fedsim.report_plot`; needs
 matplotlib: ``pip install fedsim[plot]``). Reads files only; no Hydra, no torch.
 """
 
@@ -27,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.report_plot import ACCURACY, ROUND_TIME, X_AXES, have_matplotlib, labels, mean_curve, plot_metric, png_name
-from fedsim.report_runs import Run, load_runs, split_seed
+from fedsim.report_runs import SIM_TIME, Run, load_runs, seconds_to_target, split_seed
 
 __all__ = ["ConfigStats", "Run", "aggregate", "csv_rows", "format_table", "group_runs", "labels", "load_runs", "main",
-           "mean_curve", "mean_std", "plot_accuracy", "plot_metric", "rounds_to_target", "split_seed", "status",
-           "table_rows", "unfinished_lines", "write_csv", "write_plots"]
+           "mean_curve", "mean_std", "plot_accuracy", "plot_metric", "rounds_to_target", "seconds_to_target", "split_seed",
+           "status", "table_rows", "unclocked_lines", "unfinished_lines", "write_csv", "write_plots"]
 
 PROG = "fedsim.report"
 METRIC_NAME = re.compile(r"[A-Za-z0-9_.\-/]+")  # as fedsim.round_metrics.NAME (not imported: no torch here)
@@ -52,6 +54,9 @@ class ConfigStats:
     wall_time_s: float | None
     failures: tuple[str, ...] = ()  # "seed=1: error: ..." per failed run
     metrics: dict[str, tuple[float | None, float | None]] = field(default_factory=dict, hash=False)  # --metric
+    clocked: int = 0  # seeds that logged sim/time_s (ran on the simulated clock)
+    sim_to_target: tuple[float | None, float | None] = (None, None)  # simulated s to target: mean, std
+    sim_reached: int = 0  # seeds whose sim/time_s at the target round is known
 
 
 def group_runs(runs: Sequence[Run]) -> dict[tuple[str, ...], list[Run]]:
@@ -83,6 +88,7 @@ def aggregate(config: tuple[str, ...], runs: Sequence[Run], target: float | None
     Each of ``metrics`` gets the mean ± std of its final value over the seeds that logged it."""
     evaluated = [r for r in runs if r.curve]
     hits = [n for n in (rounds_to_target(r.curve, target) for r in runs) if n is not None] if target is not None else []
+    seconds = [t for t in (seconds_to_target(r, target) for r in runs) if t is not None] if target is not None else []
     return ConfigStats(
         config=config,
         finished=sum(r.finished for r in runs),
@@ -95,14 +101,30 @@ def aggregate(config: tuple[str, ...], runs: Sequence[Run], target: float | None
         wall_time_s=statistics.fmean(r.wall_time_s for r in runs) if runs else None,
         failures=tuple(f"seed={r.seed}: {r.stop_reason}" for r in runs if r.failed),
         metrics={name: mean_std([r.finals[name] for r in runs if name in r.finals]) for name in metrics},
+        clocked=sum(bool(r.sim_time) for r in runs),
+        sim_to_target=mean_std(seconds),
+        sim_reached=len(seconds),
     )
 
 
-def _pm(pair: tuple[float | None, float | None]) -> str:
+def _pm(pair: tuple[float | None, float | None], digits: int = 4) -> str:
     mean, std = pair
     if mean is None:
         return "-"
-    return f"{mean:.4f} ± {std:.4f}" if std is not None else f"{mean:.4f}"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if std is not None else f"{mean:.{digits}f}"
+
+
+def _sim_cell(s: ConfigStats) -> str:
+    """``mean ± std (reached/seeds)`` of the simulated seconds to the target; ``- (0/seeds)`` when no seed
+    reached it, ``- (no clock)`` for a configuration without ``sim/time_s``."""
+    if not s.clocked:
+        return "- (no clock)"
+    return f"{_pm(s.sim_to_target, 1)} ({s.sim_reached}/{s.total})"
+
+
+def _sim_columns(stats: Sequence[ConfigStats], target: float | None) -> bool:
+    """Whether the table and CSV get the simulated-time-to-target columns: a target and a run on the clock."""
+    return target is not None and any(s.clocked for s in stats)
 
 
 def table_rows(stats: Sequence[ConfigStats], target: float | None) -> list[list[str]]:
@@ -111,6 +133,7 @@ def table_rows(stats: Sequence[ConfigStats], target: float | None) -> list[list[
     any_failed = any(s.failures for s in stats)
     header = ["configuration", "seeds"] + (["failed"] if any_failed else []) + ["rounds", "final acc", "best acc"]
     header += [f"rounds to {target:g}"] if target is not None else []
+    header += [f"sim s to {target:g}"] if _sim_columns(stats, target) else []
     names = list(stats[0].metrics) if stats else []
     rows = [header + ["wall s"] + names]
     for s in stats:
@@ -119,6 +142,7 @@ def table_rows(stats: Sequence[ConfigStats], target: float | None) -> list[list[
         row += [f"{hi}" if lo == hi else f"{lo}-{hi}", _pm(s.final), _pm(s.best)]
         if target is not None:
             row.append(f"{s.to_target:g} ({s.reached}/{s.total})" if s.to_target is not None else f"- (0/{s.total})")
+        row += [_sim_cell(s)] if _sim_columns(stats, target) else []
         row.append("-" if s.wall_time_s is None else f"{s.wall_time_s:.1f}")
         rows.append(row + [_pm(s.metrics[name]) for name in names])
     return rows
@@ -148,6 +172,9 @@ def csv_rows(stats: Sequence[ConfigStats], target: float | None = None) -> list[
         }
         if target is not None:
             row.update(target=target, rounds_to_target_mean=s.to_target, seeds_reached_target=s.reached)
+        if _sim_columns(stats, target):
+            row.update(sim_seconds_to_target_mean=s.sim_to_target[0], sim_seconds_to_target_std=s.sim_to_target[1],
+                       seeds_reached_target_sim=s.sim_reached)
         row["wall_time_s_mean"] = s.wall_time_s
         for name, (mean, std) in s.metrics.items():
             row.update({f"{name}_mean": mean, f"{name}_std": std})
@@ -188,6 +215,16 @@ def unfinished_lines(runs: Sequence[Run], root: Path) -> list[str]:
     return lines
 
 
+def unclocked_lines(runs: Sequence[Run], root: Path) -> list[str]:
+    """For ``--x sim_time``: one line per run that logged rounds but no ``sim/time_s`` (left out of the plots);
+    a single line when no run did."""
+    if not any(r.sim_time for r in runs):
+        return [f"{PROG}: no run logged {SIM_TIME} (run with clock=sampled or clock=trace); nothing to plot "
+                "against sim_time"]
+    return [f"{PROG}: {r.path.relative_to(root) if r.path != root else r.path} logged no {SIM_TIME} (no clock); "
+            "left out of the sim_time plots" for r in runs if r.rounds and not r.sim_time]
+
+
 def _fraction(text: str) -> float:
     value = float(text)
     if not 0 < value <= 1 or math.isnan(value):
@@ -212,7 +249,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"plot this scalar per configuration into NAME.png (repeatable; default {ACCURACY}, "
                              "drawn as accuracy.png)")
     parser.add_argument("--x", choices=list(X_AXES), default="round",
-                        help=f"the plots' x axis: the round (default) or wall_time, the running sum of {ROUND_TIME}")
+                        help=f"the plots' x axis: the round (default), wall_time (the running sum of {ROUND_TIME}) or "
+                             f"sim_time ({SIM_TIME}, the simulated clock: clock=sampled|trace)")
     return parser.parse_args(argv)
 
 
@@ -234,6 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in metrics:
         if not any(name in r.finals for r in runs):
             print(f"{PROG}: no run logged {name}")
+    for line in unclocked_lines(runs, root) if args.x == "sim_time" else []:
+        print(line)
     out: Path = args.out if args.out is not None else root
     out.mkdir(parents=True, exist_ok=True)
     write_csv(csv_rows(stats, args.target), out / "report.csv")
@@ -254,8 +294,8 @@ def write_plots(groups: dict[tuple[str, ...], list[Run]], out: Path, plots: Sequ
         if plot_metric(groups, out / name, metric, x, target):
             written.append(out / name)
         else:
-            print(f"{PROG}: no run logged {metric}" + (f" with {ROUND_TIME}" if x == "wall_time" else "")
-                  + f"; skipped {name}")
+            needed = {"wall_time": f" with {ROUND_TIME}", "sim_time": f" with {SIM_TIME}"}.get(x, "")
+            print(f"{PROG}: no run logged {metric}{needed}; skipped {name}")
     return written
 
 

@@ -7,6 +7,7 @@ it), so it never covers a curve. matplotlib is imported only when drawing (``pip
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import statistics
@@ -15,14 +16,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedsim.report_runs import Run
+from fedsim.report_runs import SIM_TIME, Run
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 Config = tuple[str, ...]
 ACCURACY = "eval/accuracy"
-X_AXES = {"round": "round", "wall_time": "wall time, s (mean over seeds)"}  # --x choices and their axis labels
+X_AXES = {"round": "round", "wall_time": "wall time, s (mean over seeds)",  # --x choices and their axis labels
+          "sim_time": f"simulated time, s ({SIM_TIME})"}
 ROUND_TIME = "time/round_s"  # summed into the wall_time axis
 MAX_VALUE = 24  # legend values longer than this are cut in the middle
 LEGEND_CHARS = 40  # longer legend names wrap onto more lines (between overrides)
@@ -101,16 +103,19 @@ def elapsed(run: Run) -> dict[int, float]:
 
 def points(run: Run, metric: str = ACCURACY, x: str = "round") -> list[tuple[int, float, float]]:
     """``(round, x, value)`` of the rounds where ``run`` logged a finite ``metric`` (and, for the
-    ``wall_time`` axis, a round time)."""
+    ``wall_time`` axis, a round time; for ``sim_time``, a simulated time)."""
     values = run.curve if metric == ACCURACY else run.series.get(metric, ())
-    when = elapsed(run) if x == "wall_time" else None
+    when = elapsed(run) if x == "wall_time" else dict(run.sim_time) if x == "sim_time" else None
     return [(n, float(n) if when is None else when[n], v) for n, v in values
             if math.isfinite(v) and (when is None or n in when)]
 
 
 def mean_curve(runs: Sequence[Run], metric: str = ACCURACY, x: str = "round") -> list[tuple[float, float, float, float]]:
     """``(x, mean, min, max)`` of ``metric`` per round over the seeds that logged it that round; ``x`` is the
-    round, or with ``x="wall_time"`` the mean over those seeds of the seconds elapsed by then."""
+    round, or with ``x="wall_time"`` the mean over those seeds of the seconds elapsed by then. With
+    ``x="sim_time"`` the seeds' simulated times differ, so the curve is :func:`latest_mean` instead."""
+    if x == "sim_time":
+        return latest_mean(runs, metric)
     by_round: dict[int, list[tuple[float, float]]] = {}
     for run in runs:
         for round_num, at, value in points(run, metric, x):
@@ -119,6 +124,23 @@ def mean_curve(runs: Sequence[Run], metric: str = ACCURACY, x: str = "round") ->
     for _, pairs in sorted(by_round.items()):
         at, values = zip(*pairs)
         curve.append((statistics.fmean(at), statistics.fmean(values), min(values), max(values)))
+    return curve
+
+
+def latest_mean(runs: Sequence[Run], metric: str = ACCURACY) -> list[tuple[float, float, float, float]]:
+    """``(t, mean, min, max)`` against simulated time: at every ``sim/time_s`` at which some seed logged a finite
+    ``metric`` (the union of the seeds' times, ascending), each seed's latest value by then (a step function:
+    the value of its last round ending at or before ``t``), averaged over the seeds that had logged one. A seed
+    counts from its first value on and keeps its last value after its last round; runs without a clock are
+    left out. E.g. seeds with ``(10 s, 0.2), (20 s, 0.5)`` and ``(15 s, 0.4)`` give ``(10, 0.2, 0.2, 0.2)``,
+    ``(15, 0.3, 0.2, 0.4)``, ``(20, 0.45, 0.4, 0.5)``."""
+    tracks = [sorted(((at, v) for _, at, v in points(run, metric, "sim_time")), key=lambda p: p[0]) for run in runs]
+    tracks = [track for track in tracks if track]
+    times = [[at for at, _ in track] for track in tracks]
+    curve = []
+    for t in sorted({at for track in times for at in track}):
+        latest = [track[i - 1][1] for track, at in zip(tracks, times) if (i := bisect.bisect_right(at, t)) > 0]
+        curve.append((t, statistics.fmean(latest), min(latest), max(latest)))
     return curve
 
 
@@ -157,7 +179,8 @@ def draw(groups: Mapping[Config, Sequence[Run]], metric: str = ACCURACY, x: str 
     if x == "round":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel=X_AXES[x], ylabel=metric)
-    ax.set_title(f"{metric}: mean over seeds, band min–max", fontsize="medium")
+    over = "mean over seeds of the latest value" if x == "sim_time" else "mean over seeds"
+    ax.set_title(f"{metric}: {over}, band min–max", fontsize="medium")
     entries = len(ax.get_legend_handles_labels()[1])
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small",
               ncol=math.ceil(entries / LEGEND_ROWS))

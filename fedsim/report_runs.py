@@ -15,13 +15,15 @@ import yaml
 
 
 Series = tuple[tuple[int, float], ...]  # (round, value) of the rounds that logged a scalar
+SIM_TIME = "sim/time_s"  # the simulated clock at the end of a round (clock=sampled|trace; docs/system-heterogeneity.md)
 
 
 @dataclass(frozen=True)
 class Run:
     """One run directory, read back. ``curve`` holds ``(round, eval/accuracy)`` for evaluated rounds;
     ``finals`` every scalar's value in the last round that logged it (NaN where that was ``null``);
-    ``series`` the ``(round, value)`` pairs of the scalars asked for (see :func:`load_run`)."""
+    ``series`` the ``(round, value)`` pairs of the scalars asked for (see :func:`load_run`); ``sim_time`` the
+    ``(round, sim/time_s)`` pairs of a run on the simulated clock (finite values only; empty without a clock)."""
 
     path: Path
     config: tuple[str, ...]  # sorted overrides without seed
@@ -33,6 +35,7 @@ class Run:
     finals: dict[str, float] = field(default_factory=dict, hash=False)
     stop_reason: str | None = None  # summary.json's: "completed", "early stop: ...", "error: <one line>", ...
     series: dict[str, Series] = field(default_factory=dict, hash=False)
+    sim_time: Series = ()
 
     @property
     def failed(self) -> bool:
@@ -126,8 +129,17 @@ def load_run(run_dir: Path, root: Path, series: Sequence[str] = ()) -> Run:
     else:
         wall = sum(float(r["time/round_s"]) for r in records if r.get("time/round_s") is not None)
     reason = summary.get("stop_reason") if summary is not None else None
+    clock = tuple((n, t) for n, t in scalar_series(records, SIM_TIME) if math.isfinite(t))
     return Run(run_dir, config, seed, rounds, curve, finished, wall, final_scalars(records),
-               str(reason) if reason is not None else None, {name: scalar_series(records, name) for name in series})
+               str(reason) if reason is not None else None, {name: scalar_series(records, name) for name in series},
+               clock)
+
+
+def seconds_to_target(run: Run, target: float) -> float | None:
+    """The simulated clock (``sim/time_s``) at the end of the first round whose test accuracy is at least
+    ``target``; ``None`` if no round reached it or that round has no simulated time (a run without a clock)."""
+    first = next((round_num for round_num, acc in run.curve if acc >= target), None)
+    return dict(run.sim_time).get(first) if first is not None else None
 
 
 def _int(value: Any) -> int:

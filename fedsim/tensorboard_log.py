@@ -8,6 +8,11 @@
 * **HParams.** One entry per run, written into the run's own event files (not a ``hparams`` sub-run): the keys set
   on the command line (Hydra's ``.hydra/overrides.yaml`` of the run directory) plus ``strategy`` and ``seed``,
   booleans as booleans, and the run's final metrics (:data:`HPARAMS_METRICS`).
+* **Simulated time.** A run on the simulated clock (``clock=sampled|trace``: its rounds log ``sim/time_s``) also gets
+  :data:`SIM_TIME_SCALARS` under ``by_sim_time/`` (``by_sim_time/eval/accuracy``, ...) with the step = the simulated
+  clock at the end of the round in whole seconds, ``int(round(sim/time_s))`` (TensorBoard's steps are integers; two
+  rounds ending within the same second share a step), so TensorBoard's step axis is simulated time there. A run
+  without a clock gets nothing more: its event files are exactly what they were before.
 * **Label distribution.** A heatmap (client × class, share of the client's examples) with axes, a colour bar and a
   title, drawn with matplotlib; without matplotlib, a plain grey bitmap (one cell per client and class).
 """
@@ -17,6 +22,8 @@ from __future__ import annotations
 import io
 import logging
 import math
+import numbers
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +45,34 @@ HPARAMS_METRICS = {
     "summary/rounds": "rounds",
     "summary/wall_time_s": "wall time (s)",
 }
+
+
+SIM_TIME = "sim/time_s"  # the simulated clock at the end of the round (fedsim.sim.clock)
+SIM_TIME_PREFIX = "by_sim_time/"
+SIM_TIME_SCALARS = ("eval/accuracy", "eval/loss", "train/loss")  # also shown against simulated time
+
+
+def sim_time_scalars(metrics: Mapping[str, Any]) -> list[tuple[str, float, int]]:
+    """``(tag, value, step)`` of a round's :data:`SIM_TIME_SCALARS` against simulated time: ``by_sim_time/<name>``
+    at step ``int(round(sim/time_s))``, for the names the round logged (``null``, as in ``metrics.jsonl``, reads
+    as NaN, as the round's own scalar was written). Empty without a finite ``sim/time_s`` (no clock)."""
+    clock = metrics.get(SIM_TIME)
+    if not isinstance(clock, numbers.Real) or isinstance(clock, bool) or not math.isfinite(clock):  # numpy too
+        return []
+    step = int(round(float(clock)))
+    return [(SIM_TIME_PREFIX + name, math.nan if metrics[name] is None else float(metrics[name]), step)
+            for name in SIM_TIME_SCALARS if name in metrics]
+
+
+def add_sim_time_scalars(writer: Any, metrics: Mapping[str, Any], first_step: int = 0) -> None:
+    """Write :func:`sim_time_scalars` of one round with ``writer`` (a ``SummaryWriter``), those at steps from
+    ``first_step`` on. A resumed run's writer is opened with ``purge_step=next_round``, which drops every tag's
+    events from that step on, so also the kept rounds' simulated-time points from second ``next_round`` on:
+    calling this for each kept round with ``first_step=next_round`` writes exactly those back. (Should rounds
+    average under a simulated second, points of the dropped rounds below that step stay.)"""
+    for tag, value, step in sim_time_scalars(metrics):
+        if step >= first_step:
+            writer.add_scalar(tag, value, step)
 
 
 def tensorboard_tag(name: str) -> str:
