@@ -48,3 +48,8 @@ class RunWriteError(OSError):
 
     def __str__(self) -> str:
         return f"cannot write {self.filename}: {self.strerror}"
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """The dataset files are missing or unusable (or could not be downloaded); the message is one line (it names
+    the dataset, the place looked in and where to get the files)."""

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from fedsim.data.tensor_data import DataSplit, TensorData
+from fedsim.errors import DatasetNotFoundError
 
 MISSING_DATASETS = "data: reading Hugging Face datasets needs the datasets package: pip install 'fedsim[hf]'"
 _SAVED_MARKERS = ("dataset_dict.json", "dataset_info.json", "state.json")
@@ -151,9 +152,7 @@ def _owners(ds: Any, column: str, where: str) -> np.ndarray:
 
 
 def _missing(where: str, hub_id: str | None) -> FileNotFoundError:
-    """The one-line :class:`~fedsim.data.vision.DatasetNotFoundError` for a missing ``path``."""
-    from fedsim.data.vision import DatasetNotFoundError  # imported here: torchvision is slow to import
-
+    """The one-line :class:`~fedsim.errors.DatasetNotFoundError` for a missing ``path``."""
     hub = hub_id or "<owner>/<name>"
     return DatasetNotFoundError(
         f"data: no Hugging Face dataset at {where} (data.path); on a machine with internet run "

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from fedsim.data.tensor_data import DataSplit, TensorData
+from fedsim.errors import DatasetNotFoundError
 
 TFF_SOURCES = {
     False: ("fed_emnist", "https://storage.googleapis.com/tff-datasets-public/fed_emnist.tar.bz2"),
@@ -60,15 +61,13 @@ def _h5py() -> Any:
 
 
 def _paths(root: str | Path, only_digits: bool) -> tuple[str, str]:
-    """The train and test file paths; a one-line :class:`~fedsim.data.vision.DatasetNotFoundError` naming any
+    """The train and test file paths; a one-line :class:`~fedsim.errors.DatasetNotFoundError` naming any
     that is missing."""
     stem, url = TFF_SOURCES[bool(only_digits)]
     base = os.path.expanduser(str(root))
     paths = tuple(os.path.join(base, f"{stem}_{part}.h5") for part in ("train", "test"))
     missing = [p for p in paths if not os.path.isfile(p)]
     if missing:
-        from fedsim.data.vision import DatasetNotFoundError  # here: torchvision is slow and big to import
-
         raise DatasetNotFoundError(
             f"{_NAME}: no {' or '.join(missing)}; download {url} and extract it into {base} "
             f"(tar xjf {url.rsplit('/', 1)[1]} -C {base}), or set data.root to where the .h5 files are"
@@ -77,9 +76,7 @@ def _paths(root: str | Path, only_digits: bool) -> tuple[str, str]:
 
 
 def _unreadable(path: str, only_digits: bool, err: BaseException) -> FileNotFoundError:
-    """The one-line :class:`~fedsim.data.vision.DatasetNotFoundError` for a file that is not readable HDF5."""
-    from fedsim.data.vision import DatasetNotFoundError
-
+    """The one-line :class:`~fedsim.errors.DatasetNotFoundError` for a file that is not readable HDF5."""
     _, url = TFF_SOURCES[bool(only_digits)]
     detail = " ".join(str(err).split())[:200]
     return DatasetNotFoundError(f"{_NAME}: cannot read {path} as HDF5 (truncated or corrupt: {detail}); "
@@ -154,7 +151,7 @@ def femnist_tff(*, root: str | Path, only_digits: bool = False) -> DataSplit:
     """FEMNIST by writer from ``root/fed_emnist[_digitsonly]_{train,test}.h5``; see the module docstring.
 
     ``num_classes`` is 62, or 10 with ``only_digits``. Missing files raise a one-line
-    :class:`~fedsim.data.vision.DatasetNotFoundError` naming the file and the archive to download;
+    :class:`~fedsim.errors.DatasetNotFoundError` naming the file and the archive to download;
     unreadable ones the same, naming the file; files in another layout a one-line ``ValueError``.
     """
     h5py = _h5py()

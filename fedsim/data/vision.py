@@ -46,6 +46,7 @@ from torchvision import datasets
 from torchvision.datasets.utils import check_integrity
 
 from fedsim.data.tensor_data import DataSplit, TensorData
+from fedsim.errors import DatasetNotFoundError  # noqa: F401 (defined there, without torchvision; re-exported)
 
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
@@ -53,10 +54,6 @@ EMNIST_MEAN, EMNIST_STD = (0.1751,), (0.3332,)
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 
 _DOWNLOAD_HINT = "rerun with data.download=true on a machine with internet"
-
-
-class DatasetNotFoundError(FileNotFoundError):
-    """The dataset files are missing or unusable (or could not be downloaded); the message is one line."""
 
 
 @dataclass(frozen=True)
