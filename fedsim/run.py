@@ -31,6 +31,8 @@ from fedsim.seeding import partition_seed
 from fedsim.client_eval import ClientEvaluation
 from fedsim.server import RoundFailedError, RunResult, Server
 from fedsim.sim.clock import SyncClock
+from fedsim.comm.names import codec_from
+from fedsim.comm.pipeline import Compression
 from fedsim.stragglers import Stragglers
 from fedsim.trackers import make_logger
 
@@ -99,6 +101,22 @@ def build_model_factory(cfg: DictConfig, data: FederatedData) -> Callable[[], An
     return functools.partial(_instantiate(cfg.model), input_shape=data.train.input_shape, num_classes=data.train.num_classes)
 
 
+def build_compression(cfg: DictConfig) -> Compression:
+    """The codecs of ``cfg.compression`` (entries: names, names with arguments, or ``_target_`` dicts; see
+    :mod:`fedsim.comm.names`)."""
+    node = cfg.compression
+
+    def chain(direction: str) -> list[Any]:
+        entries = node.get(direction) or []
+        if not OmegaConf.is_list(entries) and not isinstance(entries, list):
+            raise ConfigError(f"compression.{direction} must be a list of codecs, e.g. [topk, fp16] (got {entries!r})")
+        plain = OmegaConf.to_container(entries, resolve=True) if OmegaConf.is_list(entries) else entries
+        return [codec_from(e, f"compression.{direction}[{i}]", lambda d: _instantiate(OmegaConf.create(d)))
+                for i, e in enumerate(plain)]
+
+    return Compression(uplink=chain("uplink"), downlink=chain("downlink"), error_feedback=bool(node.get("error_feedback", False)))
+
+
 def build_clock(cfg: DictConfig, num_clients: int) -> SyncClock | None:
     """The simulated clock of ``cfg.clock`` for ``num_clients`` clients, or None (``clock=none``)."""
     if cfg.clock.get("_target_") is None:
@@ -147,6 +165,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         threads=cfg.server_threads,
         client_eval=ClientEvaluation(cfg.evaluate_clients.who, cfg.evaluate_clients.size, cfg.evaluate_clients.every),
         clock=build_clock(cfg, len(clients)),
+        compression=build_compression(cfg),
     )
     server.settings = computation_settings(flat_hparams(cfg))
     resume = resume_target(cfg.resume, run_dir)

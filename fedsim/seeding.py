@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_SAMPLING, _TASK, _INIT, _PARTITION, _COHORT = 0, 1, 2, 3, 4
+_SAMPLING, _TASK, _INIT, _PARTITION, _COHORT, _COMM = 0, 1, 2, 3, 4, 5
 
 
 def _derive(*entropy: int) -> int:
@@ -38,3 +38,9 @@ def partition_seed(seed: int) -> int:
 def cohort_rng(seed: int) -> np.random.Generator:
     """The generator that draws the fixed evaluation cohort (``evaluate_clients=cohort``) once per run."""
     return np.random.default_rng(np.random.SeedSequence([seed, _COHORT]))
+
+
+def comm_seed(seed: int, round_num: int, direction: int, client_id: int) -> int:
+    """Seed of one encoding: ``direction`` 0 is the round's broadcast of the global model (``client_id`` 0), 1 one
+    client's update."""
+    return _derive(seed, _COMM, round_num, direction, client_id)

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 from fedsim.checkpoint import list_checkpoints, save_checkpoint, save_if_missing
+from fedsim.comm.exchange import Exchange, task_state
+from fedsim.comm.pipeline import Compression
 from fedsim.state import ClientStateStore
 from fedsim.client import Client, evaluate_indices
 from fedsim.data.tensor_data import TensorData
@@ -66,7 +68,8 @@ class Server:
     ``state_store`` (``"memory"`` or ``"disk"``) keeps the clients' states between rounds
     (:mod:`fedsim.state`); with checkpoints, under ``<checkpoint_dir>/client_state``. ``threads``: torch's
     thread count in this process during :meth:`run`, outside the executor's ``fit`` (``None``: unchanged; see
-    :mod:`fedsim.threads`); the caller's setting comes back afterwards.
+    :mod:`fedsim.threads`); the caller's setting comes back afterwards. ``compression``: the codecs of each
+    direction (:mod:`fedsim.comm`; default float32 both ways); every round reports its ``comm/`` bytes.
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class Server:
         threads: int | None = 1,
         client_eval: ClientEvaluation | None = None,
         clock: SyncClock | None = None,
+        compression: Compression | None = None,
     ) -> None:
         self.stragglers = stragglers or Stragglers()
         _check_settings(num_rounds, eval_every, clients_per_round, len(clients), self.stragglers)
@@ -116,6 +120,9 @@ class Server:
         self.model = _initial_model(model_factory, seed)
         check_model_fits_data(self.model, train_data)
         self.params = flatten(self.model)
+        self.comm = Exchange(compression or Compression(), self.params.numel(), seed)
+        if self.loop is not None and not self.comm.compression.lossless:
+            raise ValueError("compression: asynchronous strategies (fedbuff) send float32 for now; use compression=none")
         self.evaluator = DeviceEvaluator(self.model, eval_device_named(eval_device))
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_every, self.keep_checkpoints = checkpoint_every, keep_checkpoints
@@ -224,6 +231,7 @@ class Server:
             "settings": self.settings,  # what a resume may not change silently (fedsim.resume_check)
             **({"clock": self.clock.state_dict()} if self.clock is not None else {}),
             **({"async": self.loop.state_dict()} if self.loop is not None else {}),
+            "comm": self.comm.state_dict(),
         }
 
     def _fingerprint(self) -> dict[str, int]:
@@ -250,12 +258,13 @@ class Server:
         start = time.perf_counter()
         configs, schedule = self._plan(round_num)
         client_ids = sorted(configs)
-        tasks = [FitTask(cid, round_num, task_seed(self.seed, round_num, cid), configs[cid], self.client_states.get(cid)) for cid in client_ids]
-        results = sorted(self.executor.fit(self.params, tasks), key=lambda r: r.client_id) if tasks else []
+        states = {cid: self.client_states.get(cid) for cid in client_ids}
+        tasks = [FitTask(cid, round_num, task_seed(self.seed, round_num, cid), configs[cid], task_state(states[cid])) for cid in client_ids]
+        results = self.comm.fit(self.executor, self.params, tasks, states)
         fit_s = time.perf_counter() - start
         succeeded = apply_failure_policy(round_num, results, self.min_success_fraction, self.logger)
         updates = sound_updates(round_num, succeeded, self.params, self.logger)
-        rows = [client_row(u, self.params) for u in updates]
+        rows = [client_row(u, self.params) | {"bytes_down": self.comm.down_bytes, "bytes_up": self.comm.up_bytes} for u in updates]
         kept = [u for u in updates if self.strategy.keeps_stragglers or self.stragglers.epochs_for(round_num, u.client_id) is None]
         from_strategy: dict[str, float] = {}
         if kept:  # otherwise nothing sound (or only dropped stragglers) arrived: keep the previous model
@@ -263,7 +272,8 @@ class Server:
             from_strategy = checked_scalars(self.strategy, round_num)
         self._commit_client_states(round_num, kept)
         self.logger.log_clients(round_num, rows)
-        metrics = train_metrics(updates, len(results)) | from_strategy
+        downloads = len(schedule.sampled) if schedule is not None else len(tasks)  # the clock's dropped clients downloaded too
+        metrics = train_metrics(updates, len(results)) | from_strategy | self.comm.round_metrics(downloads, results)
         metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
         metrics["client/num_aggregated"] = float(len(kept))
         if schedule is not None:
@@ -278,7 +288,7 @@ class Server:
         fit_s = time.perf_counter() - start
         self._commit_client_states(round_num, updates)
         self.logger.log_clients(round_num, [client_row(u, previous) for u in updates])
-        metrics = train_metrics(updates, len(updates)) | sim
+        metrics = train_metrics(updates, len(updates)) | sim | self.comm.round_metrics(int(sim["sim/started"]), updates)
         metrics["client/num_aggregated"] = float(len(updates))
         return self._finish_round(round_num, metrics, consumed_ids(updates), start, fit_s)
 
@@ -304,7 +314,7 @@ class Server:
             return {cid: self._client_config(round_num, cid) for cid in ids}, None
         schedule, configs = clocked_round(
             self.clock, self.strategy, round_num, rng, clients=self.clients, clients_per_round=self.clients_per_round,
-            config_of=lambda cid: self._client_config(round_num, cid), num_params=self.params.numel(),
+            config_of=lambda cid: self._client_config(round_num, cid), model_bytes=self.comm.down_bytes, update_bytes=self.comm.up_bytes,
         )
         return configs, schedule
 

@@ -91,6 +91,8 @@ def resume_from(server: "Server", target: str | Path, allow_changes: Sequence[st
         server.clock.load_state_dict(state["clock"])
     if server.loop is not None:
         server.loop.load_state_dict(state["async"])
+    if "comm" in state:  # checkpoints written before fedsim counted bytes start the totals at 0
+        server.comm.load_state_dict(state["comm"])
     if server.finished:
         log.info("%s is of round %d: the run is finished, nothing to do", path, server.start_round - 1)
         return path  # nothing else is touched

@@ -40,6 +40,7 @@ from fedsim.models import LogisticRegression  # noqa: E402
 from fedsim.run import CONFIG_DIR, build_server, compose, run_config  # noqa: E402
 from fedsim.server import RunResult, Server  # noqa: E402
 from fedsim.sim.clock import SyncClock  # noqa: E402
+from fedsim.comm import Compression  # noqa: E402
 from fedsim.strategy import Strategy  # noqa: E402
 from fedsim.tensorboard_log import tensorboard_tag  # noqa: E402
 from fedsim.types import ClientUpdate, FitTask  # noqa: E402
@@ -47,7 +48,8 @@ from fedsim.client_eval import ClientEvaluation  # noqa: E402
 
 CONF = Path(CONFIG_DIR)
 USER_PKG = Path(__file__).resolve().parent / "user_pkg"
-GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "logger", "tracker", "evaluate_clients", "clock", "experiment")
+GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "logger", "tracker", "evaluate_clients", "clock", "compression",
+          "experiment")
 SYNTHETIC = "fedsim.data.synthetic.synthetic"
 TIMEOUT_S = 300  # a guard against hangs, not a speed assertion
 
@@ -243,12 +245,19 @@ def _check_clock(cfg: DictConfig, option: str) -> None:
     assert isinstance(clock, SyncClock) and clock.profiles.num_clients == 20 and clock.now_s == 0.0
 
 
+def _check_compression(cfg: DictConfig, option: str) -> None:
+    from fedsim.run import build_compression
+
+    compression = build_compression(cfg)
+    assert isinstance(compression, Compression) and compression.lossless == (option == "none")
+
+
 EXAMPLE_TRACE = Path(__file__).resolve().parents[1] / "experiments" / "sim" / "example_trace.csv"
 
 CHECKS = {
     "data": _check_data, "partition": _check_partition, "model": _check_model, "client": _check_client,
     "strategy": _check_strategy, "executor": _check_executor, "logger": _check_logger, "tracker": _check_tracker,
-    "evaluate_clients": _check_evaluate_clients, "clock": _check_clock,
+    "evaluate_clients": _check_evaluate_clients, "clock": _check_clock, "compression": _check_compression,
 }
 
 

@@ -68,7 +68,7 @@ def planning_us(server: Server, rounds: int, clocked: bool) -> float:
             schedule, _ = clocked_round(
                 server.clock, server.strategy, round_num, sampling_rng(server.seed, round_num), clients=server.clients,
                 clients_per_round=server.clients_per_round, config_of=lambda c: server._client_config(round_num, c),
-                num_params=server.params.numel(),
+                model_bytes=server.comm.down_bytes, update_bytes=server.comm.up_bytes,
             )
             schedule.metrics()
             server.clock.advance(schedule)

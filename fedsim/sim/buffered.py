@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from fedsim.seeding import task_seed
-from fedsim.sim.clock import BYTES_PER_PARAMETER, SyncClock
+from fedsim.sim.clock import SyncClock
 from fedsim.strategy.fedbuff import FedBuff
 from fedsim.types import ClientUpdate, FitTask, TaskResult
 from fedsim.updates import apply_failure_policy, sound_updates
@@ -109,9 +109,8 @@ class BufferedLoop:
             idle = np.array([c for c in range(len(server.clients)) if c not in busy])
             client = int(idle[np.random.default_rng([self.seed, _DOMAIN, self.started]).integers(len(idle))])
             epochs = int(server._client_config(self.version, client).get("epochs", server.clients[client].epochs))
-            size = server.params.numel() * BYTES_PER_PARAMETER
             timing = self.clock.timing(client, epochs=epochs, num_train=server.clients[client].num_train,
-                                       model_bytes=size, update_bytes=size)
+                                       model_bytes=server.comm.down_bytes, update_bytes=server.comm.up_bytes)
             self.in_flight.append(Task(self.started, client, self.version, self.clock.now_s, self.clock.now_s + timing.total_s))
             self.started += 1
 

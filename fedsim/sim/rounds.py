@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from fedsim.client import Client
-from fedsim.sim.clock import BYTES_PER_PARAMETER, RoundSchedule, SyncClock
+from fedsim.sim.clock import RoundSchedule, SyncClock
 from fedsim.strategy.base import Strategy
 
 
@@ -27,18 +27,18 @@ def check_sampling(clock: SyncClock, strategy: Strategy) -> None:
 
 def clocked_round(
     clock: SyncClock, strategy: Strategy, round_num: int, rng: np.random.Generator, *, clients: Sequence[Client],
-    clients_per_round: int, config_of: Callable[[int], dict[str, Any]], num_params: int,
+    clients_per_round: int, config_of: Callable[[int], dict[str, Any]], model_bytes: int, update_bytes: int,
 ) -> tuple[RoundSchedule, dict[int, dict[str, Any]]]:
-    """The round's schedule and the config of every task that runs (``epochs`` lowered where the deadline cut it)."""
+    """The round's schedule and the config of every task that runs (``epochs`` lowered where the deadline cut it);
+    ``model_bytes`` and ``update_bytes``: what each task downloads and uploads (:mod:`fedsim.comm`)."""
     online = clock.online_clients()
     picked = strategy.sample(round_num, len(online), clock.sample_size(clients_per_round, len(online)), rng)
     sampled = sorted(int(online[i]) for i in picked)
     configs = {c: config_of(c) for c in sampled}
     epochs = {c: int(configs[c].get("epochs", clients[c].epochs)) for c in sampled}
-    model_bytes = num_params * BYTES_PER_PARAMETER
     schedule = clock.schedule(
         sampled, clients_per_round=clients_per_round, online=len(online), epochs=epochs,
-        num_train={c: clients[c].num_train for c in sampled}, model_bytes=model_bytes, update_bytes=model_bytes,
+        num_train={c: clients[c].num_train for c in sampled}, model_bytes=model_bytes, update_bytes=update_bytes,
         keeps_partial=strategy.keeps_stragglers,
     )
     run = {t.client_id: configs[t.client_id] if t.epochs == epochs[t.client_id] else {**configs[t.client_id], "epochs": t.epochs}

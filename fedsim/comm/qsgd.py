@@ -1,0 +1,51 @@
+"""Stochastic uniform quantisation, QSGD: Alistarh, Grubic, Li, Tomioka and Vojnovic, "QSGD: Communication-Efficient
+SGD via Gradient Quantization and Encoding", NeurIPS 2017.
+
+The vector is cut into buckets of ``bucket_size`` values (the paper's bucketing; the last bucket may be shorter). For
+a bucket v with L2 norm ‖v‖ and s = 2^(bits-1) − 1 levels, each value is sent as its sign and a level
+l ∈ {0, …, s}: with r = s·|v_i|/‖v‖, l = ⌊r⌋ + 1 with probability r − ⌊r⌋, else ⌊r⌋, so the decoded value
+sign(v_i)·l·‖v‖/s is an unbiased estimate of v_i (E = v_i). Encoding: ``bits`` bits per value (sign included, fixed
+width; the paper's Elias coding would be shorter) and one float32 norm per bucket.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fedsim.comm.codecs import FLOAT32_BYTES, ValueCodec
+
+
+class QSGD(ValueCodec):
+    """``bits`` per value (2 to 8, sign included) and a float32 norm per ``bucket_size`` values."""
+
+    def __init__(self, bits: int = 8, bucket_size: int = 512) -> None:
+        if not 2 <= bits <= 8:
+            raise ValueError(f"qsgd.bits must be between 2 and 8 (got {bits}): a sign bit and at least one level bit")
+        if bucket_size < 1:
+            raise ValueError(f"qsgd.bucket_size must be >= 1 (got {bucket_size})")
+        self.bits, self.bucket_size = bits, bucket_size
+        self.levels = 2 ** (bits - 1) - 1
+
+    def code(self, values: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        n = values.numel()
+        if n == 0:
+            return values.clone()
+        buckets = math.ceil(n / self.bucket_size)
+        padded = torch.zeros(buckets * self.bucket_size, dtype=torch.float32)
+        padded[:n] = values
+        rows = padded.view(buckets, self.bucket_size)
+        norms = torch.linalg.vector_norm(rows, dim=1, keepdim=True)
+        ratio = rows.abs() / torch.where(norms > 0, norms, torch.ones_like(norms)) * self.levels
+        floor = ratio.floor()
+        draws = torch.rand(rows.shape, generator=generator, dtype=torch.float32)
+        level = floor + (draws < ratio - floor).to(torch.float32)
+        decoded = torch.sign(rows) * level * (norms / self.levels)
+        return decoded.view(-1)[:n].clone()
+
+    def nbytes(self, n: int) -> int:
+        return math.ceil(n / self.bucket_size) * FLOAT32_BYTES + math.ceil(n * self.bits / 8)
+
+    def __repr__(self) -> str:
+        return f"QSGD(bits={self.bits}, bucket_size={self.bucket_size})"
