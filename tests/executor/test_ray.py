@@ -87,6 +87,19 @@ def test_fedbuff_gives_serial_metrics_and_times() -> None:
     assert torch.equal(result.params, reference.params)
 
 
+def test_compression_gives_serial_weights_and_metrics() -> None:
+    """Top-k then QSGD with error feedback up, float16 down (tests/comm/test_compressed_runs.py): the same weights,
+    bytes and residuals on Ray actors."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
+    import test_compressed_runs as compressed
+    from fedsim.run import build_server, compose
+
+    reference = build_server(compose(compressed.STACKED)).run()
+    result = build_server(compose([*compressed.STACKED, "executor=ray", "executor.workers=2"])).run()
+    assert compressed._measured_free(result.history) == compressed._measured_free(reference.history)
+    assert torch.equal(result.params, reference.params)
+
+
 def test_raising_client_is_reported_with_traceback_and_policy_applies() -> None:
     with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
         run(RayExecutor(workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))
