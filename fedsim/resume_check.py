@@ -19,6 +19,9 @@ from typing import Any
 from fedsim.checkpoint import CheckpointError
 
 FREE_PREFIXES = ("executor.", "logger.", "tracker.", "early_stop.", "hydra.", "objective.")
+# settings added after checkpoints began to keep them, with the value that computes what older versions did: a
+# checkpoint without the key was written with that value
+ADDED_LATER = {"compression.uplink": [], "compression.downlink": [], "compression.error_feedback": False}
 FREE_KEYS = {"resume", "resume_allow_changes", "num_rounds", "checkpoint_every", "keep_checkpoints", "eval_device",
              "state_store", "server_threads"}
 
@@ -34,6 +37,7 @@ def check_changes(saved: dict[str, Any], current: dict[str, Any], allowed: Itera
     without a config) means no check."""
     if not saved or not current:
         return {}
+    saved = {**{k: v for k, v in ADDED_LATER.items() if k in current}, **saved}
     changes = {k: [saved.get(k), current.get(k)] for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)}
     refused = [k for k in changes if k not in set(allowed)]
     if refused:

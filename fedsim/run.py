@@ -33,6 +33,7 @@ from fedsim.server import RoundFailedError, RunResult, Server
 from fedsim.sim.clock import SyncClock
 from fedsim.comm.names import codec_from
 from fedsim.comm.pipeline import Compression
+from fedsim.privacy.central import CentralDP
 from fedsim.stragglers import Stragglers
 from fedsim.trackers import make_logger
 
@@ -117,6 +118,13 @@ def build_compression(cfg: DictConfig) -> Compression:
     return Compression(uplink=chain("uplink"), downlink=chain("downlink"), error_feedback=bool(node.get("error_feedback", False)))
 
 
+def build_privacy(cfg: DictConfig) -> CentralDP | None:
+    """DP-FedAvg as ``cfg.dp`` configures it, or None (``dp=none``)."""
+    if cfg.dp.get("_target_") is None:
+        return None
+    return _instantiate_a(cfg.dp, CentralDP, "dp", "fedsim.privacy.CentralDP")
+
+
 def build_clock(cfg: DictConfig, num_clients: int) -> SyncClock | None:
     """The simulated clock of ``cfg.clock`` for ``num_clients`` clients, or None (``clock=none``)."""
     if cfg.clock.get("_target_") is None:
@@ -166,6 +174,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         client_eval=ClientEvaluation(cfg.evaluate_clients.who, cfg.evaluate_clients.size, cfg.evaluate_clients.every),
         clock=build_clock(cfg, len(clients)),
         compression=build_compression(cfg),
+        privacy=build_privacy(cfg),
     )
     server.settings = computation_settings(flat_hparams(cfg))
     resume = resume_target(cfg.resume, run_dir)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_SAMPLING, _TASK, _INIT, _PARTITION, _COHORT, _COMM = 0, 1, 2, 3, 4, 5
+_SAMPLING, _TASK, _INIT, _PARTITION, _COHORT, _COMM, _DP = 0, 1, 2, 3, 4, 5, 6
 
 
 def _derive(*entropy: int) -> int:
@@ -44,3 +44,8 @@ def comm_seed(seed: int, round_num: int, direction: int, client_id: int) -> int:
     """Seed of one encoding: ``direction`` 0 is the round's broadcast of the global model (``client_id`` 0), 1 one
     client's update."""
     return _derive(seed, _COMM, round_num, direction, client_id)
+
+
+def dp_seed(seed: int, round_num: int) -> int:
+    """Seed of a round's central privacy noise (:mod:`fedsim.privacy.central`)."""
+    return _derive(seed, _DP, round_num)

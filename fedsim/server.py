@@ -15,6 +15,8 @@ from torch import nn
 from fedsim.checkpoint import list_checkpoints, save_checkpoint, save_if_missing
 from fedsim.comm.exchange import Exchange, task_state
 from fedsim.comm.pipeline import Compression
+from fedsim.privacy.central import CentralDP
+from fedsim.privacy.rounds import private_rounds
 from fedsim.state import ClientStateStore
 from fedsim.client import Client, evaluate_indices
 from fedsim.data.tensor_data import TensorData
@@ -70,6 +72,7 @@ class Server:
     thread count in this process during :meth:`run`, outside the executor's ``fit`` (``None``: unchanged; see
     :mod:`fedsim.threads`); the caller's setting comes back afterwards. ``compression``: the codecs of each
     direction (:mod:`fedsim.comm`; default float32 both ways); every round reports its ``comm/`` bytes.
+    ``privacy``: DP-FedAvg (:mod:`fedsim.privacy`): Poisson sampling, a noisy mean update, ε every round.
     """
 
     def __init__(
@@ -98,6 +101,7 @@ class Server:
         client_eval: ClientEvaluation | None = None,
         clock: SyncClock | None = None,
         compression: Compression | None = None,
+        privacy: CentralDP | None = None,
     ) -> None:
         self.stragglers = stragglers or Stragglers()
         _check_settings(num_rounds, eval_every, clients_per_round, len(clients), self.stragglers)
@@ -112,6 +116,7 @@ class Server:
         if getattr(strategy, "asynchronous", False):
             check_async(clock, strategy, len(clients))  # type: ignore[arg-type]
             self.loop = BufferedLoop(clock, strategy, seed)  # type: ignore[arg-type]
+        self.privacy = private_rounds(privacy, strategy, clock, len(clients), clients_per_round, seed)
         self.model_factory, self.clients, self.strategy, self.executor = model_factory, clients, strategy, executor
         self.train_data, self.test_data = train_data, test_data
         self.num_rounds, self.clients_per_round, self.seed = num_rounds, clients_per_round, seed
@@ -203,13 +208,17 @@ class Server:
         )
 
     def _decide_stop(self, round_num: int) -> None:
-        """After a round: a signal interrupts the run (``stopped_early``); early stopping ends it."""
+        """After a round: a signal interrupts the run (``stopped_early``); early stopping, or a privacy budget the next
+        round would exceed, ends it."""
         if self._stop_requested and round_num < self.num_rounds:
             self.stopped_early, self.stop_reason = True, f"interrupted after round {round_num}"
             return
-        reason = self.early_stop.check(self.logger.history[-1])
+        early = self.early_stop.check(self.logger.history[-1])
+        reason = f"early stop: {early}" if early is not None else None
+        if reason is None and self.privacy is not None:
+            reason = self.privacy.stop_reason(round_num + 1)
         if reason is not None and round_num < self.num_rounds:
-            self.stop_reason = f"early stop: {reason}"
+            self.stop_reason = reason
             log.info("%s", self.stop_reason)
 
     def _checkpoint_due(self, round_num: int) -> bool:
@@ -232,6 +241,7 @@ class Server:
             **({"clock": self.clock.state_dict()} if self.clock is not None else {}),
             **({"async": self.loop.state_dict()} if self.loop is not None else {}),
             "comm": self.comm.state_dict(),
+            **({"privacy": self.privacy.state_dict()} if self.privacy is not None else {}),
         }
 
     def _fingerprint(self) -> dict[str, int]:
@@ -266,10 +276,12 @@ class Server:
         updates = sound_updates(round_num, succeeded, self.params, self.logger)
         rows = [client_row(u, self.params) | {"bytes_down": self.comm.down_bytes, "bytes_up": self.comm.up_bytes} for u in updates]
         kept = [u for u in updates if self.strategy.keeps_stragglers or self.stragglers.epochs_for(round_num, u.client_id) is None]
-        from_strategy: dict[str, float] = {}
-        if kept:  # otherwise nothing sound (or only dropped stragglers) arrived: keep the previous model
-            self.params = checked_aggregate(self.strategy, round_num, self.params, kept, self.logger)
-            from_strategy = checked_scalars(self.strategy, round_num)
+        from_strategy, aggregated = {}, kept
+        if self.privacy is not None:  # one noisy mean update, even from an empty cohort
+            aggregated, from_strategy = self.privacy.aggregate_input(round_num, self.params, kept)
+        if aggregated:  # otherwise nothing sound (or only dropped stragglers) arrived: keep the previous model
+            self.params = checked_aggregate(self.strategy, round_num, self.params, aggregated, self.logger)
+            from_strategy |= checked_scalars(self.strategy, round_num)
         self._commit_client_states(round_num, kept)
         self.logger.log_clients(round_num, rows)
         downloads = len(schedule.sampled) if schedule is not None else len(tasks)  # the clock's dropped clients downloaded too
@@ -310,7 +322,8 @@ class Server:
         """The config of every task of the round, by client id, and the clock's schedule (None without a clock)."""
         rng = sampling_rng(self.seed, round_num)
         if self.clock is None:
-            ids = self.strategy.sample(round_num, len(self.clients), self.clients_per_round, rng)
+            ids = (self.privacy.sample(rng, len(self.clients)) if self.privacy is not None
+                   else self.strategy.sample(round_num, len(self.clients), self.clients_per_round, rng))
             return {cid: self._client_config(round_num, cid) for cid in ids}, None
         schedule, configs = clocked_round(
             self.clock, self.strategy, round_num, rng, clients=self.clients, clients_per_round=self.clients_per_round,

@@ -93,6 +93,13 @@ def resume_from(server: "Server", target: str | Path, allow_changes: Sequence[st
         server.loop.load_state_dict(state["async"])
     if "comm" in state:  # checkpoints written before fedsim counted bytes start the totals at 0
         server.comm.load_state_dict(state["comm"])
+    if server.privacy is not None:
+        if "privacy" not in state:
+            raise CheckpointError(f"{path} was written without differential privacy; resume it with dp=none")
+        try:
+            server.privacy.load_state_dict(state["privacy"])
+        except ValueError as error:
+            raise CheckpointError(f"{path}: {error}; resume with the run's dp settings") from None
     if server.finished:
         log.info("%s is of round %d: the run is finished, nothing to do", path, server.start_round - 1)
         return path  # nothing else is touched

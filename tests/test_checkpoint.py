@@ -114,7 +114,7 @@ def _wait_for_rounds(run_dir: Path, rounds: int, proc: subprocess.Popen, timeout
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     runs = {}
-    for strategy in ("fedavg", "ditto", "fedadam", "fedbuff", "compressed"):
+    for strategy in ("fedavg", "ditto", "fedadam", "fedbuff", "private"):
         run_dir = tmp_path_factory.mktemp(f"full-{strategy}")
         subprocess.run(_cli(run_dir, *_settings(strategy)), check=True, capture_output=True, timeout=300)
         runs[strategy] = run_dir
@@ -124,15 +124,16 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _settings(strategy: str) -> list[str]:
     """Ditto (personal models in client state) with every client evaluated with both models every round; FedBuff on
     the simulated clock (its checkpoint holds the clock, the tasks in flight and their start weights)."""
-    extra = {"ditto": ["evaluate_clients=all"], "fedbuff": ["clock=sampled"], "compressed": COMPRESSED}
-    return [f"strategy={strategy}" if strategy != "compressed" else "strategy=fedavg", *extra.get(strategy, [])]
+    extra = {"ditto": ["evaluate_clients=all"], "fedbuff": ["clock=sampled"], "private": PRIVATE_COMPRESSED}
+    return [f"strategy={strategy}" if strategy != "private" else "strategy=fedavg", *extra.get(strategy, [])]
 
 
-# FedAvg with every codec kind each way: top-k then QSGD up with error feedback (residuals in client state), fp16 down
-COMPRESSED = ["compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}, {name: qsgd, bits: 4}]", "compression.downlink=[fp16]"]
+# DP-FedAvg with adaptive clipping (the ledger and the clip norm in the checkpoint) and every codec kind each way:
+# top-k then QSGD up with error feedback (residuals in client state), fp16 down
+PRIVATE_COMPRESSED = ["dp=adaptive", "compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}, {name: qsgd, bits: 4}]", "compression.downlink=[fp16]"]
 
 
-@pytest.mark.parametrize(("strategy", "kill_after"), [("fedavg", 2), ("ditto", 3), ("fedadam", 11), ("fedbuff", 4), ("compressed", 5)])
+@pytest.mark.parametrize(("strategy", "kill_after"), [("fedavg", 2), ("ditto", 3), ("fedadam", 11), ("fedbuff", 4), ("private", 5)])
 def test_sigkilled_run_resumes_bitwise(strategy: str, kill_after: int, tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
     proc = subprocess.Popen(_cli(tmp_path, *_settings(strategy)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

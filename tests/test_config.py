@@ -49,7 +49,7 @@ from fedsim.client_eval import ClientEvaluation  # noqa: E402
 CONF = Path(CONFIG_DIR)
 USER_PKG = Path(__file__).resolve().parent / "user_pkg"
 GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "logger", "tracker", "evaluate_clients", "clock", "compression",
-          "experiment")
+          "dp", "experiment")
 SYNTHETIC = "fedsim.data.synthetic.synthetic"
 TIMEOUT_S = 300  # a guard against hangs, not a speed assertion
 
@@ -252,12 +252,22 @@ def _check_compression(cfg: DictConfig, option: str) -> None:
     assert isinstance(compression, Compression) and compression.lossless == (option == "none")
 
 
+def _check_dp(cfg: DictConfig, option: str) -> None:
+    from fedsim.run import build_privacy
+
+    dp = build_privacy(cfg)
+    assert (dp is None) == (option == "none")
+    if dp is not None:
+        assert dp.adaptive == (option == "adaptive") and dp.update_multiplier(cfg.clients_per_round) >= dp.noise_multiplier
+
+
 EXAMPLE_TRACE = Path(__file__).resolve().parents[1] / "experiments" / "sim" / "example_trace.csv"
 
 CHECKS = {
     "data": _check_data, "partition": _check_partition, "model": _check_model, "client": _check_client,
     "strategy": _check_strategy, "executor": _check_executor, "logger": _check_logger, "tracker": _check_tracker,
     "evaluate_clients": _check_evaluate_clients, "clock": _check_clock, "compression": _check_compression,
+    "dp": _check_dp,
 }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.checkpoint import CheckpointError
+from fedsim.checkpoint import CheckpointError, load_latest, save_checkpoint
 from fedsim.run import compose, run_config
 
 BASE = ["num_rounds=3", "clients_per_round=4", "logger.progress=false", "logger.tensorboard=false", "+data.max_size=60"]
@@ -77,3 +77,18 @@ def test_a_refused_resume_from_the_command_line_is_one_line_and_exit_2(finished:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fedsim: error: resume from ") and "client.epochs (1 -> 2)" in lines[0]
+
+
+def test_a_checkpoint_from_before_compression_resumes_and_still_refuses_a_codec(finished: Path, tmp_path: Path) -> None:
+    """Checkpoints written before fedsim had compression settings (nor byte totals) were computed in float32: they
+    resume as that, and a codec is still a change."""
+    path, state = load_latest(finished / "checkpoints")
+    state["settings"] = {k: v for k, v in state["settings"].items() if not k.startswith("compression.")}
+    del state["comm"]
+    for old in (finished / "checkpoints").glob("*.pt"):
+        old.unlink()
+    save_checkpoint(finished / "checkpoints", state["round"], state, keep=3)
+    with pytest.raises(CheckpointError, match=r"compression.uplink \(\[\] -> \['fp16'\]\)"):
+        run_config(compose([*BASE, "num_rounds=4", "resume=true", "compression=fp16"]), run_dir=finished)
+    result = run_config(compose([*BASE, "num_rounds=4", "resume=true"]), run_dir=finished)
+    assert len(result.history) == 4 and result.history[-1]["comm/bytes_up_total"] == result.history[-1]["comm/bytes_up"]

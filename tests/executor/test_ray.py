@@ -100,6 +100,19 @@ def test_compression_gives_serial_weights_and_metrics() -> None:
     assert torch.equal(result.params, reference.params)
 
 
+def test_central_dp_gives_serial_weights_metrics_and_epsilon() -> None:
+    """DP-FedAvg with adaptive clipping (tests/privacy/test_private_runs.py): same noise, clip norms and ε on Ray."""
+    pytest.importorskip("dp_accounting")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "privacy"))
+    import test_private_runs as private
+    from fedsim.run import build_server, compose
+
+    reference = build_server(compose(private.ADAPTIVE)).run()
+    result = build_server(compose([*private.ADAPTIVE, "executor=ray", "executor.workers=2"])).run()
+    assert private._measured_free(result.history) == private._measured_free(reference.history)
+    assert torch.equal(result.params, reference.params)
+
+
 def test_raising_client_is_reported_with_traceback_and_policy_applies() -> None:
     with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
         run(RayExecutor(workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))
