@@ -16,6 +16,7 @@ from fedsim.checkpoint import list_checkpoints, save_checkpoint, save_if_missing
 from fedsim.comm.exchange import Exchange, task_state
 from fedsim.comm.pipeline import Compression
 from fedsim.privacy.central import CentralDP
+from fedsim.privacy.local import local_ledger
 from fedsim.privacy.rounds import private_rounds
 from fedsim.state import ClientStateStore
 from fedsim.client import Client, evaluate_indices
@@ -126,6 +127,7 @@ class Server:
         check_model_fits_data(self.model, train_data)
         self.params = flatten(self.model)
         self.comm = Exchange(compression or Compression(), self.params.numel(), seed)
+        self.local_dp = local_ledger(clients, self.model)  # DP-SGD clients' spent privacy, or None
         if self.loop is not None and not self.comm.compression.lossless:
             raise ValueError("compression: asynchronous strategies (fedbuff) send float32 for now; use compression=none")
         self.evaluator = DeviceEvaluator(self.model, eval_device_named(eval_device))
@@ -242,6 +244,7 @@ class Server:
             **({"async": self.loop.state_dict()} if self.loop is not None else {}),
             "comm": self.comm.state_dict(),
             **({"privacy": self.privacy.state_dict()} if self.privacy is not None else {}),
+            **({"local_dp": self.local_dp.state_dict()} if self.local_dp is not None else {}),
         }
 
     def _fingerprint(self) -> dict[str, int]:
@@ -286,6 +289,8 @@ class Server:
         self.logger.log_clients(round_num, rows)
         downloads = len(schedule.sampled) if schedule is not None else len(tasks)  # the clock's dropped clients downloaded too
         metrics = train_metrics(updates, len(results)) | from_strategy | self.comm.round_metrics(downloads, results)
+        if self.local_dp is not None:  # every update that came back was released, accepted or not
+            metrics |= self.local_dp.record([r for r in results if isinstance(r, ClientUpdate)])
         metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
         metrics["client/num_aggregated"] = float(len(kept))
         if schedule is not None:
@@ -301,6 +306,8 @@ class Server:
         self._commit_client_states(round_num, updates)
         self.logger.log_clients(round_num, [client_row(u, previous) for u in updates])
         metrics = train_metrics(updates, len(updates)) | sim | self.comm.round_metrics(int(sim["sim/started"]), updates)
+        if self.local_dp is not None:
+            metrics |= self.local_dp.record(updates)
         metrics["client/num_aggregated"] = float(len(updates))
         return self._finish_round(round_num, metrics, consumed_ids(updates), start, fit_s)
 

@@ -93,6 +93,8 @@ def resume_from(server: "Server", target: str | Path, allow_changes: Sequence[st
         server.loop.load_state_dict(state["async"])
     if "comm" in state:  # checkpoints written before fedsim counted bytes start the totals at 0
         server.comm.load_state_dict(state["comm"])
+    if server.local_dp is not None:
+        server.local_dp.load_state_dict(state.get("local_dp", {"steps": {}}))
     if server.privacy is not None:
         if "privacy" not in state:
             raise CheckpointError(f"{path} was written without differential privacy; resume it with dp=none")

@@ -113,6 +113,18 @@ def test_central_dp_gives_serial_weights_metrics_and_epsilon() -> None:
     assert torch.equal(result.params, reference.params)
 
 
+def test_local_dp_sgd_gives_serial_weights() -> None:
+    """client=dpsgd (tests/privacy/test_local_dp.py): Poisson batches and noise from the task generator on Ray."""
+    pytest.importorskip("dp_accounting")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "privacy"))
+    import test_local_dp as local
+    from fedsim.run import build_server, compose
+
+    reference = build_server(compose(local.SHORT)).run()
+    result = build_server(compose([*local.SHORT, "executor=ray", "executor.workers=2"])).run()
+    assert torch.equal(result.params, reference.params)
+
+
 def test_raising_client_is_reported_with_traceback_and_policy_applies() -> None:
     with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
         run(RayExecutor(workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))
