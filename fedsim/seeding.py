@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_SAMPLING, _TASK, _INIT, _PARTITION, _COHORT, _COMM, _DP = 0, 1, 2, 3, 4, 5, 6
+_SAMPLING, _TASK, _INIT, _PARTITION, _COHORT, _COMM, _DP, _DPSGD_NOISE = 0, 1, 2, 3, 4, 5, 6, 7
 
 
 def _derive(*entropy: int) -> int:
@@ -49,3 +49,9 @@ def comm_seed(seed: int, round_num: int, direction: int, client_id: int) -> int:
 def dp_seed(seed: int, round_num: int) -> int:
     """Seed of a round's central privacy noise (:mod:`fedsim.privacy.central`)."""
     return _derive(seed, _DP, round_num)
+
+
+def dpsgd_noise_seed(task_seed_value: int) -> int:
+    """Seed of a DP-SGD task's gradient noise (:mod:`fedsim.privacy.local`), a stream apart from its batch draws, so
+    that an executor may draw all of a task's batches first and its noise later and still get the same numbers."""
+    return _derive(task_seed_value, _DPSGD_NOISE)

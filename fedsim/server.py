@@ -23,22 +23,22 @@ from fedsim.client import Client, evaluate_indices
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
 from fedsim.early_stop import EarlyStop
-from fedsim.client_eval import ClientEvaluation, eval_tasks, summary
+from fedsim.client_eval import ClientEvaluation
 from fedsim.evaluation import DeviceEvaluator, eval_device as eval_device_named
 from fedsim.logging import RunLogger, process_rss_mb
-from fedsim.metrics_records import without_client_rows
 from fedsim.context import RunContext
 from fedsim.params import ParamLayout, flatten, load_flat
 from fedsim.round_metrics import client_row, train_metrics
 from fedsim.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
 from fedsim.seeding import sampling_rng, task_seed
 from fedsim.server_setup import check_model_fits_data, check_settings as _check_settings, initial_model as _initial_model
-from fedsim.server_setup import resume_from
+from fedsim.server_setup import checkpoint_state, resume_from
+from fedsim.server_eval import evaluate_clients
 from fedsim.sim.clock import RoundSchedule, SyncClock
-from fedsim.sim.buffered import BufferedLoop, check_async, consumed_ids
+from fedsim.sim.buffered import consumed_ids, event_loop
 from fedsim.sim.rounds import check_sampling, clocked_round
 from fedsim.stragglers import Stragglers
-from fedsim.strategy.base import LocalTraining, Strategy, personalises
+from fedsim.strategy.base import LocalTraining, Strategy
 from fedsim.strategy_guard import checked_aggregate, checked_scalars
 from fedsim.threads import torch_threads
 from fedsim.types import ClientFailure, ClientUpdate, FitTask
@@ -113,10 +113,7 @@ class Server:
         if clock is not None:
             clock.check(len(clients))
             check_sampling(clock, strategy)
-        self.loop: BufferedLoop | None = None  # the event loop of an asynchronous strategy (FedBuff)
-        if getattr(strategy, "asynchronous", False):
-            check_async(clock, strategy, len(clients))  # type: ignore[arg-type]
-            self.loop = BufferedLoop(clock, strategy, seed)  # type: ignore[arg-type]
+        self.loop = event_loop(clock, strategy, len(clients), seed)  # of an asynchronous strategy (FedBuff), or None
         self.privacy = private_rounds(privacy, strategy, clock, len(clients), clients_per_round, seed)
         self.model_factory, self.clients, self.strategy, self.executor = model_factory, clients, strategy, executor
         self.train_data, self.test_data = train_data, test_data
@@ -230,22 +227,8 @@ class Server:
         return periodic or round_num == self.num_rounds or self.stop_reason != "completed"
 
     def state_dict(self, round_num: int) -> dict[str, Any]:
-        """Everything a resumed run needs after ``round_num``. Sampling, task seeds and stragglers are
-        pure functions of (seed, round), so the round number stands for every random state."""
-        return {
-            "round": round_num,
-            "params": self.params.clone(),
-            "strategy": self.strategy.state_dict(),
-            "history": without_client_rows(self.logger.history),  # the rows live in metrics.jsonl
-            "client_state_round": self.client_states.round,  # its entries live in client_state/, versioned
-            "fingerprint": self._fingerprint(),
-            "settings": self.settings,  # what a resume may not change silently (fedsim.resume_check)
-            **({"clock": self.clock.state_dict()} if self.clock is not None else {}),
-            **({"async": self.loop.state_dict()} if self.loop is not None else {}),
-            "comm": self.comm.state_dict(),
-            **({"privacy": self.privacy.state_dict()} if self.privacy is not None else {}),
-            **({"local_dp": self.local_dp.state_dict()} if self.local_dp is not None else {}),
-        }
+        """Everything a resumed run needs after ``round_num`` (:func:`fedsim.server_setup.checkpoint_state`)."""
+        return checkpoint_state(self, round_num)
 
     def _fingerprint(self) -> dict[str, int]:
         return {"seed": self.seed, "num_clients": len(self.clients), "clients_per_round": self.clients_per_round, "num_params": self.params.numel()}
@@ -288,9 +271,7 @@ class Server:
         self._commit_client_states(round_num, kept)
         self.logger.log_clients(round_num, rows)
         downloads = len(schedule.sampled) if schedule is not None else len(tasks)  # the clock's dropped clients downloaded too
-        metrics = train_metrics(updates, len(results)) | from_strategy | self.comm.round_metrics(downloads, results)
-        if self.local_dp is not None:  # every update that came back was released, accepted or not
-            metrics |= self.local_dp.record([r for r in results if isinstance(r, ClientUpdate)])
+        metrics = train_metrics(updates, len(results)) | from_strategy | self._wire_metrics(downloads, results)
         metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
         metrics["client/num_aggregated"] = float(len(kept))
         if schedule is not None:
@@ -305,11 +286,17 @@ class Server:
         fit_s = time.perf_counter() - start
         self._commit_client_states(round_num, updates)
         self.logger.log_clients(round_num, [client_row(u, previous) for u in updates])
-        metrics = train_metrics(updates, len(updates)) | sim | self.comm.round_metrics(int(sim["sim/started"]), updates)
-        if self.local_dp is not None:
-            metrics |= self.local_dp.record(updates)
+        metrics = train_metrics(updates, len(updates)) | sim | self._wire_metrics(int(sim["sim/started"]), updates)
         metrics["client/num_aggregated"] = float(len(updates))
         return self._finish_round(round_num, metrics, consumed_ids(updates), start, fit_s)
+
+    def _wire_metrics(self, downloads: int, results: Sequence[ClientFailure | ClientUpdate]) -> dict[str, float]:
+        """The round's ``comm/`` bytes and, with DP-SGD clients, their spent privacy (every update that came back
+        was released, accepted or not)."""
+        metrics = self.comm.round_metrics(downloads, results)
+        if self.local_dp is not None:
+            metrics |= self.local_dp.record([r for r in results if isinstance(r, ClientUpdate)])
+        return metrics
 
     def _finish_round(self, round_num: int, metrics: dict[str, float], client_ids: list[int], start: float, fit_s: float) -> dict[str, float]:
         """Evaluate when due and add the wall times and memory to the round's metrics."""
@@ -362,24 +349,9 @@ class Server:
         return {"eval/loss": result["loss"], "eval/accuracy": result["accuracy"]}
 
     def evaluate_clients(self, round_num: int, sampled: Sequence[int]) -> dict[str, float]:
-        """Federated evaluation through the executor (see :mod:`fedsim.client_eval`): the clients that
-        ``evaluate_clients`` names (``sampled``: this round's) scored on their local test splits with the global
-        model and, if the algorithm has them, their personal models; their distribution as metrics, each client's
-        values in ``client_eval/round-<NNNN>.csv``. Empty when none of them holds test data."""
-        personal = personalises(self.local)
-        ids = self.client_eval.clients(sampled, len(self.clients), self.seed)
-        tasks = eval_tasks(round_num, ids, self.clients, self.client_states.get if personal else None)
-        if not tasks:
-            return {}
-        scores, failed = [], 0
-        for result in self.executor.evaluate(self.params, tasks):
-            if isinstance(result, ClientFailure):
-                self.logger.log_text("client_eval/failure", f"{result.error}\n{result.traceback}", round_num)
-                failed += 1
-            else:
-                scores.extend(result.scores)
-        self.logger.log_client_scores(round_num, scores, personal)
-        return summary(scores, personal) | ({"eval_global/failed_tasks": float(failed)} if failed else {})
+        """Federated evaluation of the clients ``evaluate_clients`` names (``sampled``: this round's): see
+        :func:`fedsim.server_eval.evaluate_clients`."""
+        return evaluate_clients(self, round_num, sampled)
 
     def _snapshot(self, round_num: int) -> dict[str, Any] | None:
         """:meth:`state_dict` after ``round_num`` (cloned), kept in memory in case the next round fails; ``None``

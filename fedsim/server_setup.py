@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from fedsim.metrics_records import without_client_rows
 from fedsim.checkpoint import CheckpointError, drop_checkpoints_after, resolve as resolve_checkpoint
 from fedsim.resume_check import check_changes, record_changes
 from fedsim.seeding import init_seed
@@ -69,6 +70,23 @@ def check_model_fits_data(model: nn.Module, data: "TensorData") -> None:
             f"{data.num_classes} classes; build the model with num_classes={data.num_classes} (fedsim passes the "
             "data's num_classes to a `_partial_: true` model option)"
         )
+
+
+def checkpoint_state(server: "Server", round_num: int) -> dict[str, Any]:
+    """:meth:`fedsim.server.Server.state_dict`: everything a resumed run needs after ``round_num``. Sampling, task
+    seeds and stragglers are pure functions of (seed, round), so the round number stands for every random state."""
+    optional = {"clock": server.clock, "async": server.loop, "privacy": server.privacy, "local_dp": server.local_dp}
+    return {
+        "round": round_num,
+        "params": server.params.clone(),
+        "strategy": server.strategy.state_dict(),
+        "history": without_client_rows(server.logger.history),  # the rows live in metrics.jsonl
+        "client_state_round": server.client_states.round,  # its entries live in client_state/, versioned
+        "fingerprint": server._fingerprint(),
+        "settings": server.settings,  # what a resume may not change silently (fedsim.resume_check)
+        "comm": server.comm.state_dict(),
+        **{key: part.state_dict() for key, part in optional.items() if part is not None},
+    }
 
 
 def resume_from(server: "Server", target: str | Path, allow_changes: Sequence[str] = ()) -> Path:

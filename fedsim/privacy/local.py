@@ -3,9 +3,9 @@
 Abadi, Chu, Goodfellow, McMahan, Mironov, Talwar, Zhang. "Deep Learning with Differential Privacy." CCS 2016.
 
 Each local step draws a Poisson batch (every training example of the client independently with probability q,
-``sampling_rate``), computes every example's gradient (``torch.func``: ``vmap`` of ``grad`` over the batch, the
+``sampling_rate``, from the task's generator), computes every example's gradient (``torch.func``: ``vmap`` of ``grad`` over the batch, the
 machinery ``executor=vmap`` uses), clips each to L2 norm ``clip_norm`` over all trainable parameters, sums them,
-adds Gaussian noise N(0, (z·C)²) from the task's generator and divides by the expected batch size q·n; the
+adds Gaussian noise N(0, (z·C)²) from a stream of its own (seeded from the task seed) and divides by the expected batch size q·n; the
 optimizer then steps on that gradient (a strategy's data-independent term, e.g. FedProx's, is added after, at no
 privacy cost). An epoch is ⌈1/q⌉ such steps, so every client's steps are the same Poisson-sampled Gaussian
 mechanism whatever its size, and the accountant (:class:`LocalLedger`) needs one RDP curve for the run.
@@ -28,6 +28,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
+from fedsim.seeding import dpsgd_noise_seed
 
 
 class DPSGDClient(Client):
@@ -47,13 +48,19 @@ class DPSGDClient(Client):
         if not 0 < delta < 1:
             raise ValueError(f"client.delta must be in (0, 1) (got {delta})")
         self.noise_multiplier, self.clip_norm, self.sampling_rate, self.delta = noise_multiplier, clip_norm, sampling_rate, delta
+        self._noise: torch.Generator | None = None
 
     @property
     def steps_per_epoch(self) -> int:
         return math.ceil(round(1 / self.sampling_rate, 9))
 
+    task_attributes = ("_noise",)  # the task's noise generator, set for the task only
+
     def _train(self, model: nn.Module, data: TensorData, config: dict[str, Any], generator: torch.Generator,
                round_num: int, local: Any) -> Any:
+        """The local epochs, with the noise drawn from its own stream (:func:`fedsim.seeding.dpsgd_noise_seed` of
+        the task seed), the batches from the task's generator."""
+        self._noise = torch.Generator().manual_seed(dpsgd_noise_seed(generator.initial_seed()))
         update = super()._train(model, data, config, generator, round_num, local)
         epochs = int(config.get("epochs", self.epochs))
         return replace(update, metrics={**update.metrics, "local_steps": float(epochs * self.steps_per_epoch)})
@@ -67,7 +74,7 @@ class DPSGDClient(Client):
             idx = indices[torch.rand(self.num_train, generator=generator) < self.sampling_rate].to(data.x.device)
             x, y = data.x[idx].to(device), data.y[idx].to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss_sum = self._private_gradient(model, x, y, generator)
+            loss_sum = self._private_gradient(model, x, y, self._noise)
             term = self._local.loss_term(model) if self._local is not None else None
             if term is not None:
                 term.backward()
@@ -76,8 +83,9 @@ class DPSGDClient(Client):
             seen += len(idx)
         return total / max(seen, 1)
 
-    def _private_gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> float:
-        """Put the noisy mean of the clipped per-example gradients into ``.grad``; returns the batch's loss sum."""
+    def _private_gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, noise: torch.Generator) -> float:
+        """Put the noisy mean of the clipped per-example gradients into ``.grad`` (the noise drawn from ``noise``,
+        one ``randn`` per trainable parameter in order); returns the batch's loss sum."""
         trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
         fixed = {**{n: p.detach() for n, p in model.named_parameters() if not p.requires_grad}, **dict(model.named_buffers())}
         summed = {n: torch.zeros_like(p) for n, p in trainable.items()}
@@ -91,8 +99,8 @@ class DPSGDClient(Client):
             loss_sum = float(losses.double().sum())
         expected = self.sampling_rate * self.num_train
         for name, parameter in trainable.items():
-            noise = torch.randn(parameter.shape, generator=generator).to(parameter.device)
-            parameter.grad = (summed[name] + noise * (self.noise_multiplier * self.clip_norm)) / expected
+            draw = torch.randn(parameter.shape, generator=noise).to(parameter.device)
+            parameter.grad = (summed[name] + draw * (self.noise_multiplier * self.clip_norm)) / expected
         return loss_sum
 
     def _example_loss(self, model: nn.Module, fixed: dict[str, torch.Tensor]) -> Any:

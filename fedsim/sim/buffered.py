@@ -62,6 +62,14 @@ def check_async(clock: SyncClock | None, strategy: FedBuff, num_clients: int) ->
                          "does not train again before the server step")
 
 
+def event_loop(clock: SyncClock | None, strategy: object, num_clients: int, seed: int) -> "BufferedLoop | None":
+    """The event loop of an asynchronous strategy (refusing in one line what it cannot run); None for the others."""
+    if not getattr(strategy, "asynchronous", False):
+        return None
+    check_async(clock, strategy, num_clients)  # type: ignore[arg-type]
+    return BufferedLoop(clock, strategy, seed)  # type: ignore[arg-type]
+
+
 class BufferedLoop:
     """The state of an asynchronous run between server steps (see the module docstring)."""
 
