@@ -33,7 +33,7 @@ from fedsim.errors import RunWriteError
 from fedsim.storage import closing_naming_errors, naming_write_errors, quiet_writer_thread_errors
 from fedsim.types import ClientScore
 from fedsim.tensorboard_log import (
-    add_sim_time_scalars, is_counter, label_distribution_image, shown_hparams, tensorboard_tag, write_hparams,
+    add_axis_scalars, after_existing_files, is_counter, label_distribution_image, shown_hparams, tensorboard_tag, write_hparams,
 )
 
 log = logging.getLogger("fedsim")
@@ -110,9 +110,10 @@ class RunLogger:
 
             with self._writing(Path(self._writer.log_dir)):
                 self._writer.close()
+                after_existing_files(Path(self._writer.log_dir))
                 self._writer = SummaryWriter(log_dir=self._writer.log_dir, purge_step=next_round)
-                for record in records:  # by_sim_time/ steps are seconds: the purge dropped those >= next_round
-                    add_sim_time_scalars(self._writer, record, first_step=next_round)
+                for record in records:  # by_sim_time/ and vs_kb_sent/ steps are seconds and kB: the purge dropped those >= next_round
+                    add_axis_scalars(self._writer, record, first_step=next_round)
 
     def rounds(self, first: int, last: int) -> Iterator[int]:
         """Iterate rounds ``first..last`` under a progress bar; log lines go above the bar, at the console's
@@ -216,7 +217,7 @@ class RunLogger:
                             continue  # a counter that was always zero so far: no chart of zeros
                         self._counters_shown.add(name)
                     self._writer.add_scalar(tensorboard_tag(name), value, round_num)
-                add_sim_time_scalars(self._writer, metrics)
+                add_axis_scalars(self._writer, metrics)
         if "eval/accuracy" in metrics:
             self._show_eval(round_num, metrics)
         clients_line = describe(metrics)

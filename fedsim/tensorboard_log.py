@@ -2,8 +2,9 @@
 
 * **Tags.** Scalars keep their ``metrics.jsonl`` names, except that the round's bookkeeping (``client/num_sampled``,
   ``client/num_failed``, ... and the per-client histograms ``client/train_loss``, ...) is shown under
-  ``participants/``: TensorBoard orders its groups alphabetically, and ``client/`` would come before ``eval/``,
-  the test accuracy and loss a researcher looks at first. A counter appears from its first non-zero value on,
+  ``participants/``, the bytes (``comm/``) under ``traffic/`` and the privacy (``dp/``) under ``privacy/``:
+  TensorBoard orders its groups alphabetically, and those would come before ``eval/``, the test accuracy and loss
+  a researcher looks at first. A counter appears from its first non-zero value on,
   so runs without failures or rejections show no constant-zero charts (``metrics.jsonl`` keeps every value).
 * **HParams.** One entry per run, written into the run's own event files (not a ``hparams`` sub-run): the keys set
   on the command line (Hydra's ``.hydra/overrides.yaml`` of the run directory) plus ``strategy`` and ``seed``,
@@ -12,7 +13,9 @@
   :data:`SIM_TIME_SCALARS` under ``by_sim_time/`` (``by_sim_time/eval/accuracy``, ...) with the step = the simulated
   clock at the end of the round in whole seconds, ``int(round(sim/time_s))`` (TensorBoard's steps are integers; two
   rounds ending within the same second share a step), so TensorBoard's step axis is simulated time there. A run
-  without a clock gets nothing more: its event files are exactly what they were before.
+  without a clock gets nothing more.
+* **Communication.** Every run counts its bytes (``comm/mb_total``), and the same scalars appear under
+  ``vs_kb_sent/`` with the step = the kilobytes sent both ways so far: accuracy against communication.
 * **Label distribution.** A heatmap (client × class, share of the client's examples) with axes, a colour bar and a
   title, drawn with matplotlib; without matplotlib, a plain grey bitmap (one cell per client and class).
 """
@@ -23,6 +26,7 @@ import io
 import logging
 import math
 import numbers
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,8 @@ log = logging.getLogger("fedsim")
 
 BOOKKEEPING_PREFIX = "client/"
 SHOWN_PREFIX = "participants/"
+# TensorBoard names of metric groups that would sort before eval/: the round's bookkeeping, bytes and privacy
+SHOWN_AS = {BOOKKEEPING_PREFIX: SHOWN_PREFIX, "comm/": "traffic/", "dp/": "privacy/"}
 ALWAYS_SHOWN = ("strategy", "seed")  # in every run's HParams row, set or not
 NOT_SHOWN = ("logger", "hydra", "resume", "resume_allow_changes")  # output and restart settings, not the experiment's
 # the HParams dashboard's metric columns: scalar tag -> column title. It shows each tag's last value, so the
@@ -49,18 +55,30 @@ HPARAMS_METRICS = {
 
 SIM_TIME = "sim/time_s"  # the simulated clock at the end of the round (fedsim.sim.clock)
 SIM_TIME_PREFIX = "by_sim_time/"
-SIM_TIME_SCALARS = ("eval/accuracy", "eval/loss", "train/loss")  # also shown against simulated time
+SIM_TIME_SCALARS = ("eval/accuracy", "eval/loss", "train/loss")  # also shown against simulated time and bytes
+COMM_MB = "comm/mb_total"  # megabytes sent both ways so far (fedsim.comm.exchange)
+COMM_PREFIX = "vs_kb_sent/"
 
 
 def sim_time_scalars(metrics: Mapping[str, Any]) -> list[tuple[str, float, int]]:
     """``(tag, value, step)`` of a round's :data:`SIM_TIME_SCALARS` against simulated time: ``by_sim_time/<name>``
     at step ``int(round(sim/time_s))``, for the names the round logged (``null``, as in ``metrics.jsonl``, reads
     as NaN, as the round's own scalar was written). Empty without a finite ``sim/time_s`` (no clock)."""
-    clock = metrics.get(SIM_TIME)
-    if not isinstance(clock, numbers.Real) or isinstance(clock, bool) or not math.isfinite(clock):  # numpy too
+    return _against(metrics, SIM_TIME, 1.0, SIM_TIME_PREFIX)
+
+
+def comm_scalars(metrics: Mapping[str, Any]) -> list[tuple[str, float, int]]:
+    """The same scalars against communication: ``vs_kb_sent/<name>`` at step = the run's cumulative kilobytes both
+    ways, ``int(round(1000 · comm/mb_total))`` (every run counts its bytes: :mod:`fedsim.comm.exchange`)."""
+    return _against(metrics, COMM_MB, 1000.0, COMM_PREFIX)
+
+
+def _against(metrics: Mapping[str, Any], axis: str, scale: float, prefix: str) -> list[tuple[str, float, int]]:
+    position = metrics.get(axis)
+    if not isinstance(position, numbers.Real) or isinstance(position, bool) or not math.isfinite(position):  # numpy too
         return []
-    step = int(round(float(clock)))
-    return [(SIM_TIME_PREFIX + name, math.nan if metrics[name] is None else float(metrics[name]), step)
+    step = int(round(float(position) * scale))
+    return [(prefix + name, math.nan if metrics[name] is None else float(metrics[name]), step)
             for name in SIM_TIME_SCALARS if name in metrics]
 
 
@@ -75,9 +93,34 @@ def add_sim_time_scalars(writer: Any, metrics: Mapping[str, Any], first_step: in
             writer.add_scalar(tag, value, step)
 
 
+def add_axis_scalars(writer: Any, metrics: Mapping[str, Any], first_step: int = 0) -> None:
+    """:func:`add_sim_time_scalars` and the same for :func:`comm_scalars` (steps in kilobytes, which a resumed
+    writer's purge drops in the same way)."""
+    add_sim_time_scalars(writer, metrics, first_step)
+    for tag, value, step in comm_scalars(metrics):
+        if step >= first_step:
+            writer.add_scalar(tag, value, step)
+
+
+def after_existing_files(log_dir: Path) -> None:
+    """Wait (at most a second) until a new event file in ``log_dir`` sorts after the existing ones.
+
+    TensorBoard reads a directory's event files in name order, ``events.out.tfevents.<unix second>.<host>.<pid>.<n>``
+    with ``n`` counting this process's writers: a resume in the same process and second as the run it continues
+    (the Python API, a notebook) could get ``….10`` after ``….9``, which sorts first, and its purge of the abandoned
+    rounds would be read before them."""
+    seconds = [int(p.name.split(".")[3]) for p in log_dir.glob("events.out.tfevents.*") if p.name.split(".")[3].isdigit()]
+    while seconds and int(time.time()) <= max(seconds):
+        time.sleep(0.05)
+
+
 def tensorboard_tag(name: str) -> str:
-    """The TensorBoard tag of a ``metrics.jsonl`` name: ``client/...`` becomes ``participants/...``."""
-    return SHOWN_PREFIX + name[len(BOOKKEEPING_PREFIX):] if name.startswith(BOOKKEEPING_PREFIX) else name
+    """The TensorBoard tag of a ``metrics.jsonl`` name: ``client/...`` becomes ``participants/...``, ``comm/...``
+    ``traffic/...`` and ``dp/...`` ``privacy/...`` (:data:`SHOWN_AS`)."""
+    for prefix, shown in SHOWN_AS.items():
+        if name.startswith(prefix):
+            return shown + name[len(prefix):]
+    return name
 
 
 def is_counter(name: str) -> bool:

@@ -41,7 +41,8 @@ def test_scalars_grouped_with_the_test_metrics_first(run_dir: Path) -> None:
     events = _events(run_dir / "tensorboard")
     scalars = set(events.Tags()["scalars"])
     # TensorBoard orders groups alphabetically: the round's bookkeeping goes under participants/, after eval/
-    assert {tag.split("/")[0] for tag in scalars} == {"train", "eval", "eval_global", "participants", "time", "system", "summary"}
+    assert {tag.split("/")[0] for tag in scalars} == {"train", "eval", "eval_global", "participants", "time", "system", "summary",
+                                                      "traffic", "vs_kb_sent"}
     assert min(tag.split("/")[0] for tag in scalars | set(events.Tags()["images"])) == "eval"
     for tag in ("participants/num_sampled", "participants/num_examples", "participants/num_aggregated"):
         assert [s.step for s in events.Scalars(tag)] == list(range(1, ROUNDS + 1)), tag

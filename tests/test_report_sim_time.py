@@ -17,7 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from fedsim import report, report_plot
 from fedsim.logging import RunLogger
-from fedsim.tensorboard_log import add_sim_time_scalars, sim_time_scalars
+from fedsim.tensorboard_log import add_sim_time_scalars, after_existing_files, sim_time_scalars
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -226,6 +226,7 @@ def test_a_resumed_writer_gets_the_kept_rounds_back(tmp_path: Path) -> None:
         for round_num, metrics in ROUNDS:
             writer.add_scalar("train/loss", metrics["train/loss"], round_num)
             add_sim_time_scalars(writer, metrics)
+    after_existing_files(tmp_path)  # as RunLogger.restore: the new file must sort after the old one
     with SummaryWriter(log_dir=str(tmp_path), purge_step=3) as writer:
         for _, metrics in ROUNDS[:2]:
             add_sim_time_scalars(writer, metrics, first_step=3)

@@ -40,7 +40,8 @@ class QSGD(ValueCodec):
         ratio = rows.abs() / torch.where(norms > 0, norms, torch.ones_like(norms)) * self.levels
         floor = ratio.floor()
         draws = torch.rand(rows.shape, generator=generator, dtype=torch.float32)
-        level = floor + (draws < ratio - floor).to(torch.float32)
+        # at most s: a ratio rounded above 1 in float32 (values whose squares are subnormal) must not give s + 1
+        level = (floor + (draws < ratio - floor).to(torch.float32)).clamp(max=self.levels)
         decoded = torch.sign(rows) * level * (norms / self.levels)
         return decoded.view(-1)[:n].clone()
 

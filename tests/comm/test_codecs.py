@@ -137,3 +137,20 @@ def test_updates_the_server_will_reject_pass_unchanged() -> None:
     bad = _update(torch.tensor([1.0, float("nan"), 0.0]))
     short = _update(torch.zeros(2))
     assert exchange.receive(bad, start, start, {}) is bad and exchange.receive(short, start, start, {}) is short
+
+
+def test_topk_equals_a_stable_sort_by_magnitude_on_ties_and_large_vectors() -> None:
+    torch.manual_seed(3)
+    values = torch.randn(50_000).round(decimals=1)  # many equal magnitudes
+    selection = TopK(fraction=0.01).select(values, _gen())
+    reference = torch.sort(torch.sort(values.abs(), descending=True, stable=True).indices[:500]).values
+    assert torch.equal(selection.positions, reference)
+
+
+def test_qsgd_levels_never_exceed_the_bit_width() -> None:
+    values = torch.zeros(200_000)
+    values[::2] = 1.3e-20  # squares are subnormal: the ratio to the norm is 1.0000018 > 1 in every bucket, so
+    # without the bound about 0.02 % of the 100,000 buckets would draw level 128
+    decoded = QSGD(bits=8, bucket_size=2).code(values, _gen())
+    norm = torch.linalg.vector_norm(values[:2])
+    assert int(((decoded[::2] / norm * 127).round() > 127).sum()) == 0
