@@ -1,18 +1,20 @@
 """Compare the runs of a sweep: ``python -m fedsim.report <sweep dir> [--target 0.6] [--out DIR] [--metric NAME]
-[--plot NAME] [--x round|wall_time|sim_time]``.
+[--plot NAME] [--x round|wall_time|sim_time|comm_mb]``.
 
 Every directory under the sweep dir that holds a ``metrics.jsonl`` or a ``summary.json`` is a run: finished,
 unfinished, or failed (``summary.json``'s ``stop_reason`` is ``"error: ..."``; listed with its reason). Runs are
 grouped into configurations by their Hydra overrides (``.hydra/overrides.yaml``, else the directory name)
 without ``seed``; each configuration gets one table row and one ``report.csv`` row (seeds, final and best
 test accuracy mean ± std over seeds, rounds to reach ``--target`` and, for runs on the simulated clock
-(``clock=sampled|trace``), the simulated seconds to reach it, mean wall time) and one curve per plot.
+(``clock=sampled|trace``), the simulated seconds to reach it and, for runs that counted their bytes
+(``comm/mb_total``), the megabytes sent both ways by then, mean wall time) and one curve per plot.
 ``--metric NAME`` (repeatable) adds a column for any scalar of ``metrics.jsonl`` (``eval/loss``,
 ``fit/personal_loss``, ``strategy/h_norm``): its value in the last round that logged it, mean ± std over the
 seeds that logged it. ``--plot NAME`` (repeatable; default ``eval/accuracy``, drawn as ``accuracy.png``) plots a
-scalar against ``--x`` (the round, the wall time, or the simulated time ``sim/time_s``: runs without it are
-left out of the plots, each named in a note) into ``<name>.png`` (see :mod:`fedsim.report_plot`; needs
-matplotlib: ``pip install fedsim[plot]``). Reads files only; no Hydra, no torch.
+scalar against ``--x`` (the round, the wall time, the simulated time ``sim/time_s`` or the megabytes sent both
+ways ``comm/mb_total``: runs without the latter two are left out of those plots, each named in a note) into
+``<name>.png`` (see :mod:`fedsim.report_plot`; needs matplotlib: ``pip install fedsim[plot]``). Reads files
+only; no Hydra, no torch.
 """
 
 from __future__ import annotations
@@ -29,13 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from fedsim.report_plot import ACCURACY, ROUND_TIME, X_AXES, have_matplotlib, labels, mean_curve, plot_metric, png_name
-from fedsim.report_runs import SIM_TIME, Run, load_runs, seconds_to_target, split_seed
+from fedsim.report_runs import CUMULATIVE, Run, along, at_target, load_runs, mb_to_target, seconds_to_target, split_seed
 
 __all__ = ["ConfigStats", "Run", "aggregate", "csv_rows", "format_table", "group_runs", "labels", "load_runs", "main",
-           "mean_curve", "mean_std", "plot_accuracy", "plot_metric", "rounds_to_target", "seconds_to_target", "split_seed",
-           "status", "table_rows", "unclocked_lines", "unfinished_lines", "write_csv", "write_plots"]
+           "mb_to_target", "mean_curve", "mean_std", "plot_accuracy", "plot_metric", "rounds_to_target", "seconds_to_target",
+           "split_seed", "status", "table_rows", "unclocked_lines", "unfinished_lines", "unplotted_lines", "write_csv",
+           "write_plots"]
 
 PROG = "fedsim.report"
+TOTALS = {  # per running total (the --x axes of CUMULATIVE): table header, cell when unlogged, report.csv fields
+    "sim_time": ("sim s", "no clock", "sim_seconds_to_target", "seeds_reached_target_sim"),
+    "comm_mb": ("MB", "no bytes", "mb_to_target", "seeds_reached_target_mb"),
+}
 METRIC_NAME = re.compile(r"[A-Za-z0-9_.\-/]+")  # as fedsim.round_metrics.NAME (not imported: no torch here)
 
 
@@ -57,6 +64,9 @@ class ConfigStats:
     clocked: int = 0  # seeds that logged sim/time_s (ran on the simulated clock)
     sim_to_target: tuple[float | None, float | None] = (None, None)  # simulated s to target: mean, std
     sim_reached: int = 0  # seeds whose sim/time_s at the target round is known
+    metered: int = 0  # seeds that logged comm/mb_total (runs written before fedsim counted bytes did not)
+    mb_to_target: tuple[float | None, float | None] = (None, None)  # MB sent both ways by the target: mean, std
+    mb_reached: int = 0  # seeds whose comm/mb_total at the target round is known
 
 
 def group_runs(runs: Sequence[Run]) -> dict[tuple[str, ...], list[Run]]:
@@ -88,7 +98,7 @@ def aggregate(config: tuple[str, ...], runs: Sequence[Run], target: float | None
     Each of ``metrics`` gets the mean ± std of its final value over the seeds that logged it."""
     evaluated = [r for r in runs if r.curve]
     hits = [n for n in (rounds_to_target(r.curve, target) for r in runs) if n is not None] if target is not None else []
-    seconds = [t for t in (seconds_to_target(r, target) for r in runs) if t is not None] if target is not None else []
+    seconds, megabytes = (_totals_at_target(runs, target, x) for x in ("sim_time", "comm_mb"))
     return ConfigStats(
         config=config,
         finished=sum(r.finished for r in runs),
@@ -104,7 +114,17 @@ def aggregate(config: tuple[str, ...], runs: Sequence[Run], target: float | None
         clocked=sum(bool(r.sim_time) for r in runs),
         sim_to_target=mean_std(seconds),
         sim_reached=len(seconds),
+        metered=sum(bool(r.comm_mb) for r in runs),
+        mb_to_target=mean_std(megabytes),
+        mb_reached=len(megabytes),
     )
+
+
+def _totals_at_target(runs: Sequence[Run], target: float | None, x: str) -> list[float]:
+    """The running total ``x`` (``sim_time`` or ``comm_mb``) at the target round of each seed that reached it."""
+    if target is None:
+        return []
+    return [v for v in (at_target(r, target, x) for r in runs) if v is not None]
 
 
 def _pm(pair: tuple[float | None, float | None], digits: int = 4) -> str:
@@ -114,17 +134,31 @@ def _pm(pair: tuple[float | None, float | None], digits: int = 4) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if std is not None else f"{mean:.{digits}f}"
 
 
-def _sim_cell(s: ConfigStats) -> str:
-    """``mean ± std (reached/seeds)`` of the simulated seconds to the target; ``- (0/seeds)`` when no seed
-    reached it, ``- (no clock)`` for a configuration without ``sim/time_s``."""
-    if not s.clocked:
-        return "- (no clock)"
-    return f"{_pm(s.sim_to_target, 1)} ({s.sim_reached}/{s.total})"
+def _at_target(s: ConfigStats, x: str) -> tuple[int, tuple[float | None, float | None], int]:
+    """The seeds that logged the running total ``x`` (``sim_time``, ``comm_mb``), its mean ± std at the target
+    and the seeds that reached the target with it known."""
+    return (s.clocked, s.sim_to_target, s.sim_reached) if x == "sim_time" else (s.metered, s.mb_to_target, s.mb_reached)
 
 
-def _sim_columns(stats: Sequence[ConfigStats], target: float | None) -> bool:
-    """Whether the table and CSV get the simulated-time-to-target columns: a target and a run on the clock."""
-    return target is not None and any(s.clocked for s in stats)
+def _total_cell(s: ConfigStats, x: str) -> str:
+    """``mean ± std (reached/seeds)`` of the running total ``x`` at the target: the simulated seconds (``sim_time``,
+    1 decimal) or the megabytes sent (``comm_mb``, 3 significant digits); ``- (0/seeds)`` when no seed reached it,
+    ``- (no clock)`` / ``- (no bytes)`` for a configuration that did not log the total."""
+    logged, pair, reached = _at_target(s, x)
+    if not logged:
+        return f"- ({TOTALS[x][1]})"
+    return f"{_pm(pair, 1 if x == 'sim_time' else _mb_digits(pair[0]))} ({reached}/{s.total})"
+
+
+def _mb_digits(mb: float | None) -> int:
+    """Decimals that show ``mb`` to 3 significant digits (at least 1): 0.0366, 1.83, 18.3, 183.0."""
+    return max(1, 2 - math.floor(math.log10(mb))) if mb is not None and math.isfinite(mb) and mb > 0 else 1
+
+
+def _total_columns(stats: Sequence[ConfigStats], target: float | None) -> list[str]:
+    """The running totals (``sim_time``, ``comm_mb``) whose to-target columns the table and CSV get: those of a
+    target and a configuration that logged the total."""
+    return [x for x in TOTALS if any(_at_target(s, x)[0] for s in stats)] if target is not None else []
 
 
 def table_rows(stats: Sequence[ConfigStats], target: float | None) -> list[list[str]]:
@@ -133,7 +167,8 @@ def table_rows(stats: Sequence[ConfigStats], target: float | None) -> list[list[
     any_failed = any(s.failures for s in stats)
     header = ["configuration", "seeds"] + (["failed"] if any_failed else []) + ["rounds", "final acc", "best acc"]
     header += [f"rounds to {target:g}"] if target is not None else []
-    header += [f"sim s to {target:g}"] if _sim_columns(stats, target) else []
+    totals = _total_columns(stats, target)
+    header += [f"{TOTALS[x][0]} to {target:g}" for x in totals]
     names = list(stats[0].metrics) if stats else []
     rows = [header + ["wall s"] + names]
     for s in stats:
@@ -142,7 +177,7 @@ def table_rows(stats: Sequence[ConfigStats], target: float | None) -> list[list[
         row += [f"{hi}" if lo == hi else f"{lo}-{hi}", _pm(s.final), _pm(s.best)]
         if target is not None:
             row.append(f"{s.to_target:g} ({s.reached}/{s.total})" if s.to_target is not None else f"- (0/{s.total})")
-        row += [_sim_cell(s)] if _sim_columns(stats, target) else []
+        row += [_total_cell(s, x) for x in totals]
         row.append("-" if s.wall_time_s is None else f"{s.wall_time_s:.1f}")
         rows.append(row + [_pm(s.metrics[name]) for name in names])
     return rows
@@ -172,9 +207,10 @@ def csv_rows(stats: Sequence[ConfigStats], target: float | None = None) -> list[
         }
         if target is not None:
             row.update(target=target, rounds_to_target_mean=s.to_target, seeds_reached_target=s.reached)
-        if _sim_columns(stats, target):
-            row.update(sim_seconds_to_target_mean=s.sim_to_target[0], sim_seconds_to_target_std=s.sim_to_target[1],
-                       seeds_reached_target_sim=s.sim_reached)
+        for x in _total_columns(stats, target):
+            _, (mean, std), reached = _at_target(s, x)
+            *_, name, seeds = TOTALS[x]
+            row.update({f"{name}_mean": mean, f"{name}_std": std, seeds: reached})
         row["wall_time_s_mean"] = s.wall_time_s
         for name, (mean, std) in s.metrics.items():
             row.update({f"{name}_mean": mean, f"{name}_std": std})
@@ -215,14 +251,25 @@ def unfinished_lines(runs: Sequence[Run], root: Path) -> list[str]:
     return lines
 
 
+UNLOGGED = {  # per running total: why no run logged it, and why one run did not
+    "sim_time": ("run with clock=sampled or clock=trace", "no clock"),
+    "comm_mb": ("runs written before fedsim counted bytes", "written before fedsim counted bytes"),
+}
+
+
+def unplotted_lines(runs: Sequence[Run], root: Path, x: str) -> list[str]:
+    """For ``--x sim_time`` or ``--x comm_mb``: one line per run that logged rounds but not the running total
+    (``sim/time_s``, ``comm/mb_total``; left out of the plots); a single line when no run did."""
+    name, (hint, why) = CUMULATIVE[x], UNLOGGED[x]
+    if not any(along(r, x) for r in runs):
+        return [f"{PROG}: no run logged {name} ({hint}); nothing to plot against {x}"]
+    return [f"{PROG}: {r.path.relative_to(root) if r.path != root else r.path} logged no {name} ({why}); "
+            f"left out of the {x} plots" for r in runs if r.rounds and not along(r, x)]
+
+
 def unclocked_lines(runs: Sequence[Run], root: Path) -> list[str]:
-    """For ``--x sim_time``: one line per run that logged rounds but no ``sim/time_s`` (left out of the plots);
-    a single line when no run did."""
-    if not any(r.sim_time for r in runs):
-        return [f"{PROG}: no run logged {SIM_TIME} (run with clock=sampled or clock=trace); nothing to plot "
-                "against sim_time"]
-    return [f"{PROG}: {r.path.relative_to(root) if r.path != root else r.path} logged no {SIM_TIME} (no clock); "
-            "left out of the sim_time plots" for r in runs if r.rounds and not r.sim_time]
+    """:func:`unplotted_lines` for ``--x sim_time``."""
+    return unplotted_lines(runs, root, "sim_time")
 
 
 def _fraction(text: str) -> float:
@@ -249,8 +296,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"plot this scalar per configuration into NAME.png (repeatable; default {ACCURACY}, "
                              "drawn as accuracy.png)")
     parser.add_argument("--x", choices=list(X_AXES), default="round",
-                        help=f"the plots' x axis: the round (default), wall_time (the running sum of {ROUND_TIME}) or "
-                             f"sim_time ({SIM_TIME}, the simulated clock: clock=sampled|trace)")
+                        help=f"the plots' x axis: the round (default), wall_time (the running sum of {ROUND_TIME}), "
+                             f"sim_time ({CUMULATIVE['sim_time']}, the simulated clock: clock=sampled|trace) or "
+                             f"comm_mb ({CUMULATIVE['comm_mb']}, megabytes sent both ways)")
     return parser.parse_args(argv)
 
 
@@ -272,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in metrics:
         if not any(name in r.finals for r in runs):
             print(f"{PROG}: no run logged {name}")
-    for line in unclocked_lines(runs, root) if args.x == "sim_time" else []:
+    for line in unplotted_lines(runs, root, args.x) if args.x in CUMULATIVE else []:
         print(line)
     out: Path = args.out if args.out is not None else root
     out.mkdir(parents=True, exist_ok=True)
@@ -294,7 +342,7 @@ def write_plots(groups: dict[tuple[str, ...], list[Run]], out: Path, plots: Sequ
         if plot_metric(groups, out / name, metric, x, target):
             written.append(out / name)
         else:
-            needed = {"wall_time": f" with {ROUND_TIME}", "sim_time": f" with {SIM_TIME}"}.get(x, "")
+            needed = {"wall_time": f" with {ROUND_TIME}", **{k: f" with {v}" for k, v in CUMULATIVE.items()}}.get(x, "")
             print(f"{PROG}: no run logged {metric}{needed}; skipped {name}")
     return written
 

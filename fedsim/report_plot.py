@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedsim.report_runs import SIM_TIME, Run
+from fedsim.report_runs import COMM_MB, CUMULATIVE, SIM_TIME, Run, along
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 Config = tuple[str, ...]
 ACCURACY = "eval/accuracy"
 X_AXES = {"round": "round", "wall_time": "wall time, s (mean over seeds)",  # --x choices and their axis labels
-          "sim_time": f"simulated time, s ({SIM_TIME})"}
+          "sim_time": f"simulated time, s ({SIM_TIME})", "comm_mb": f"communication, MB both ways ({COMM_MB})"}
 ROUND_TIME = "time/round_s"  # summed into the wall_time axis
 MAX_VALUE = 24  # legend values longer than this are cut in the middle
 LEGEND_CHARS = 40  # longer legend names wrap onto more lines (between overrides)
@@ -103,9 +103,9 @@ def elapsed(run: Run) -> dict[int, float]:
 
 def points(run: Run, metric: str = ACCURACY, x: str = "round") -> list[tuple[int, float, float]]:
     """``(round, x, value)`` of the rounds where ``run`` logged a finite ``metric`` (and, for the
-    ``wall_time`` axis, a round time; for ``sim_time``, a simulated time)."""
+    ``wall_time`` axis, a round time; for ``sim_time``, a simulated time; for ``comm_mb``, the megabytes sent)."""
     values = run.curve if metric == ACCURACY else run.series.get(metric, ())
-    when = elapsed(run) if x == "wall_time" else dict(run.sim_time) if x == "sim_time" else None
+    when = elapsed(run) if x == "wall_time" else dict(along(run, x)) if x in CUMULATIVE else None
     return [(n, float(n) if when is None else when[n], v) for n, v in values
             if math.isfinite(v) and (when is None or n in when)]
 
@@ -113,9 +113,10 @@ def points(run: Run, metric: str = ACCURACY, x: str = "round") -> list[tuple[int
 def mean_curve(runs: Sequence[Run], metric: str = ACCURACY, x: str = "round") -> list[tuple[float, float, float, float]]:
     """``(x, mean, min, max)`` of ``metric`` per round over the seeds that logged it that round; ``x`` is the
     round, or with ``x="wall_time"`` the mean over those seeds of the seconds elapsed by then. With
-    ``x="sim_time"`` the seeds' simulated times differ, so the curve is :func:`latest_mean` instead."""
-    if x == "sim_time":
-        return latest_mean(runs, metric)
+    ``x="sim_time"`` or ``x="comm_mb"`` the seeds' running totals may differ (clock drops, failed uploads), so
+    the curve is :func:`latest_mean` instead."""
+    if x in CUMULATIVE:
+        return latest_mean(runs, metric, x)
     by_round: dict[int, list[tuple[float, float]]] = {}
     for run in runs:
         for round_num, at, value in points(run, metric, x):
@@ -127,14 +128,15 @@ def mean_curve(runs: Sequence[Run], metric: str = ACCURACY, x: str = "round") ->
     return curve
 
 
-def latest_mean(runs: Sequence[Run], metric: str = ACCURACY) -> list[tuple[float, float, float, float]]:
-    """``(t, mean, min, max)`` against simulated time: at every ``sim/time_s`` at which some seed logged a finite
-    ``metric`` (the union of the seeds' times, ascending), each seed's latest value by then (a step function:
+def latest_mean(runs: Sequence[Run], metric: str = ACCURACY, x: str = "sim_time") -> list[tuple[float, float, float, float]]:
+    """``(t, mean, min, max)`` against a running total (``x``: ``sim_time``, the simulated time ``sim/time_s``, or
+    ``comm_mb``, the megabytes sent ``comm/mb_total``): at every total at which some seed logged a finite
+    ``metric`` (the union of the seeds' totals, ascending), each seed's latest value by then (a step function:
     the value of its last round ending at or before ``t``), averaged over the seeds that had logged one. A seed
-    counts from its first value on and keeps its last value after its last round; runs without a clock are
+    counts from its first value on and keeps its last value after its last round; runs without the total are
     left out. E.g. seeds with ``(10 s, 0.2), (20 s, 0.5)`` and ``(15 s, 0.4)`` give ``(10, 0.2, 0.2, 0.2)``,
     ``(15, 0.3, 0.2, 0.4)``, ``(20, 0.45, 0.4, 0.5)``."""
-    tracks = [sorted(((at, v) for _, at, v in points(run, metric, "sim_time")), key=lambda p: p[0]) for run in runs]
+    tracks = [sorted(((at, v) for _, at, v in points(run, metric, x)), key=lambda p: p[0]) for run in runs]
     tracks = [track for track in tracks if track]
     times = [[at for at, _ in track] for track in tracks]
     curve = []
@@ -179,7 +181,7 @@ def draw(groups: Mapping[Config, Sequence[Run]], metric: str = ACCURACY, x: str 
     if x == "round":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel=X_AXES[x], ylabel=metric)
-    over = "mean over seeds of the latest value" if x == "sim_time" else "mean over seeds"
+    over = "mean over seeds of the latest value" if x in CUMULATIVE else "mean over seeds"
     ax.set_title(f"{metric}: {over}, band min–max", fontsize="medium")
     entries = len(ax.get_legend_handles_labels()[1])
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small",

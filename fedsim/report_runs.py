@@ -16,6 +16,8 @@ import yaml
 
 Series = tuple[tuple[int, float], ...]  # (round, value) of the rounds that logged a scalar
 SIM_TIME = "sim/time_s"  # the simulated clock at the end of a round (clock=sampled|trace; docs/system-heterogeneity.md)
+COMM_MB = "comm/mb_total"  # megabytes (10^6 bytes) sent both ways by the end of a round (fedsim.comm.exchange)
+CUMULATIVE = {"sim_time": SIM_TIME, "comm_mb": COMM_MB}  # x axes read from a running total each round logs
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,9 @@ class Run:
     """One run directory, read back. ``curve`` holds ``(round, eval/accuracy)`` for evaluated rounds;
     ``finals`` every scalar's value in the last round that logged it (NaN where that was ``null``);
     ``series`` the ``(round, value)`` pairs of the scalars asked for (see :func:`load_run`); ``sim_time`` the
-    ``(round, sim/time_s)`` pairs of a run on the simulated clock (finite values only; empty without a clock)."""
+    ``(round, sim/time_s)`` pairs of a run on the simulated clock (finite values only; empty without a clock);
+    ``comm_mb`` the ``(round, comm/mb_total)`` pairs (finite values only; empty for a run written before fedsim
+    counted bytes)."""
 
     path: Path
     config: tuple[str, ...]  # sorted overrides without seed
@@ -36,6 +40,7 @@ class Run:
     stop_reason: str | None = None  # summary.json's: "completed", "early stop: ...", "error: <one line>", ...
     series: dict[str, Series] = field(default_factory=dict, hash=False)
     sim_time: Series = ()
+    comm_mb: Series = ()
 
     @property
     def failed(self) -> bool:
@@ -129,17 +134,34 @@ def load_run(run_dir: Path, root: Path, series: Sequence[str] = ()) -> Run:
     else:
         wall = sum(float(r["time/round_s"]) for r in records if r.get("time/round_s") is not None)
     reason = summary.get("stop_reason") if summary is not None else None
-    clock = tuple((n, t) for n, t in scalar_series(records, SIM_TIME) if math.isfinite(t))
+    clock, sent = (finite_series(records, name) for name in (SIM_TIME, COMM_MB))
     return Run(run_dir, config, seed, rounds, curve, finished, wall, final_scalars(records),
                str(reason) if reason is not None else None, {name: scalar_series(records, name) for name in series},
-               clock)
+               clock, sent)
+
+
+def along(run: Run, x: str) -> Series:
+    """The running total that the x axis ``x`` (a key of :data:`CUMULATIVE`) reads: ``run.sim_time`` or ``run.comm_mb``."""
+    return {"sim_time": run.sim_time, "comm_mb": run.comm_mb}[x]
+
+
+def at_target(run: Run, target: float, x: str) -> float | None:
+    """The running total ``x`` (see :func:`along`) at the end of the first round whose test accuracy is at least
+    ``target``; ``None`` if no round reached it or that round did not log the total."""
+    first = next((round_num for round_num, acc in run.curve if acc >= target), None)
+    return dict(along(run, x)).get(first) if first is not None else None
 
 
 def seconds_to_target(run: Run, target: float) -> float | None:
     """The simulated clock (``sim/time_s``) at the end of the first round whose test accuracy is at least
     ``target``; ``None`` if no round reached it or that round has no simulated time (a run without a clock)."""
-    first = next((round_num for round_num, acc in run.curve if acc >= target), None)
-    return dict(run.sim_time).get(first) if first is not None else None
+    return at_target(run, target, "sim_time")
+
+
+def mb_to_target(run: Run, target: float) -> float | None:
+    """The megabytes sent both ways (``comm/mb_total``) by the end of the first round whose test accuracy is at
+    least ``target``; ``None`` if no round reached it or the run did not count bytes (written before they were)."""
+    return at_target(run, target, "comm_mb")
 
 
 def _int(value: Any) -> int:
@@ -150,6 +172,11 @@ def scalar_series(records: Sequence[dict[str, Any]], name: str) -> Series:
     """``(round, value)`` of every record holding the scalar ``name`` (``null`` reads as NaN)."""
     return tuple((int(r["round"]), math.nan if r[name] is None else float(r[name])) for r in records
                  if name in r and (r[name] is None or _is_number(r[name])))
+
+
+def finite_series(records: Sequence[dict[str, Any]], name: str) -> Series:
+    """:func:`scalar_series` of ``name`` without its non-finite values (for the running totals of :data:`CUMULATIVE`)."""
+    return tuple((n, v) for n, v in scalar_series(records, name) if math.isfinite(v))
 
 
 def _is_number(value: Any) -> bool:
