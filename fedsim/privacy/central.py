@@ -69,12 +69,13 @@ class CentralDP:
         ``params``, summed in client-id order in float64."""
         generator = torch.Generator().manual_seed(dp_seed(seed, round_num))
         total = torch.zeros(global_params.numel(), dtype=torch.float64)
+        start = global_params.double()
         unclipped = 0
         for p in params:
-            delta = p.double() - global_params.double()
+            delta = p.double().sub_(start)
             norm = float(torch.linalg.vector_norm(delta))
             unclipped += norm <= clip_norm
-            total += delta * min(1.0, clip_norm / norm) if norm > 0 else delta
+            total.add_(delta, alpha=min(1.0, clip_norm / norm) if norm > 0 else 1.0)
         metrics = {"dp/clip_norm": clip_norm, "dp/cohort": float(len(params))}
         next_clip = clip_norm
         if self.adaptive:
