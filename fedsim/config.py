@@ -82,6 +82,7 @@ class RunSchema:
     clock: Any = field(default_factory=dict)
     compression: Any = field(default_factory=dict)
     dp: Any = field(default_factory=dict)
+    attack: Any = field(default_factory=dict)
     stragglers: StragglerSchema = field(default_factory=lambda: StragglerSchema())
     early_stop: EarlyStopSchema = field(default_factory=lambda: EarlyStopSchema())
     objective: ObjectiveSchema = field(default_factory=lambda: ObjectiveSchema())

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "tracker", "clock", "dp")
+GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "tracker", "clock", "dp", "attack")
 
 
 def check_numbers(cfg: DictConfig, error: Callable[[str], Exception]) -> None:

@@ -34,6 +34,7 @@ from fedsim.sim.clock import SyncClock
 from fedsim.comm.names import codec_from
 from fedsim.comm.pipeline import Compression
 from fedsim.privacy.central import CentralDP
+from fedsim.attacks.base import Attack
 from fedsim.stragglers import Stragglers
 from fedsim.trackers import make_logger
 
@@ -125,6 +126,13 @@ def build_privacy(cfg: DictConfig) -> CentralDP | None:
     return _instantiate_a(cfg.dp, CentralDP, "dp", "fedsim.privacy.CentralDP")
 
 
+def build_attack(cfg: DictConfig) -> Attack | None:
+    """The attack of ``cfg.attack``, or None (``attack=none``)."""
+    if cfg.attack.get("_target_") is None:
+        return None
+    return _instantiate_a(cfg.attack, Attack, "attack", "fedsim.attacks.Attack")
+
+
 def build_clock(cfg: DictConfig, num_clients: int) -> SyncClock | None:
     """The simulated clock of ``cfg.clock`` for ``num_clients`` clients, or None (``clock=none``)."""
     if cfg.clock.get("_target_") is None:
@@ -175,6 +183,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         clock=build_clock(cfg, len(clients)),
         compression=build_compression(cfg),
         privacy=build_privacy(cfg),
+        attack=build_attack(cfg),
     )
     server.settings = computation_settings(flat_hparams(cfg))
     resume = resume_target(cfg.resume, run_dir)

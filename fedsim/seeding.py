@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_SAMPLING, _TASK, _INIT, _PARTITION, _COHORT, _COMM, _DP, _DPSGD_NOISE = 0, 1, 2, 3, 4, 5, 6, 7
+_SAMPLING, _TASK, _INIT, _PARTITION, _COHORT, _COMM, _DP, _DPSGD_NOISE, _ATTACK = 0, 1, 2, 3, 4, 5, 6, 7, 8
 
 
 def _derive(*entropy: int) -> int:
@@ -55,3 +55,13 @@ def dpsgd_noise_seed(task_seed_value: int) -> int:
     """Seed of a DP-SGD task's gradient noise (:mod:`fedsim.privacy.local`), a stream apart from its batch draws, so
     that an executor may draw all of a task's batches first and its noise later and still get the same numbers."""
     return _derive(task_seed_value, _DPSGD_NOISE)
+
+
+def attack_rng(seed: int, round_num: int) -> np.random.Generator:
+    """The generator that draws the malicious clients (round 0: the run's fixed set; see :mod:`fedsim.attacks`)."""
+    return np.random.default_rng(np.random.SeedSequence([seed, _ATTACK, round_num]))
+
+
+def attack_seed(seed: int, round_num: int, client_id: int) -> int:
+    """Seed of one malicious client's draws in one round (e.g. the Gaussian attack's noise)."""
+    return _derive(seed, _ATTACK, round_num, client_id)

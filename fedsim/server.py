@@ -15,6 +15,8 @@ from torch import nn
 from fedsim.checkpoint import list_checkpoints, save_checkpoint, save_if_missing
 from fedsim.comm.exchange import Exchange, task_state
 from fedsim.comm.pipeline import Compression
+from fedsim.attacks.base import Attack
+from fedsim.attacks.stage import attack_stage
 from fedsim.privacy.central import CentralDP
 from fedsim.privacy.local import local_ledger
 from fedsim.privacy.rounds import private_rounds
@@ -74,6 +76,7 @@ class Server:
     :mod:`fedsim.threads`); the caller's setting comes back afterwards. ``compression``: the codecs of each
     direction (:mod:`fedsim.comm`; default float32 both ways); every round reports its ``comm/`` bytes.
     ``privacy``: DP-FedAvg (:mod:`fedsim.privacy`): Poisson sampling, a noisy mean update, ε every round.
+    ``attack``: malicious clients (:mod:`fedsim.attacks`), never revealed to the strategy.
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class Server:
         clock: SyncClock | None = None,
         compression: Compression | None = None,
         privacy: CentralDP | None = None,
+        attack: Attack | None = None,
     ) -> None:
         self.stragglers = stragglers or Stragglers()
         _check_settings(num_rounds, eval_every, clients_per_round, len(clients), self.stragglers)
@@ -125,6 +129,7 @@ class Server:
         self.params = flatten(self.model)
         self.comm = Exchange(compression or Compression(), self.params.numel(), seed)
         self.local_dp = local_ledger(clients, self.model)  # DP-SGD clients' spent privacy, or None
+        self.attack = attack_stage(attack, self.loop, len(clients), seed, self.logger.run_dir)
         if self.loop is not None and not self.comm.compression.lossless:
             raise ValueError("compression: asynchronous strategies (fedbuff) send float32 for now; use compression=none")
         self.evaluator = DeviceEvaluator(self.model, eval_device_named(eval_device))
@@ -256,11 +261,11 @@ class Server:
         client_ids = sorted(configs)
         states = {cid: self.client_states.get(cid) for cid in client_ids}
         tasks = [FitTask(cid, round_num, task_seed(self.seed, round_num, cid), configs[cid], task_state(states[cid])) for cid in client_ids]
-        results = self.comm.fit(self.executor, self.params, tasks, states)
+        results = self.comm.fit(self.executor, self.params, tasks, states, self.attack.apply if self.attack else None)
         fit_s = time.perf_counter() - start
         succeeded = apply_failure_policy(round_num, results, self.min_success_fraction, self.logger)
         updates = sound_updates(round_num, succeeded, self.params, self.logger)
-        rows = [client_row(u, self.params) | {"bytes_down": self.comm.down_bytes, "bytes_up": self.comm.up_bytes} for u in updates]
+        rows = [client_row(u, self.params) | self._row_extras(round_num, u.client_id) for u in updates]
         kept = [u for u in updates if self.strategy.keeps_stragglers or self.stragglers.epochs_for(round_num, u.client_id) is None]
         from_strategy, aggregated = {}, kept
         if self.privacy is not None:  # one noisy mean update, even from an empty cohort
@@ -272,6 +277,8 @@ class Server:
         self.logger.log_clients(round_num, rows)
         downloads = len(schedule.sampled) if schedule is not None else len(tasks)  # the clock's dropped clients downloaded too
         metrics = train_metrics(updates, len(results)) | from_strategy | self._wire_metrics(downloads, results)
+        if self.attack is not None:
+            metrics |= self.attack.round_metrics(round_num, client_ids, kept, getattr(self.strategy, "selected_client_ids", None))
         metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
         metrics["client/num_aggregated"] = float(len(kept))
         if schedule is not None:
@@ -289,6 +296,13 @@ class Server:
         metrics = train_metrics(updates, len(updates)) | sim | self._wire_metrics(int(sim["sim/started"]), updates)
         metrics["client/num_aggregated"] = float(len(updates))
         return self._finish_round(round_num, metrics, consumed_ids(updates), start, fit_s)
+
+    def _row_extras(self, round_num: int, client_id: int) -> dict[str, Any]:
+        """A client row's bytes each way and, in an attacked run, whether the client is malicious."""
+        extras: dict[str, Any] = {"bytes_down": self.comm.down_bytes, "bytes_up": self.comm.up_bytes}
+        if self.attack is not None:
+            extras["malicious"] = client_id in self.attack.malicious(round_num)
+        return extras
 
     def _wire_metrics(self, downloads: int, results: Sequence[ClientFailure | ClientUpdate]) -> dict[str, float]:
         """The round's ``comm/`` bytes and, with DP-SGD clients, their spent privacy (every update that came back

@@ -2,7 +2,8 @@
 
 * **Tags.** Scalars keep their ``metrics.jsonl`` names, except that the round's bookkeeping (``client/num_sampled``,
   ``client/num_failed``, ... and the per-client histograms ``client/train_loss``, ...) is shown under
-  ``participants/``, the bytes (``comm/``) under ``traffic/`` and the privacy (``dp/``) under ``privacy/``:
+  ``participants/``, the bytes (``comm/``) under ``traffic/``, the privacy (``dp/``) under ``privacy/`` and the
+  attack's counts (``attack/``) under ``robustness/``:
   TensorBoard orders its groups alphabetically, and those would come before ``eval/``, the test accuracy and loss
   a researcher looks at first. A counter appears from its first non-zero value on,
   so runs without failures or rejections show no constant-zero charts (``metrics.jsonl`` keeps every value).
@@ -39,7 +40,7 @@ log = logging.getLogger("fedsim")
 BOOKKEEPING_PREFIX = "client/"
 SHOWN_PREFIX = "participants/"
 # TensorBoard names of metric groups that would sort before eval/: the round's bookkeeping, bytes and privacy
-SHOWN_AS = {BOOKKEEPING_PREFIX: SHOWN_PREFIX, "comm/": "traffic/", "dp/": "privacy/"}
+SHOWN_AS = {BOOKKEEPING_PREFIX: SHOWN_PREFIX, "comm/": "traffic/", "dp/": "privacy/", "attack/": "robustness/"}
 ALWAYS_SHOWN = ("strategy", "seed")  # in every run's HParams row, set or not
 NOT_SHOWN = ("logger", "hydra", "resume", "resume_allow_changes")  # output and restart settings, not the experiment's
 # the HParams dashboard's metric columns: scalar tag -> column title. It shows each tag's last value, so the
@@ -116,7 +117,7 @@ def after_existing_files(log_dir: Path) -> None:
 
 def tensorboard_tag(name: str) -> str:
     """The TensorBoard tag of a ``metrics.jsonl`` name: ``client/...`` becomes ``participants/...``, ``comm/...``
-    ``traffic/...`` and ``dp/...`` ``privacy/...`` (:data:`SHOWN_AS`)."""
+    ``traffic/...``, ``dp/...`` ``privacy/...`` and ``attack/...`` ``robustness/...`` (:data:`SHOWN_AS`)."""
     for prefix, shown in SHOWN_AS.items():
         if name.startswith(prefix):
             return shown + name[len(prefix):]

@@ -49,7 +49,7 @@ from fedsim.client_eval import ClientEvaluation  # noqa: E402
 CONF = Path(CONFIG_DIR)
 USER_PKG = Path(__file__).resolve().parent / "user_pkg"
 GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "logger", "tracker", "evaluate_clients", "clock", "compression",
-          "dp", "experiment")
+          "dp", "attack", "experiment")
 SYNTHETIC = "fedsim.data.synthetic.synthetic"
 TIMEOUT_S = 300  # a guard against hangs, not a speed assertion
 
@@ -261,13 +261,23 @@ def _check_dp(cfg: DictConfig, option: str) -> None:
         assert dp.adaptive == (option == "adaptive") and dp.update_multiplier(cfg.clients_per_round) >= dp.noise_multiplier
 
 
+def _check_attack(cfg: DictConfig, option: str) -> None:
+    from fedsim.attacks import Attack
+    from fedsim.run import build_attack
+
+    attack = build_attack(cfg)
+    assert (attack is None) == (option == "none")
+    if attack is not None:
+        assert isinstance(attack, Attack) and len(attack.malicious(0, 1, 30)) == 6  # 20 % of 30 by default
+
+
 EXAMPLE_TRACE = Path(__file__).resolve().parents[1] / "experiments" / "sim" / "example_trace.csv"
 
 CHECKS = {
     "data": _check_data, "partition": _check_partition, "model": _check_model, "client": _check_client,
     "strategy": _check_strategy, "executor": _check_executor, "logger": _check_logger, "tracker": _check_tracker,
     "evaluate_clients": _check_evaluate_clients, "clock": _check_clock, "compression": _check_compression,
-    "dp": _check_dp,
+    "dp": _check_dp, "attack": _check_attack,
 }
 
 

@@ -9,7 +9,7 @@ and ``comm/mb_total`` (both ways, 10^6 bytes, the x-axis of ``fedsim.report --x 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -21,6 +21,7 @@ from fedsim.seeding import comm_seed
 from fedsim.types import ClientUpdate, FitTask, TaskResult
 from fedsim.updates import rejection_reason
 
+Poison = Callable[[Sequence[TaskResult], torch.Tensor], list[TaskResult]]
 RESIDUAL = "fedsim.comm.residual"  # the client-state key of the error-feedback residual (never sent to the worker)
 _DOWN, _UP = 0, 1
 
@@ -40,13 +41,16 @@ class Exchange:
         self.total_down, self.total_up = 0, 0
 
     def fit(self, executor: Executor, global_params: torch.Tensor, tasks: Sequence[FitTask],
-            states: Mapping[int, dict[str, Any]]) -> list[TaskResult]:
+            states: Mapping[int, dict[str, Any]], poison: Poison | None = None) -> list[TaskResult]:
         """Broadcast ``global_params``, run ``tasks`` and decode their updates (sorted by client id); ``states``: the
-        clients' full states as stored (the tasks carry :func:`task_state` of them)."""
+        clients' full states as stored (the tasks carry :func:`task_state` of them). ``poison(results, received)``:
+        the malicious clients' replacements, applied before encoding, as a client would (:mod:`fedsim.attacks`)."""
         if not tasks:
             return []
         received = self.broadcast(global_params, tasks[0].round_num)
         results = sorted(executor.fit(received, tasks), key=lambda r: r.client_id)
+        if poison is not None:
+            results = poison(results, received)
         return [self.receive(r, received, global_params, states.get(r.client_id, {})) for r in results]
 
     def broadcast(self, params: torch.Tensor, round_num: int) -> torch.Tensor:

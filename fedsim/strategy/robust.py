@@ -79,7 +79,8 @@ class Krum(Strategy):
     n ≥ 2f + 3 clients per round, and ``m ≤ n − f`` so that f attackers cannot be in the average. The
     m selected updates are averaged without example weights, as in Blanchard et al. Equal scores go to
     the lower client id (with n − f − 2 = 1 the two closest updates always tie), so the result does not
-    depend on the order of ``updates``.
+    depend on the order of ``updates``. After :meth:`aggregate`, ``selected_client_ids`` names the clients whose
+    updates were kept (the server reports how many were malicious in an attacked run: ``attack/malicious_selected``).
     """
 
     def __init__(self, f: int = 1, m: int = 1) -> None:
@@ -88,6 +89,7 @@ class Krum(Strategy):
         if not _is_int(m) or m < 1:
             raise ValueError(f"strategy.m must be an integer >= 1 (got {m!r})")
         self.f, self.m = f, m
+        self.selected_client_ids: list[int] | None = None
 
     def _require(self, n: int, where: str) -> None:
         if n < 2 * self.f + 3:
@@ -104,6 +106,8 @@ class Krum(Strategy):
         self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
     ) -> torch.Tensor:
         self._require(len(updates), "the round has")
-        stack = _stack(sorted(updates, key=lambda u: u.client_id))  # ties and summation order by client id
+        ordered = sorted(updates, key=lambda u: u.client_id)  # ties and summation order by client id
+        stack = _stack(ordered)
         chosen = sorted(krum_select(stack, self.f, self.m))
+        self.selected_client_ids = [ordered[i].client_id for i in chosen]
         return weighted_average([stack[i] for i in chosen], [1.0] * len(chosen))

@@ -125,6 +125,18 @@ def test_local_dp_sgd_gives_serial_weights() -> None:
     assert torch.equal(result.params, reference.params)
 
 
+def test_an_omniscient_attack_gives_serial_weights() -> None:
+    """ALIE against Multi-Krum (tests/attacks/test_attacked_runs.py): the same crafted updates on Ray actors."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "attacks"))
+    import test_attacked_runs as attacked
+    from fedsim.run import build_server, compose
+
+    reference = build_server(compose(attacked.ALIE)).run()
+    result = build_server(compose([*attacked.ALIE, "executor=ray", "executor.workers=2"])).run()
+    assert attacked._measured_free(result.history) == attacked._measured_free(reference.history)
+    assert torch.equal(result.params, reference.params)
+
+
 def test_raising_client_is_reported_with_traceback_and_policy_applies() -> None:
     with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
         run(RayExecutor(workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))

@@ -1,0 +1,70 @@
+"""The attack in the round: the malicious clients' updates replaced before they are encoded and sent, and what the
+round reports about them (``attack/`` metrics, a ``malicious`` flag in each client's row)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from fedsim.attacks.base import Attack
+from fedsim.types import ClientUpdate, TaskResult
+from fedsim.updates import rejection_reason
+
+
+def attack_stage(attack: Attack | None, event_loop: object | None, num_clients: int, seed: int,
+                 run_dir: Path | None) -> "AttackStage | None":
+    """The run's :class:`AttackStage` (None without an attack), its malicious set recorded in ``run_dir``; the
+    asynchronous loop is refused in one line."""
+    if attack is None:
+        return None
+    if event_loop is not None:
+        raise ValueError("attack: asynchronous strategies (fedbuff) cannot be attacked yet; use a synchronous strategy")
+    stage = AttackStage(attack, num_clients=num_clients, seed=seed)
+    stage.record(run_dir)
+    return stage
+
+
+class AttackStage:
+    """``attack`` over a run of ``num_clients`` clients with seed ``seed``."""
+
+    def __init__(self, attack: Attack, *, num_clients: int, seed: int) -> None:
+        self.attack, self.num_clients, self.seed = attack, num_clients, seed
+
+    def malicious(self, round_num: int) -> frozenset[int]:
+        return self.attack.malicious(self.seed, round_num, self.num_clients)
+
+    def record(self, run_dir: Path | None) -> None:
+        """Write ``malicious.json`` (the fixed set, or a note that it is drawn every round) into ``run_dir``."""
+        if run_dir is None:
+            return
+        fixed = None if self.attack.per_round else sorted(self.malicious(0))
+        text = json.dumps({"attack": repr(self.attack), "per_round": self.attack.per_round, "clients": fixed}, indent=1)
+        from fedsim.checkpoint import write_text_atomic
+
+        write_text_atomic(Path(run_dir) / "malicious.json", text + "\n")
+
+    def apply(self, results: Sequence[TaskResult], received: torch.Tensor) -> list[TaskResult]:
+        """The round's results with the malicious clients' updates replaced (failures, and updates the server
+        will reject anyway, pass unchanged and are not shown to the attack)."""
+        sound = {r.client_id: r for r in results if isinstance(r, ClientUpdate) and rejection_reason(r, received) is None}
+        if not sound:
+            return list(results)
+        round_num = next(iter(sound.values())).round_num
+        deltas = {c: u.params - received for c, u in sorted(sound.items())}
+        poisoned = self.attack.poison(deltas, self.malicious(round_num), self.seed, round_num)
+        return [replace(r, params=received + poisoned[r.client_id]) if r.client_id in poisoned else r for r in results]
+
+    def round_metrics(self, round_num: int, sampled: Sequence[int], aggregated: Sequence[ClientUpdate],
+                      selected: Sequence[int] | None) -> dict[str, float]:
+        """``attack/malicious_sampled``, ``attack/malicious_aggregated`` (that reached the strategy) and, for a rule
+        that keeps some updates (Krum), ``attack/malicious_selected``."""
+        bad = self.malicious(round_num)
+        metrics = {"attack/malicious_sampled": float(len(bad & set(sampled))),
+                   "attack/malicious_aggregated": float(sum(u.client_id in bad for u in aggregated))}
+        if selected is not None:
+            metrics["attack/malicious_selected"] = float(len(bad & set(selected)))
+        return metrics
