@@ -130,6 +130,8 @@ class Server:
         self.comm = Exchange(compression or Compression(), self.params.numel(), seed)
         self.local_dp = local_ledger(clients, self.model)  # DP-SGD clients' spent privacy, or None
         self.attack = attack_stage(attack, self.loop, len(clients), seed, self.logger.run_dir)
+        if self.attack is not None:  # a data attack trains its malicious clients on poisoned copies
+            self.train_data, self.clients = self.attack.poison_data(train_data, test_data, clients)
         if self.loop is not None and not self.comm.compression.lossless:
             raise ValueError("compression: asynchronous strategies (fedbuff) send float32 for now; use compression=none")
         self.evaluator = DeviceEvaluator(self.model, eval_device_named(eval_device))
@@ -359,8 +361,10 @@ class Server:
         """Loss and accuracy of the current global model on the centralized test set."""
         if self.test_data is None or len(self.test_data) == 0:
             return {}
-        result = evaluate_indices(self.evaluator.load(self.params), self.evaluator.on_device(self.test_data))
-        return {"eval/loss": result["loss"], "eval/accuracy": result["accuracy"]}
+        model = self.evaluator.load(self.params)
+        result = evaluate_indices(model, self.evaluator.on_device(self.test_data))
+        backdoor = self.attack.evaluate(lambda d: evaluate_indices(model, self.evaluator.on_device(d))["accuracy"]) if self.attack else {}
+        return {"eval/loss": result["loss"], "eval/accuracy": result["accuracy"]} | backdoor
 
     def evaluate_clients(self, round_num: int, sampled: Sequence[int]) -> dict[str, float]:
         """Federated evaluation of the clients ``evaluate_clients`` names (``sampled``: this round's): see

@@ -4,13 +4,16 @@ round reports about them (``attack/`` metrics, a ``malicious`` flag in each clie
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from fedsim.attacks.base import Attack
+from fedsim.attacks.data_poisoning import Backdoor, DataAttack
+from fedsim.client import Client
+from fedsim.data.tensor_data import TensorData
 from fedsim.types import ClientUpdate, TaskResult
 from fedsim.updates import rejection_reason
 
@@ -33,6 +36,23 @@ class AttackStage:
 
     def __init__(self, attack: Attack, *, num_clients: int, seed: int) -> None:
         self.attack, self.num_clients, self.seed = attack, num_clients, seed
+        self.backdoor_test: TensorData | None = None  # the triggered test set of a backdoor attack
+
+    def poison_data(self, train: TensorData, test: TensorData | None, clients: Sequence[Client]) -> tuple[TensorData, list[Client]]:
+        """For a data attack: the training tensors with the malicious clients' poisoned copies and the clients
+        pointing at them (and, for a backdoor, the triggered test set); otherwise both unchanged."""
+        if not isinstance(self.attack, DataAttack):
+            return train, list(clients)
+        poisoned = self.attack.poisoned_federation(train, clients, self.malicious(0), self.seed)
+        if isinstance(self.attack, Backdoor) and test is not None and len(test):
+            self.backdoor_test = self.attack.test_set(test)
+        return poisoned
+
+    def evaluate(self, accuracy_on: Callable[[TensorData], float]) -> dict[str, float]:
+        """``attack/backdoor_success`` (the global model's accuracy on the triggered test set) for a backdoor."""
+        if self.backdoor_test is None or len(self.backdoor_test) == 0:
+            return {}
+        return {"attack/backdoor_success": accuracy_on(self.backdoor_test)}
 
     def malicious(self, round_num: int) -> frozenset[int]:
         return self.attack.malicious(self.seed, round_num, self.num_clients)

@@ -125,14 +125,17 @@ def test_local_dp_sgd_gives_serial_weights() -> None:
     assert torch.equal(result.params, reference.params)
 
 
-def test_an_omniscient_attack_gives_serial_weights() -> None:
-    """ALIE against Multi-Krum (tests/attacks/test_attacked_runs.py): the same crafted updates on Ray actors."""
+@pytest.mark.parametrize("attack", ["alie", "backdoor"])
+def test_attacks_give_serial_weights(attack: str) -> None:
+    """ALIE against Multi-Krum and a backdoor (tests/attacks/): the same crafted updates and poisoned data on Ray."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "attacks"))
     import test_attacked_runs as attacked
+    import test_data_poisoning as poisoned
     from fedsim.run import build_server, compose
 
-    reference = build_server(compose(attacked.ALIE)).run()
-    result = build_server(compose([*attacked.ALIE, "executor=ray", "executor.workers=2"])).run()
+    settings = attacked.ALIE if attack == "alie" else poisoned.BACKDOOR
+    reference = build_server(compose(settings)).run()
+    result = build_server(compose([*settings, "executor=ray", "executor.workers=2"])).run()
     assert attacked._measured_free(result.history) == attacked._measured_free(reference.history)
     assert torch.equal(result.params, reference.params)
 
