@@ -13,12 +13,10 @@ import torch
 from torch import nn
 
 from fedsim.checkpoint import list_checkpoints, save_checkpoint, save_if_missing
-from fedsim.comm.exchange import Exchange, task_state
+from fedsim.comm.exchange import task_state
 from fedsim.comm.pipeline import Compression
 from fedsim.attacks.base import Attack
-from fedsim.attacks.stage import attack_stage
 from fedsim.privacy.central import CentralDP
-from fedsim.privacy.local import local_ledger
 from fedsim.privacy.rounds import private_rounds
 from fedsim.state import ClientStateStore
 from fedsim.client import Client, evaluate_indices
@@ -34,7 +32,8 @@ from fedsim.round_metrics import client_row, train_metrics
 from fedsim.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
 from fedsim.seeding import sampling_rng, task_seed
 from fedsim.server_setup import check_model_fits_data, check_settings as _check_settings, initial_model as _initial_model
-from fedsim.server_setup import checkpoint_state, resume_from
+from fedsim.server_setup import checkpoint_state, resume_from, setup_pipeline
+from fedsim.server_metrics import attack_metrics, row_extras, wire_metrics
 from fedsim.server_eval import evaluate_clients
 from fedsim.sim.clock import RoundSchedule, SyncClock
 from fedsim.sim.buffered import consumed_ids, event_loop
@@ -43,7 +42,7 @@ from fedsim.stragglers import Stragglers
 from fedsim.strategy.base import LocalTraining, Strategy
 from fedsim.strategy_guard import checked_aggregate, checked_scalars
 from fedsim.threads import torch_threads
-from fedsim.types import ClientFailure, ClientUpdate, FitTask
+from fedsim.types import ClientUpdate, FitTask
 from fedsim.updates import apply_failure_policy, sound_updates
 
 log = logging.getLogger("fedsim")
@@ -127,13 +126,7 @@ class Server:
         self.model = _initial_model(model_factory, seed)
         check_model_fits_data(self.model, train_data)
         self.params = flatten(self.model)
-        self.comm = Exchange(compression or Compression(), self.params.numel(), seed)
-        self.local_dp = local_ledger(clients, self.model)  # DP-SGD clients' spent privacy, or None
-        self.attack = attack_stage(attack, self.loop, len(clients), seed, self.logger.run_dir)
-        if self.attack is not None:  # a data attack trains its malicious clients on poisoned copies
-            self.train_data, self.clients = self.attack.poison_data(train_data, test_data, clients)
-        if self.loop is not None and not self.comm.compression.lossless:
-            raise ValueError("compression: asynchronous strategies (fedbuff) send float32 for now; use compression=none")
+        setup_pipeline(self, compression, attack)  # comm, local_dp, attack (and a data attack's poisoned clients)
         self.evaluator = DeviceEvaluator(self.model, eval_device_named(eval_device))
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_every, self.keep_checkpoints = checkpoint_every, keep_checkpoints
@@ -267,7 +260,7 @@ class Server:
         fit_s = time.perf_counter() - start
         succeeded = apply_failure_policy(round_num, results, self.min_success_fraction, self.logger)
         updates = sound_updates(round_num, succeeded, self.params, self.logger)
-        rows = [client_row(u, self.params) | self._row_extras(round_num, u.client_id) for u in updates]
+        rows = [client_row(u, self.params) | row_extras(self, round_num, u.client_id) for u in updates]
         kept = [u for u in updates if self.strategy.keeps_stragglers or self.stragglers.epochs_for(round_num, u.client_id) is None]
         from_strategy, aggregated = {}, kept
         if self.privacy is not None:  # one noisy mean update, even from an empty cohort
@@ -278,9 +271,8 @@ class Server:
         self._commit_client_states(round_num, kept)
         self.logger.log_clients(round_num, rows)
         downloads = len(schedule.sampled) if schedule is not None else len(tasks)  # the clock's dropped clients downloaded too
-        metrics = train_metrics(updates, len(results)) | from_strategy | self._wire_metrics(downloads, results)
-        if self.attack is not None:
-            metrics |= self.attack.round_metrics(round_num, client_ids, kept, getattr(self.strategy, "selected_client_ids", None))
+        metrics = train_metrics(updates, len(results)) | from_strategy | wire_metrics(self, downloads, results)
+        metrics |= attack_metrics(self, round_num, client_ids, kept)
         metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
         metrics["client/num_aggregated"] = float(len(kept))
         if schedule is not None:
@@ -295,24 +287,9 @@ class Server:
         fit_s = time.perf_counter() - start
         self._commit_client_states(round_num, updates)
         self.logger.log_clients(round_num, [client_row(u, previous) for u in updates])
-        metrics = train_metrics(updates, len(updates)) | sim | self._wire_metrics(int(sim["sim/started"]), updates)
+        metrics = train_metrics(updates, len(updates)) | sim | wire_metrics(self, int(sim["sim/started"]), updates)
         metrics["client/num_aggregated"] = float(len(updates))
         return self._finish_round(round_num, metrics, consumed_ids(updates), start, fit_s)
-
-    def _row_extras(self, round_num: int, client_id: int) -> dict[str, Any]:
-        """A client row's bytes each way and, in an attacked run, whether the client is malicious."""
-        extras: dict[str, Any] = {"bytes_down": self.comm.down_bytes, "bytes_up": self.comm.up_bytes}
-        if self.attack is not None:
-            extras["malicious"] = client_id in self.attack.malicious(round_num)
-        return extras
-
-    def _wire_metrics(self, downloads: int, results: Sequence[ClientFailure | ClientUpdate]) -> dict[str, float]:
-        """The round's ``comm/`` bytes and, with DP-SGD clients, their spent privacy (every update that came back
-        was released, accepted or not)."""
-        metrics = self.comm.round_metrics(downloads, results)
-        if self.local_dp is not None:
-            metrics |= self.local_dp.record([r for r in results if isinstance(r, ClientUpdate)])
-        return metrics
 
     def _finish_round(self, round_num: int, metrics: dict[str, float], client_ids: list[int], start: float, fit_s: float) -> dict[str, float]:
         """Evaluate when due and add the wall times and memory to the round's metrics."""

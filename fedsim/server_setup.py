@@ -18,6 +18,8 @@ from fedsim.state import restore_states
 from fedsim.stragglers import Stragglers
 
 if TYPE_CHECKING:
+    from fedsim.attacks.base import Attack
+    from fedsim.comm.pipeline import Compression
     from fedsim.data.tensor_data import TensorData
     from fedsim.server import Server
 
@@ -70,6 +72,25 @@ def check_model_fits_data(model: nn.Module, data: "TensorData") -> None:
             f"{data.num_classes} classes; build the model with num_classes={data.num_classes} (fedsim passes the "
             "data's num_classes to a `_partial_: true` model option)"
         )
+
+
+def setup_pipeline(server: "Server", compression: "Compression | None", attack: "Attack | None") -> None:
+    """The server's update pipeline: what crosses the wire (``server.comm``), DP-SGD clients' ledger
+    (``server.local_dp``) and the attack (``server.attack``; a data attack also replaces ``server.train_data`` and
+    the malicious ``server.clients`` with poisoned copies). Refuses, in one line, what the asynchronous loop cannot
+    run with."""
+    from fedsim.attacks.stage import attack_stage
+    from fedsim.comm.exchange import Exchange
+    from fedsim.comm.pipeline import Compression
+    from fedsim.privacy.local import local_ledger
+
+    server.comm = Exchange(compression or Compression(), server.params.numel(), server.seed)
+    if server.loop is not None and not server.comm.compression.lossless:
+        raise ValueError("compression: asynchronous strategies (fedbuff) send float32 for now; use compression=none")
+    server.local_dp = local_ledger(server.clients, server.model)
+    server.attack = attack_stage(attack, server.loop, len(server.clients), server.seed, server.logger.run_dir)
+    if server.attack is not None:
+        server.train_data, server.clients = server.attack.poison_data(server.train_data, server.test_data, server.clients)
 
 
 def checkpoint_state(server: "Server", round_num: int) -> dict[str, Any]:
