@@ -25,8 +25,9 @@ def alie_reference():
     return build_server(compose(ALIE)).run()
 
 
-def test_an_omniscient_attack_gives_the_serial_weights_under_process_workers(alie_reference) -> None:  # noqa: ANN001
-    result = build_server(compose([*ALIE, "executor=process", "executor.devices=cpu", "executor.workers=3"])).run()
+@pytest.mark.parametrize("workers", [1, 3])
+def test_an_omniscient_attack_gives_the_serial_weights_under_process_workers(workers: int, alie_reference) -> None:  # noqa: ANN001
+    result = build_server(compose([*ALIE, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])).run()
     assert torch.equal(result.params, alie_reference.params)
     assert _measured_free(result.history) == _measured_free(alie_reference.history)
 
