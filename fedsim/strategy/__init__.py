@@ -1,6 +1,7 @@
 """Aggregation strategies: the base class, pure aggregation math, and one file per algorithm."""
 
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
+from fedsim.strategy.centered_clipping import CenteredClipping
 from fedsim.strategy.ditto import Ditto, PersonalModel
 from fedsim.strategy.fedavg import FedAvg
 from fedsim.strategy.fedbuff import FedBuff
@@ -10,6 +11,7 @@ from fedsim.strategy.fednova import FedNova
 from fedsim.strategy.fedper import FedPer, PersonalLayers
 from fedsim.strategy.fedprox import FedProx, ProximalTerm
 from fedsim.strategy.fedrep import FedRep, HeadThenBody
+from fedsim.strategy.norm_bounding import NormBounding
 from fedsim.strategy.scaffold import ControlCorrection, Scaffold
 from fedsim.strategy.qffl import QFFL, StartLoss
 from fedsim.strategy.robust import Krum, Median, TrimmedMean
@@ -19,5 +21,6 @@ __all__ = [
     "ControlCorrection", "Ditto", "DynamicRegulariser", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedBN", "FedBuff", "FedDyn", "FedNova",
     "FedOpt", "FedPer", "FedProx", "FedRep", "FedYogi", "HeadThenBody", "Krum", "LocalNorms", "LocalTraining", "Median",
     "PersonalLayers", "PersonalModel", "ProximalTerm", "QFFL", "Scaffold", "StartLoss", "Strategy", "TrimmedMean",
+    "CenteredClipping", "NormBounding",
     "gradients",
 ]

@@ -28,6 +28,7 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "norm_layers": ("bn", "bn"), "alpha": ("0.1", 0.1), "lam": ("0.5", 0.5), "personal_epochs": ("2", 2), "head_epochs": ("3", 3),
     "q": ("2.0", 2.0), "lipschitz": ("5.0", 5.0), "sampling": ("uniform", "uniform"),
     "buffer_size": ("4", 4), "concurrency": ("7", 7), "staleness_exponent": ("1.0", 1.0),
+    "max_norm": ("0.5", 0.5), "weighted": ("false", False), "iterations": ("3", 3),
 }
 
 
