@@ -72,7 +72,7 @@ class CentralDP:
         start = global_params.double()
         unclipped = 0
         for p in params:
-            delta = p.double().sub_(start)
+            delta = p.double() - start  # never in place: p.double() is p itself for float64 weights
             norm = float(torch.linalg.vector_norm(delta))
             unclipped += norm <= clip_norm
             total.add_(delta, alpha=min(1.0, clip_norm / norm) if norm > 0 else 1.0)

@@ -79,3 +79,9 @@ def test_poisson_sampling_takes_each_client_with_the_rate_independently() -> Non
 def test_bad_settings_are_refused_in_one_line(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         CentralDP(**kwargs)
+
+
+def test_the_clients_weights_are_left_as_they_were_even_in_float64() -> None:
+    weights = torch.ones(4, dtype=torch.float64)
+    CentralDP(noise_multiplier=1.0, clip_norm=1.0).noisy_mean(0, 1, torch.full((4,), 0.25, dtype=torch.float64), [weights], 1.0, 1.0)
+    assert weights.tolist() == [1.0] * 4
