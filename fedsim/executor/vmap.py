@@ -5,7 +5,9 @@ another they leave a GPU, and even a CPU, mostly idle. This executor stacks up t
 clients' parameters and trains them in one vectorised pass (see :mod:`fedsim.executor.vmap_train`),
 with the built-in local loop of :meth:`fedsim.client.Client.fit`: same batch order, epochs, batch
 sizes and optimizer (SGD with or without momentum, or Adam) as the serial executor, so results match
-it up to float rounding (not bitwise: batched kernels sum in a different order).
+it up to float rounding (not bitwise: batched kernels sum in a different order). ``client=dpsgd``
+clients train with DP-SGD's loop instead (Poisson batches, clipped per-example gradients, each task's
+own noise; :mod:`fedsim.executor.vmap_dpsgd`), matching the serial executor the same way.
 
 Chunks are formed from the round's tasks alone (grouped by optimizer kind, longest first), never from
 the number of devices, so a run gives the same result on one device or several of the same kind.
@@ -29,9 +31,11 @@ from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
 from fedsim.executor.eval_task import run_eval_task
 from fedsim.executor.placement import resolve_devices
+from fedsim.executor.vmap_dpsgd import PRIVATE_LOOP
 from fedsim.executor.vmap_optim import VmapUnsupportedError
 from fedsim.executor.vmap_train import EAGER_TAIL, ChunkModel, ClientPlan, plan_task, train_chunk
 from fedsim.params import ParamLayout, flatten
+from fedsim.privacy.local import DPSGDClient
 from fedsim.strategy.base import LocalTraining
 from fedsim.state_values import copy_state
 from fedsim.threads import torch_threads
@@ -165,15 +169,16 @@ def _free_bytes(devices: Sequence[str]) -> int | None:
 
 
 def make_chunks(plans: Sequence[ClientPlan], chunk_size: int) -> list[list[ClientPlan]]:
-    """Group plans by client class and optimizer kind, order each group longest first (so clients in a
-    chunk need similar step counts and little padding), and cut it into chunks of ``chunk_size``."""
+    """Group plans by client class and optimizer kind, order each group longest first, then widest batch
+    first (so clients in a chunk need similar step counts and little padding: DP-SGD's Poisson batches grow
+    with the client), and cut it into chunks of ``chunk_size``."""
     groups: dict[tuple, list[ClientPlan]] = {}
     for plan in plans:
         key = (type(plan.client).__qualname__, type(plan.client).__module__, plan.optimizer.group_key)
         groups.setdefault(key, []).append(plan)
     chunks = []
     for key in sorted(groups, key=repr):
-        ordered = sorted(groups[key], key=lambda p: (-p.num_steps, p.task.client_id))
+        ordered = sorted(groups[key], key=lambda p: (-p.num_steps, -p.rows.shape[1], p.task.client_id))
         chunks.extend(ordered[i : i + chunk_size] for i in range(0, len(ordered), chunk_size))
     return chunks
 
@@ -221,10 +226,13 @@ def warn_unbatched_layers(model: nn.Module) -> None:
 
 
 def check_clients(clients: Sequence[Client]) -> None:
-    """Refuse client classes that replace the built-in training loop or loss."""
+    """Refuse client classes that replace the built-in training loop or loss (DP-SGD's, for a
+    :class:`~fedsim.privacy.local.DPSGDClient`: :mod:`fedsim.executor.vmap_dpsgd` vectorises it)."""
     for cls in {type(c) for c in clients}:
-        for method in _BUILT_IN_LOOP:
-            if getattr(cls, method) is not getattr(Client, method):
+        private = issubclass(cls, DPSGDClient)
+        reference = DPSGDClient if private else Client
+        for method in _BUILT_IN_LOOP + (PRIVATE_LOOP if private else ()):
+            if getattr(cls, method) is not getattr(reference, method):
                 raise VmapUnsupportedError(
                     f"executor=vmap cannot run {cls.__qualname__}.{method} (a custom {method}): it trains with its own "
                     "vectorised loop; override per_example_loss instead, or use executor=process"

@@ -23,7 +23,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
-from fedsim.executor import vmap_optim
+from fedsim.executor import vmap_dpsgd, vmap_optim
 from fedsim.executor.vmap_optim import OptimizerSpec, Tensors
 from fedsim.params import ParamLayout, load_flat
 from fedsim.state_values import copy_state
@@ -36,6 +36,9 @@ from fedsim.types import ClientUpdate, FitTask
 # step ~0.1 ms: without this, one client with many more steps than the others makes a chunk slower
 # than the serial executor).
 EAGER_TAIL = 2
+
+# One eager step's gradient into the model's ``.grad`` (model, x, y, the strategy's client half) → the loss to report.
+EagerGradient = Callable[[nn.Module, torch.Tensor, torch.Tensor, "LocalTraining | None"], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -77,17 +80,29 @@ def plan_task(
         spec = vmap_optim.optimizer_spec(client.make_optimizer(model, config))
         if cacheable:
             spec_cache[key] = spec  # type: ignore[index]
-    n, steps = client.num_train, math.ceil(client.num_train / batch_size)
     generator = torch.Generator().manual_seed(task.seed)
-    indices = torch.from_numpy(client.train_indices)
-    padded = torch.zeros(epochs, steps * batch_size, dtype=torch.int64)  # padding: row 0, masked out later
-    for epoch in range(epochs):
-        padded[epoch, :n] = indices[torch.randperm(n, generator=generator)]
-    sizes = ([batch_size] * (steps - 1) + [n - (steps - 1) * batch_size]) * epochs if steps else []
+    if vmap_dpsgd.is_private(client):  # DP-SGD: ⌈1/q⌉ Poisson batches per epoch
+        steps = client.steps_per_epoch
+        rows, sizes = vmap_dpsgd.poisson_batches(client, generator, epochs)
+    else:
+        steps = math.ceil(client.num_train / batch_size)
+        rows, sizes = _shuffled_batches(client, generator, epochs, batch_size)
     inputs = local.vectorised_inputs(config, dict(task.state)) if local is not None else config
     numbers = {k: float(v) for k, v in inputs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     vectors = {k: v for k, v in inputs.items() if isinstance(v, np.ndarray)}
-    return ClientPlan(task, client, padded.view(epochs * steps, batch_size), tuple(sizes), epochs, steps, spec, numbers, vectors)
+    return ClientPlan(task, client, rows, sizes, epochs, steps, spec, numbers, vectors)
+
+
+def _shuffled_batches(client: Client, generator: torch.Generator, epochs: int, batch_size: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """Every step's rows ``(steps, batch_size)`` (an epoch: one shuffle, cut into batches; the last one's tail
+    is padding at row 0, masked out later) and the batch sizes, drawn as :meth:`Client._run_epoch` draws them."""
+    n, steps = client.num_train, math.ceil(client.num_train / batch_size)
+    indices = torch.from_numpy(client.train_indices)
+    padded = torch.zeros(epochs, steps * batch_size, dtype=torch.int64)
+    for epoch in range(epochs):
+        padded[epoch, :n] = indices[torch.randperm(n, generator=generator)]
+    sizes = ([batch_size] * (steps - 1) + [n - (steps - 1) * batch_size]) * epochs if steps else []
+    return padded.view(epochs * steps, batch_size), tuple(sizes)
 
 
 @dataclass(frozen=True)
@@ -129,15 +144,15 @@ def _train_longest_first(ctx: ChunkModel, global_params: torch.Tensor, plans: Se
     numbers = _stack_numbers(plans, device, ctx.layout, set(trainable))
     rows, mask = _step_tensors(plans, device)
     live = [sum(p.num_steps > t for p in plans) for t in range(rows.shape[0])]
-    grad_fn = vmap(grad_and_value(_objective(ctx, fixed, trainable, plans[0].client.per_example_loss), has_aux=True))
+    gradient = _gradient(ctx, fixed, trainable, plans)
     losses = torch.zeros(rows.shape[0], k, device=device)
     for t, n in enumerate(live):
         if n <= EAGER_TAIL:  # a vectorised call costs the same for one client as for many: finish one by one
             for i in range(n):
-                _finish_eagerly(ctx, global_params, plans[i], t, _client_view(params, i), _client_state(spec, state, i), losses[:, i])
+                _finish_eagerly(ctx, global_params, plans[i], t, _client_view(params, i), _client_state(spec, state, i),
+                                losses[:, i], gradient.eager_step(plans[i].client, i))
             break
-        x, y = _gather(ctx.data.x, rows[t, :n]), _gather(ctx.data.y, rows[t, :n])
-        grads, (_, reported) = grad_fn(_prefix(params, n), x, y, mask[t, :n], _prefix(numbers, n))
+        grads, reported = gradient(t, _prefix(params, n), rows[t, :n], mask[t, :n], _prefix(numbers, n))
         vmap_optim.step(spec, _prefix(params, n), grads, _prefix(state, n), _prefix(hyper, n), first=t == 0, decay=decay)
         losses[t, :n] = reported.detach()
     flat = _flatten_stacked(ctx.layout, params, fixed, k)
@@ -155,10 +170,11 @@ def _client_state(spec: OptimizerSpec, state: Tensors, i: int) -> Callable[[torc
 
 def _finish_eagerly(
     ctx: ChunkModel, global_params: torch.Tensor, plan: ClientPlan, start: int, params: Tensors,
-    give_state: Callable[[torch.optim.Optimizer, dict[str, nn.Parameter]], None], losses: torch.Tensor,
+    give_state: Callable[[torch.optim.Optimizer, dict[str, nn.Parameter]], None], losses: torch.Tensor, gradient: EagerGradient,
 ) -> None:
     """Steps ``start`` onwards of one client with its own ``torch.optim`` optimizer on the device's model,
-    as :meth:`Client.train_step` takes them; ``params`` (views into the stack) receive the result."""
+    as :meth:`Client.train_step` takes them (``gradient`` fills ``.grad``); ``params`` (views into the stack)
+    receive the result."""
     model, client, config = ctx.model, plan.client, dict(plan.task.config)
     load_flat(model, global_params.to(ctx.device))
     if ctx.local is not None:
@@ -175,15 +191,42 @@ def _finish_eagerly(
     for t in range(start, plan.num_steps):
         idx = plan.rows[t, : plan.sizes[t]].to(ctx.device)
         optimizer.zero_grad(set_to_none=True)
-        objective = client.loss(model, ctx.data.x[idx], ctx.data.y[idx])
-        term = ctx.local.loss_term(model) if ctx.local is not None else None
-        objective = objective if term is None else objective + term
-        objective.backward()
+        losses[t] = gradient(model, ctx.data.x[idx], ctx.data.y[idx], ctx.local)
         optimizer.step()
-        losses[t] = objective.detach()
     with torch.no_grad():
         for name, p in named.items():
             params[name].copy_(p)
+
+
+class _BatchGradient:
+    """The built-in loop's step: each live client's masked mean loss plus the strategy's functional term,
+    differentiated per client; :meth:`eager_step` is the same step for one client on the eager model."""
+
+    def __init__(self, ctx: ChunkModel, fixed: Tensors, anchor: Tensors, plans: Sequence[ClientPlan]) -> None:
+        self.data = ctx.data
+        self.grad_fn = vmap(grad_and_value(_objective(ctx, fixed, anchor, plans[0].client.per_example_loss), has_aux=True))
+
+    def __call__(self, t: int, params: Tensors, rows: torch.Tensor, mask: torch.Tensor, numbers: Tensors) -> tuple[Tensors, torch.Tensor]:
+        x, y = _gather(self.data.x, rows), _gather(self.data.y, rows)
+        grads, (_, reported) = self.grad_fn(params, x, y, mask, numbers)
+        return grads, reported
+
+    @staticmethod
+    def eager_step(client: Client, i: int) -> EagerGradient:
+        def gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, local: LocalTraining | None) -> torch.Tensor:
+            objective = client.loss(model, x, y)
+            term = local.loss_term(model) if local is not None else None
+            objective = objective if term is None else objective + term
+            objective.backward()
+            return objective.detach()
+        return gradient
+
+
+def _gradient(ctx: ChunkModel, fixed: Tensors, anchor: Tensors, plans: Sequence[ClientPlan]) -> _BatchGradient | vmap_dpsgd.PrivateGradient:
+    """The chunk's step gradient: DP-SGD's (:mod:`fedsim.executor.vmap_dpsgd`) or the built-in loop's."""
+    if vmap_dpsgd.is_private(plans[0].client):
+        return vmap_dpsgd.PrivateGradient(ctx.model, fixed, anchor, ctx.local, plans, ctx.data, ctx.device)
+    return _BatchGradient(ctx, fixed, anchor, plans)
 
 
 def _gather(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

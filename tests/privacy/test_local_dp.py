@@ -79,7 +79,7 @@ def test_resume_continues_every_clients_ledger(tmp_path: Path, local_reference) 
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["executor=vmap"], "executor=vmap"),
+    (["executor=vmap", "strategy=ditto"], "executor=vmap cannot run the strategy's client half PersonalModel"),
     (["client.sampling_rate=0"], "client.sampling_rate must be in (0, 1]"),
 ])
 def test_what_dp_sgd_cannot_run_is_refused_in_one_line(overrides: list[str], message: str) -> None:
