@@ -1,5 +1,5 @@
 """Compare the runs of a sweep: ``python -m fedsim.report <sweep dir> [--target 0.6] [--out DIR] [--metric NAME]
-[--plot NAME] [--x round|wall_time|sim_time|comm_mb]``.
+[--plot NAME] [--x round|wall_time|sim_time|comm_mb] [--grid ROWS COLS]``.
 
 Every directory under the sweep dir that holds a ``metrics.jsonl`` or a ``summary.json`` is a run: finished,
 unfinished, or failed (``summary.json``'s ``stop_reason`` is ``"error: ..."``; listed with its reason). Runs are
@@ -14,7 +14,8 @@ seeds that logged it. ``--plot NAME`` (repeatable; default ``eval/accuracy``, dr
 scalar against ``--x`` (the round, the wall time, the simulated time ``sim/time_s`` or the megabytes sent both
 ways ``comm/mb_total``: runs without the latter two are left out of those plots, each named in a note) into
 ``<name>.png`` (see :mod:`fedsim.report_plot`; needs matplotlib: ``pip install fedsim[plot]``). Reads files
-only; no Hydra, no torch.
+only; no Hydra, no torch. ``--grid ROWS COLS`` adds two-way tables (``grid.csv``, ``grid.md``; see
+:mod:`fedsim.report_grid`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedsim.report_grid import grid_problem, report_grids
 from fedsim.report_plot import ACCURACY, ROUND_TIME, X_AXES, have_matplotlib, labels, mean_curve, plot_metric, png_name
 from fedsim.report_runs import CUMULATIVE, Run, along, at_target, load_runs, mb_to_target, seconds_to_target, split_seed
 
@@ -299,6 +301,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"the plots' x axis: the round (default), wall_time (the running sum of {ROUND_TIME}), "
                              f"sim_time ({CUMULATIVE['sim_time']}, the simulated clock: clock=sampled|trace) or "
                              f"comm_mb ({CUMULATIVE['comm_mb']}, megabytes sent both ways)")
+    parser.add_argument("--grid", nargs=2, metavar=("ROWS", "COLS"), default=None, help="also a ROWS x COLS table of "
+                        "final eval/accuracy and each --metric (e.g. strategy attack) into grid.csv and grid.md")
     return parser.parse_args(argv)
 
 
@@ -310,6 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = load_runs(root, series=plots + ([ROUND_TIME] if args.x == "wall_time" else []))
     if not runs:
         print(f"{PROG}: no runs (metrics.jsonl or summary.json) under {root}", file=sys.stderr)
+        return 2
+    if args.grid and (problem := grid_problem(runs, args.grid)):
+        print(problem, file=sys.stderr)
         return 2
     groups = group_runs(runs)
     metrics = list(dict.fromkeys(args.metric))
@@ -325,7 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: Path = args.out if args.out is not None else root
     out.mkdir(parents=True, exist_ok=True)
     write_csv(csv_rows(stats, args.target), out / "report.csv")
-    written = [out / "report.csv"] + write_plots(groups, out, plots, args.x, args.target)
+    grids = report_grids(runs, args.grid, metrics, out) if args.grid else []
+    written = [out / "report.csv", *grids] + write_plots(groups, out, plots, args.x, args.target)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -21,7 +21,8 @@ from fedsim.checkpoint import CheckpointError
 FREE_PREFIXES = ("executor.", "logger.", "tracker.", "early_stop.", "hydra.", "objective.")
 # settings added after checkpoints began to keep them, with the value that computes what older versions did: a
 # checkpoint without the key was written with that value
-ADDED_LATER = {"compression.uplink": [], "compression.downlink": [], "compression.error_feedback": False}
+ADDED_LATER = {"compression.uplink": [], "compression.downlink": [], "compression.error_feedback": False,
+               "attack.fraction": 0.2, "attack.per_round": False}
 FREE_KEYS = {"resume", "resume_allow_changes", "num_rounds", "checkpoint_every", "keep_checkpoints", "eval_device",
              "state_store", "server_threads"}
 
