@@ -187,9 +187,9 @@ def test_a_disk_that_fills_up_mid_run_stops_in_one_line_and_resume_is_bitwise(st
 
 
 def test_a_whole_run_dir_on_a_small_disk_fails_in_one_line_whichever_write_fails(tmpfs: Mount, tmp_path: Path) -> None:
-    """Everything (Hydra's run.log, metrics.jsonl, TensorBoard, checkpoints) shares a 64 KiB disk: the first write
+    """Everything (Hydra's run.log, metrics.jsonl, TensorBoard, checkpoints) shares a 96 KiB disk: the first write
     that does not fit ends the run, named, with the newest checkpoint intact; more room, and the resume finishes it."""
-    disk = tmpfs(tmp_path / "disk", "64k")
+    disk = tmpfs(tmp_path / "disk", "96k")  # room for round 1's files (TensorBoard's first event file is ~30 KB), not for 8 rounds
     run_dir = disk / "run"
     args = ["num_rounds=8", "checkpoint_every=1", "logger.tensorboard=true"]
     done = cli(run_dir, *args)
