@@ -128,9 +128,10 @@ def _settings(strategy: str) -> list[str]:
     return [f"strategy={strategy}" if strategy != "private" else "strategy=fedavg", *extra.get(strategy, [])]
 
 
-# DP-FedAvg with adaptive clipping (the ledger and the clip norm in the checkpoint) and every codec kind each way:
+# DP-FedAvg with adaptive clipping (the ledger and the clip norm in the checkpoint), an omniscient attack (ALIE) and
+# every codec kind each way:
 # top-k then QSGD up with error feedback (residuals in client state), fp16 down
-PRIVATE_COMPRESSED = ["dp=adaptive", "compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}, {name: qsgd, bits: 4}]", "compression.downlink=[fp16]"]
+PRIVATE_COMPRESSED = ["dp=adaptive", "attack=alie", "compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}, {name: qsgd, bits: 4}]", "compression.downlink=[fp16]"]
 
 
 @pytest.mark.parametrize(("strategy", "kill_after"), [("fedavg", 2), ("ditto", 3), ("fedadam", 11), ("fedbuff", 4), ("private", 5)])

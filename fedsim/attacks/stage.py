@@ -36,6 +36,7 @@ class AttackStage:
 
     def __init__(self, attack: Attack, *, num_clients: int, seed: int) -> None:
         self.attack, self.num_clients, self.seed = attack, num_clients, seed
+        self._malicious: tuple[int, frozenset[int]] | None = None  # the last round's set: rows ask once per client
         self.backdoor_test: TensorData | None = None  # the triggered test set of a backdoor attack
 
     def poison_data(self, train: TensorData, test: TensorData | None, clients: Sequence[Client]) -> tuple[TensorData, list[Client]]:
@@ -55,7 +56,10 @@ class AttackStage:
         return {"attack/backdoor_success": accuracy_on(self.backdoor_test)}
 
     def malicious(self, round_num: int) -> frozenset[int]:
-        return self.attack.malicious(self.seed, round_num, self.num_clients)
+        """The malicious clients of ``round_num`` (drawn once per round, however often asked)."""
+        if self._malicious is None or self._malicious[0] != round_num:
+            self._malicious = (round_num, self.attack.malicious(self.seed, round_num, self.num_clients))
+        return self._malicious[1]
 
     def record(self, run_dir: Path | None) -> None:
         """Write ``malicious.json`` (the fixed set, or a note that it is drawn every round) into ``run_dir``."""
