@@ -14,7 +14,6 @@ Contenders (per model):
 
 * ``serial_t1``      ``SerialExecutor(threads=1)``: one client after another
 * ``process_w2``     ``ProcessExecutor(devices="cpu", workers=2, threads=1)``: the issue's baseline
-* ``unretained_vmap_t1``  ``vmap_t1`` with glibc's default heap, i.e. without :func:`fedsim.heap.retained_heap`
 * ``vmap_t1`` / ``vmap_t2``  ``VmapExecutor(threads=1 / 2)``, automatic chunk size (128 clients per pass for
                      MLR, 21 for the MNIST 2NN, 77 for the Synthetic 2NN on CPU)
 * ``central_t1``     one model, the same number of SGD steps of the same batch size on the union of the
@@ -40,12 +39,10 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import torch
@@ -61,11 +58,10 @@ from fedsim.data.partition import iid  # noqa: E402
 from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.data.tensor_data import TensorData  # noqa: E402
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor  # noqa: E402
-from fedsim.executor import vmap as vmap_module  # noqa: E402
 from fedsim.models import LogisticRegression, McMahanCNN, MLP2NN  # noqa: E402
 
 MODELS = {"mlr": LogisticRegression, "2nn": MLP2NN, "cnn": McMahanCNN}
-CONTENDERS = ("serial_t1", "process_w2", "unretained_vmap_t1", "vmap_t1", "vmap_t2", "central_t1", "wide_t1", "wide_t2")
+CONTENDERS = ("serial_t1", "process_w2", "vmap_t1", "vmap_t2", "central_t1", "wide_t1", "wide_t2")
 
 
 def central_on(name: str, bench: Bench, threads: int, device: str) -> CentralContender:
@@ -106,15 +102,6 @@ def workload(args: argparse.Namespace) -> tuple[TensorData, list[np.ndarray], tu
     return split.train, [np.flatnonzero(groups == k) for k in range(args.clients)], split.train.input_shape
 
 
-class UnretainedVmap(VmapExecutor):
-    """``VmapExecutor`` with glibc's default heap (freed blocks above 32 MiB go back to the kernel): what
-    :func:`fedsim.heap.retained_heap` saves."""
-
-    def fit(self, global_params, tasks):  # type: ignore[no-untyped-def]
-        with mock.patch.object(vmap_module, "retained_heap", contextlib.nullcontext):
-            return super().fit(global_params, tasks)
-
-
 def make_contender(name: str, bench: Bench, log_dir: Path, chunk_size: int | None, device: str):  # noqa: ANN201
     if name == "serial_t1":
         return FedsimContender(name, bench, SerialExecutor(device=device, threads=1), log_dir / name)
@@ -122,8 +109,6 @@ def make_contender(name: str, bench: Bench, log_dir: Path, chunk_size: int | Non
         return FedsimContender(name, bench, ProcessExecutor(devices=device, workers=2, threads=1), log_dir / name)
     if name.startswith("vmap_t"):
         return FedsimContender(name, bench, VmapExecutor(devices=device, chunk_size=chunk_size, threads=int(name[-1])), log_dir / name)
-    if name == "unretained_vmap_t1":
-        return FedsimContender(name, bench, UnretainedVmap(devices=device, chunk_size=chunk_size, threads=1), log_dir / name)
     if name == "central_t1":
         return central_on(name, bench, 1, device)
     if name.startswith("wide_t"):
@@ -135,7 +120,7 @@ def ratios(rows: dict[str, dict[str, Any]], stat: str = "median_round_s") -> dic
     """Speed-ups of the best vmap row (> 1: vmap is faster)."""
     vmap = min((rows[n][stat] for n in rows if n.startswith("vmap") and rows[n][stat]), default=None)
     return {f"{other}/vmap_best": (rows[other][stat] / vmap if other in rows and vmap else None)
-            for other in ("process_w2", "serial_t1", "unretained_vmap_t1", "central_t1", "wide_t1", "wide_t2")}
+            for other in ("process_w2", "serial_t1", "central_t1", "wide_t1", "wide_t2")}
 
 
 def print_table(model: str, rows: dict[str, dict[str, Any]], errors: dict[str, Any], speedups: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """The federated workload the benchmarks share, and the contenders more than one of them runs.
 
 The McMahan et al. 2017 MNIST workload with synthetic data (``mnist_shaped``: seeded random 1x28x28 images
-labelled by a random linear teacher; ``mnist_clients``: IID clients), one model's workload (``Bench``),
+labelled by a random linear teacher; ``mnist_clients``: IID or Dirichlet clients), one model's workload (``Bench``),
 fedsim's ``Server`` + an executor driven as ``Server.run`` drives it (``FedsimContender``), the centralized
 lower bound (``CentralContender``) and a ``Client`` that stamps the start and end of its ``fit``
 (``TimedClient``). The contenders follow ``harness.run_interleaved``'s protocol.
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from fedsim import Client, FedAvg, Server, TensorData
-from fedsim.data.partition import iid
+from fedsim.data.partition import dirichlet, iid
 from fedsim.executor import Executor, Workload
 from fedsim.models import MLP2NN, McMahanCNN
 from fedsim.seeding import init_seed, sampling_rng
@@ -53,6 +53,9 @@ def add_workload_args(p: argparse.ArgumentParser, models: str | None) -> None:
         p.add_argument("--models", default=models, help="comma-separated subset of: " + ",".join(MODELS))
     p.add_argument("--num-examples", type=int, default=60_000, help="size of the synthetic training set")
     p.add_argument("--clients", type=int, default=100)
+    p.add_argument("--partition", default="iid", choices=("iid", "dirichlet"),
+                   help="how the examples are split over the clients (dirichlet: label skew, --alpha)")
+    p.add_argument("--alpha", type=float, default=0.5, help="--partition dirichlet: the concentration")
     p.add_argument("--per-round", type=int, default=10)
     p.add_argument("--examples-per-client", type=int, default=None,
                    help="keep only this many examples per client (default: all, 600 with the defaults)")
@@ -63,9 +66,13 @@ def add_workload_args(p: argparse.ArgumentParser, models: str | None) -> None:
 
 
 def mnist_clients(args: argparse.Namespace) -> tuple[TensorData, list[np.ndarray]]:
-    """The training set and the IID clients' indices; sets ``args.examples_per_client`` when it was not given."""
+    """The training set and the clients' indices (``--partition``); sets ``args.examples_per_client`` (the median
+    client's size) when it was not given."""
     data = mnist_shaped(args.num_examples, args.seed)
-    shares = iid(data.labels, num_clients=args.clients, seed=args.seed)
+    if getattr(args, "partition", "iid") == "dirichlet":
+        shares = dirichlet(data.labels, num_clients=args.clients, alpha=args.alpha, seed=args.seed)
+    else:
+        shares = iid(data.labels, num_clients=args.clients, seed=args.seed)
     if args.examples_per_client is not None:
         shares = [s[: args.examples_per_client] for s in shares]
     args.examples_per_client = args.examples_per_client or int(statistics.median(len(s) for s in shares))

@@ -34,7 +34,6 @@ from fedsim.executor.placement import resolve_devices
 from fedsim.executor.vmap_dpsgd import PRIVATE_LOOP
 from fedsim.executor.vmap_optim import VmapUnsupportedError
 from fedsim.executor.vmap_train import EAGER_TAIL, ChunkModel, ClientPlan, plan_task, train_chunk
-from fedsim.heap import retained_heap
 from fedsim.params import ParamLayout, flatten
 from fedsim.privacy.local import DPSGDClient
 from fedsim.strategy.base import LocalTraining
@@ -103,19 +102,20 @@ class VmapExecutor(Executor):
         clients, model = self._workload.clients, self._contexts[0].model
         local = self._contexts[0].local
         chunks = make_chunks([plan_task(clients[t.client_id], t, model, self._specs, local) for t in tasks], self._chunk)
-        with torch_threads(self.threads), retained_heap():
-            results = self._run_on_devices(global_params, chunks)
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        devices = len(self._contexts)
+        try:
+            if devices == 1:
+                results = _run_chunks(self._contexts[0], global_params, chunks)
+            else:  # chunk i on device i mod D; each device's chunks one after another on its own thread
+                with ThreadPoolExecutor(devices) as pool:
+                    shares = [pool.submit(_run_chunks, ctx, global_params, chunks[d::devices]) for d, ctx in enumerate(self._contexts)]
+                    results = [r for share in shares for r in share.result()]
+        finally:
+            torch.set_num_threads(previous)
         by_id = {t.client_id: t for t in tasks}
         return [with_new_state(self._workload.local, by_id[r.client_id], global_params, r) for r in sorted(results, key=lambda r: r.client_id)]
-
-    def _run_on_devices(self, global_params: torch.Tensor, chunks: list[list[ClientPlan]]) -> list[TaskResult]:
-        """Chunk i on device i mod D; each device trains its chunks one after another on its own thread."""
-        devices = len(self._contexts)
-        if devices == 1:
-            return _run_chunks(self._contexts[0], global_params, chunks)
-        with ThreadPoolExecutor(devices) as pool:
-            shares = [pool.submit(_run_chunks, ctx, global_params, chunks[d::devices]) for d, ctx in enumerate(self._contexts)]
-            return [r for share in shares for r in share.result()]
 
     def evaluate(self, global_params: torch.Tensor, tasks: Sequence[EvalTask]) -> list[EvalResult | ClientFailure]:
         """Score the tasks on the first device, one after another: a group shares the global model, so its
