@@ -181,10 +181,13 @@ class ProcessExecutor(Executor):
 
     def close(self) -> None:
         """Stop every worker (politely, then by force) and release shared memory; safe to call twice."""
+        began, stopped = time.perf_counter(), len(self._workers)
         for worker in self._workers:
             worker.stop()
         for worker in self._workers:
             worker.join_or_kill(timeout=5.0)
+        if stopped:
+            log.info("%d process workers stopped in %.2f s", stopped, time.perf_counter() - began)
         self._workers = []
         self._global = None
         self._workload = None
