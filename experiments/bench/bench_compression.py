@@ -32,7 +32,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,17 +80,11 @@ class CodecRounds:
         self.codec_s: list[float] = []  # per round: seconds inside Exchange.broadcast and Exchange.receive
         self.bytes_up: list[float] = []
         self._in_codec = 0.0
-        comm = self.server.comm
-        comm.broadcast, comm.receive = self._timed(comm.broadcast), self._timed(comm.receive)  # type: ignore[method-assign]
+        for method in ("broadcast", "receive"):
+            harness.time_calls(self.server.comm, method, self._add_codec_time)
 
-    def _timed(self, method: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                self._in_codec += time.perf_counter() - start
-        return timed
+    def _add_codec_time(self, seconds: float) -> None:
+        self._in_codec += seconds
 
     def start(self) -> None:
         workload_ = Workload(self.bench.model_factory, self.server.clients, self.bench.data, log_dir=self.log_dir,

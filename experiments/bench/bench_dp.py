@@ -22,7 +22,6 @@ import functools
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -68,15 +67,7 @@ class DPRounds:
         self.dp_s: list[float] = []
         self.cohorts: list[int] = []
         if self.server.privacy is not None:
-            step = self.server.privacy.aggregate_input
-
-            def timed(*args: Any) -> Any:
-                start = time.perf_counter()
-                try:
-                    return step(*args)
-                finally:
-                    self.dp_s.append(time.perf_counter() - start)
-            self.server.privacy.aggregate_input = timed  # type: ignore[method-assign]
+            harness.time_calls(self.server.privacy, "aggregate_input", self.dp_s.append)
 
     def start(self) -> None:
         workload_ = Workload(self.bench.model_factory, self.server.clients, self.bench.data, log_dir=self.log_dir,

@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +129,21 @@ def summarize(result: dict[str, Any], warmup: int) -> dict[str, Any]:
             "median_round_s": statistics.median(timed) if timed else None, "min_round_s": min(timed, default=None),
             "max_others_cores": max(others, default=None), "median_cpu_s": statistics.median(cpu) if cpu else None,
             "median_load_cores": statistics.median(load) if load else None}
+
+
+def time_calls(owner: Any, method: str, record: Callable[[float], Any]) -> None:
+    """Replace ``owner.method`` with a wrapper that passes the seconds of each call (also one that raises) to
+    ``record``: how a benchmark times one step inside fedsim's round (an encoder, a privacy step)."""
+    wrapped = getattr(owner, method)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            record(time.perf_counter() - start)
+
+    setattr(owner, method, timed)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:  # None where either is missing
