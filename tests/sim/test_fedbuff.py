@@ -81,3 +81,16 @@ def test_buffer_of_one_is_asynchronous_fedavg_one_step_per_update() -> None:
 def test_what_the_asynchronous_loop_cannot_run_is_refused_in_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build_server(compose([*BUFFERED, *overrides]))
+
+
+def test_vmap_resume_from_a_checkpoint_continues_bitwise(tmp_path) -> None:  # noqa: ANN001
+    """The event loop's state (clock, in-flight tasks, buffer) survives a checkpoint under executor=vmap too."""
+    vmap = [*BUFFERED, "executor=vmap", "logger.tensorboard=false"]
+    whole = build_server(compose(vmap), run_dir=tmp_path / "whole").run()
+    cut = build_server(compose([*vmap, "num_rounds=3"]), run_dir=tmp_path / "cut").run()  # round 3 evaluates in both
+    resumed = build_server(compose(vmap), run_dir=tmp_path / "cut")
+    assert resumed.resume(tmp_path / "cut").name == "round-000003.ckpt"
+    assert torch.equal(resumed.params, cut.params) and not torch.equal(cut.params, whole.params)
+    result = resumed.run()
+    assert _sim(result.history) == _sim(whole.history)
+    assert torch.equal(result.params, whole.params)
