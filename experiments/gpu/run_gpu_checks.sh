@@ -140,8 +140,8 @@ step_pytest() {
 step_bench_vmap() {
     local sizes=()
     if [ "$SMOKE" = 1 ]; then sizes=(--clients 12 --per-round 12 --examples-per-client 20 --rounds 1 --warmup 1); fi
-    run_step bench_vmap 150 "$OUT/bench_vmap.log" "$PY" experiments/bench/bench_vmap.py --device "$DEVICE" \
-        --contenders serial_t1,vmap_t1,central_t1,wide_t1 --quiet-wait 1 "${sizes[@]}" --out "$OUT/bench_vmap.json"
+    run_step bench_vmap 180 "$OUT/bench_vmap.log" "$PY" experiments/bench/bench_vmap.py --device "$DEVICE" \
+        --models mlr,2nn,cnn --contenders serial_t1,vmap_t1,central_t1,wide_t1 --quiet-wait 1 "${sizes[@]}" --out "$OUT/bench_vmap.json"
 }
 
 step_bench_executors() {
