@@ -260,7 +260,7 @@ class Server:
         fit_s = time.perf_counter() - start
         succeeded = apply_failure_policy(round_num, results, self.min_success_fraction, self.logger)
         updates = sound_updates(round_num, succeeded, self.params, self.logger)
-        rows = [client_row(u, self.params) | row_extras(self, round_num, u.client_id) for u in updates]
+        rows = [client_row(u, self.params) | row_extras(self, round_num, u.client_id, configs[u.client_id]) for u in updates]
         kept = [u for u in updates if self.strategy.keeps_stragglers or self.stragglers.epochs_for(round_num, u.client_id) is None]
         from_strategy, aggregated = {}, kept
         if self.privacy is not None:  # one noisy mean update, even from an empty cohort
@@ -270,8 +270,9 @@ class Server:
             from_strategy |= checked_scalars(self.strategy, round_num)
         self._commit_client_states(round_num, kept)
         self.logger.log_clients(round_num, rows)
-        downloads = len(schedule.sampled) if schedule is not None else len(tasks)  # the clock's dropped clients downloaded too
-        metrics = train_metrics(updates, len(results)) | from_strategy | wire_metrics(self, downloads, results)
+        down = (schedule.download_bytes if schedule is not None  # the clock's dropped clients downloaded too
+                else sum(self.comm.task_down_bytes(configs[cid]) for cid in client_ids))
+        metrics = train_metrics(updates, len(results)) | from_strategy | wire_metrics(self, down, results)
         metrics |= attack_metrics(self, round_num, client_ids, kept)
         metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
         metrics["client/num_aggregated"] = float(len(kept))
@@ -287,7 +288,7 @@ class Server:
         fit_s = time.perf_counter() - start
         self._commit_client_states(round_num, updates)
         self.logger.log_clients(round_num, [client_row(u, previous) for u in updates])
-        metrics = train_metrics(updates, len(updates)) | sim | wire_metrics(self, int(sim["sim/started"]), updates)
+        metrics = train_metrics(updates, len(updates)) | sim | wire_metrics(self, int(sim["sim/started"]) * self.comm.down_bytes, updates)
         metrics["client/num_aggregated"] = float(len(updates))
         return self._finish_round(round_num, metrics, consumed_ids(updates), start, fit_s)
 

@@ -11,18 +11,19 @@ if TYPE_CHECKING:
     from fedsim.server import Server
 
 
-def row_extras(server: "Server", round_num: int, client_id: int) -> dict[str, Any]:
-    """A client row's bytes each way and, in an attacked run, whether the client is malicious."""
-    extras: dict[str, Any] = {"bytes_down": server.comm.down_bytes, "bytes_up": server.comm.up_bytes}
+def row_extras(server: "Server", round_num: int, client_id: int, config: dict[str, Any]) -> dict[str, Any]:
+    """A client row's bytes each way (``config``: its task's) and, in an attacked run, whether the client is
+    malicious."""
+    extras: dict[str, Any] = {"bytes_down": server.comm.task_down_bytes(config), "bytes_up": server.comm.up_bytes}
     if server.attack is not None:
         extras["malicious"] = client_id in server.attack.malicious(round_num)
     return extras
 
 
-def wire_metrics(server: "Server", downloads: int, results: Sequence[TaskResult]) -> dict[str, float]:
-    """The round's ``comm/`` bytes and, with DP-SGD clients, their spent privacy (every update that came back was
-    released, accepted or not)."""
-    metrics = server.comm.round_metrics(downloads, results)
+def wire_metrics(server: "Server", down: int, results: Sequence[TaskResult]) -> dict[str, float]:
+    """The round's ``comm/`` bytes (``down``: downloaded by the round's clients) and, with DP-SGD clients, their
+    spent privacy (every update that came back was released, accepted or not)."""
+    metrics = server.comm.round_metrics(down, results)
     if server.local_dp is not None:
         metrics |= server.local_dp.record([r for r in results if isinstance(r, ClientUpdate)])
     return metrics

@@ -1,8 +1,9 @@
 """A round's traffic: the broadcast, the executor's tasks, each update as the server decodes it, and the byte ledger.
 
 Bytes are those of the encodings (:meth:`fedsim.comm.pipeline.Chain.nbytes`): each task downloads the broadcast
-once, and each client that returns an update uploads one (a failed task uploads nothing; an update the server then
-rejects was still sent). Totals are cumulative over the run and kept in checkpoints, so a resumed run continues them.
+once, plus the arrays of its config (a strategy's messages such as SCAFFOLD's control variate, raw:
+:mod:`fedsim.comm.messages`), and each client that returns an update uploads one (a failed task uploads nothing; an
+update the server then rejects was still sent). Totals are cumulative over the run and kept in checkpoints, so a resumed run continues them.
 Metrics: ``comm/bytes_down`` and ``comm/bytes_up`` (the round's), ``comm/bytes_down_total``, ``comm/bytes_up_total``
 and ``comm/mb_total`` (both ways, 10^6 bytes, the x-axis of ``fedsim.report --x comm_mb``).
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 
+from fedsim.comm.messages import message_nbytes
 from fedsim.comm.pipeline import Compression
 from fedsim.executor.base import Executor
 from fedsim.seeding import comm_seed
@@ -81,11 +83,15 @@ class Exchange:
             update = replace(update, state={**kept, RESIDUAL: delta - decoded})
         return update
 
-    def round_metrics(self, num_downloads: int, results: Sequence[TaskResult]) -> dict[str, float]:
-        """The round's ``comm/`` metrics (``num_downloads``: the clients sent the model this round); adds them to the
-        run's totals."""
+    def task_down_bytes(self, config: Mapping[str, Any]) -> int:
+        """What one task downloads: the encoded model and its config's arrays."""
+        return self.down_bytes + message_nbytes(config)
+
+    def round_metrics(self, down: int, results: Sequence[TaskResult]) -> dict[str, float]:
+        """The round's ``comm/`` metrics (``down``: the bytes the round's clients downloaded, see
+        :meth:`task_down_bytes`); adds them to the run's totals."""
         uploads = sum(isinstance(r, ClientUpdate) for r in results)
-        down, up = num_downloads * self.down_bytes, uploads * self.up_bytes
+        up = uploads * self.up_bytes
         self.total_down += down
         self.total_up += up
         return {"comm/bytes_down": float(down), "comm/bytes_up": float(up), "comm/bytes_down_total": float(self.total_down),

@@ -75,6 +75,7 @@ class RoundSchedule:
     dropped_overselected: tuple[int, ...] = ()
     cut_by_deadline: tuple[int, ...] = ()
     round_s: float = 0.0
+    download_bytes: int = 0  # what the sampled clients downloaded in all (the dropped ones too)
 
     @property
     def end_s(self) -> float:
@@ -153,10 +154,12 @@ class SyncClock:
 
     def schedule(
         self, sampled: Sequence[int], *, clients_per_round: int, online: int, epochs: Mapping[int, int],
-        num_train: Mapping[int, int], model_bytes: int, update_bytes: int, keeps_partial: bool,
+        num_train: Mapping[int, int], model_bytes: int | Mapping[int, int], update_bytes: int, keeps_partial: bool,
     ) -> RoundSchedule:
-        """Decide the round that starts at ``now_s`` with the ``sampled`` clients (see the module docstring)."""
-        plans = [self.timing(c, epochs=epochs[c], num_train=num_train[c], model_bytes=model_bytes, update_bytes=update_bytes)
+        """Decide the round that starts at ``now_s`` with the ``sampled`` clients (see the module docstring);
+        ``model_bytes``: what each client downloads, one number for all or by client id."""
+        down = {c: model_bytes if isinstance(model_bytes, int) else model_bytes[c] for c in sampled}
+        plans = [self.timing(c, epochs=epochs[c], num_train=num_train[c], model_bytes=down[c], update_bytes=update_bytes)
                  for c in sorted(sampled)]
         plans, offline = self._drop_offline(plans)
         plans, late, cut = self._apply_deadline(plans, keeps_partial)
@@ -167,7 +170,7 @@ class SyncClock:
         return RoundSchedule(
             start_s=self.now_s, online=online, sampled=tuple(sorted(sampled)), run=tuple(plans),
             dropped_offline=offline, dropped_deadline=late, dropped_overselected=surplus, cut_by_deadline=cut,
-            round_s=float(round_s),
+            round_s=float(round_s), download_bytes=sum(down.values()),
         )
 
     def advance(self, schedule: RoundSchedule) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from fedsim.client import Client
+from fedsim.comm.messages import message_nbytes
 from fedsim.sim.clock import RoundSchedule, SyncClock
 from fedsim.strategy.base import Strategy
 
@@ -30,7 +31,8 @@ def clocked_round(
     clients_per_round: int, config_of: Callable[[int], dict[str, Any]], model_bytes: int, update_bytes: int,
 ) -> tuple[RoundSchedule, dict[int, dict[str, Any]]]:
     """The round's schedule and the config of every task that runs (``epochs`` lowered where the deadline cut it);
-    ``model_bytes`` and ``update_bytes``: what each task downloads and uploads (:mod:`fedsim.comm`)."""
+    ``model_bytes`` and ``update_bytes``: the encoded model each task downloads and the update it uploads
+    (:mod:`fedsim.comm`); a task also downloads the arrays of its config (:func:`fedsim.comm.messages.message_nbytes`)."""
     online = clock.online_clients()
     picked = strategy.sample(round_num, len(online), clock.sample_size(clients_per_round, len(online)), rng)
     sampled = sorted(int(online[i]) for i in picked)
@@ -38,7 +40,8 @@ def clocked_round(
     epochs = {c: int(configs[c].get("epochs", clients[c].epochs)) for c in sampled}
     schedule = clock.schedule(
         sampled, clients_per_round=clients_per_round, online=len(online), epochs=epochs,
-        num_train={c: clients[c].num_train for c in sampled}, model_bytes=model_bytes, update_bytes=update_bytes,
+        num_train={c: clients[c].num_train for c in sampled},
+        model_bytes={c: model_bytes + message_nbytes(configs[c]) for c in sampled}, update_bytes=update_bytes,
         keeps_partial=strategy.keeps_stragglers,
     )
     run = {t.client_id: configs[t.client_id] if t.epochs == epochs[t.client_id] else {**configs[t.client_id], "epochs": t.epochs}
