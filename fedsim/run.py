@@ -156,6 +156,8 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
     clients = make_clients(data, _instantiate(cfg.client))
     model_factory = build_model_factory(cfg, data)
     strategy = _instantiate_a(cfg.strategy, Strategy, "strategy", "fedsim.strategy.Strategy")
+    # built before the logger, which creates the run's files: a bad setting here leaves none
+    clock, compression, privacy, attack = build_clock(cfg, len(clients)), build_compression(cfg), build_privacy(cfg), build_attack(cfg)
     logger = make_logger(cfg, run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress, client_rows_in_memory=False)
     logger.log_label_distribution(label_counts(data))
     server = Server(
@@ -180,10 +182,10 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         state_store=cfg.state_store,
         threads=cfg.server_threads,
         client_eval=ClientEvaluation(cfg.evaluate_clients.who, cfg.evaluate_clients.size, cfg.evaluate_clients.every),
-        clock=build_clock(cfg, len(clients)),
-        compression=build_compression(cfg),
-        privacy=build_privacy(cfg),
-        attack=build_attack(cfg),
+        clock=clock,
+        compression=compression,
+        privacy=privacy,
+        attack=attack,
     )
     server.settings = computation_settings(flat_hparams(cfg))
     resume = resume_target(cfg.resume, run_dir)

@@ -7,7 +7,6 @@ a tracker is made; the command line picks one with ``tracker=mlflow|wandb`` (doc
 from __future__ import annotations
 
 import atexit
-import importlib
 import logging
 import math
 import os
@@ -18,23 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedsim.config import ConfigError
+from fedsim.extras import require
 from fedsim.logging import RunLogger
 
 log = logging.getLogger("fedsim")
 
 
-class MissingExtraError(ConfigError, ImportError):
-    """A tracker's library is not installed; ``str()`` is one line naming the extra to install."""
-
-
 def _require(module: str, extra: str) -> Any:
-    """Import ``module`` or raise :class:`MissingExtraError` naming ``pip install 'fedsim[extra]'``."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as error:
-        raise MissingExtraError(f"tracker={extra} needs the {module} package ({error}); "
-                                f"install it with: pip install 'fedsim[{extra}]'") from None
+    """Import ``module`` or raise :class:`~fedsim.extras.MissingExtraError` naming ``pip install 'fedsim[extra]'``."""
+    return require(module, f"tracker={extra}", extra, package=module.split(".")[0])
 
 
 class Tracker:

@@ -20,12 +20,13 @@ from fedsim.data.federated import FederatedData, federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import SerialExecutor
+from fedsim.extras import MissingExtraError
 from fedsim.logging import RunLogger
 from fedsim.models import LogisticRegression
 from fedsim.run import compose
 from fedsim.server import Server
 from fedsim.strategy import FedAvg
-from fedsim.trackers import MissingExtraError, MLflowTracker, TrackedLogger, Tracker, WandbTracker, make_logger
+from fedsim.trackers import MLflowTracker, TrackedLogger, Tracker, WandbTracker, make_logger
 
 CONFIG = {"seed": 0, "client": {"optimizer": {"lr": 0.05}}, "strategy": {"_target_": "fedsim.strategy.FedAvg"},
           "resume_allow_changes": [], "note": "x" * 7000}

@@ -40,8 +40,9 @@ import torch
 
 from fedsim.data.tensor_data import DataSplit, TensorData
 from fedsim.errors import DatasetNotFoundError
+from fedsim.extras import require
 
-MISSING_DATASETS = "data: reading Hugging Face datasets needs the datasets package: pip install 'fedsim[hf]'"
+NEEDED_BY = "a Hugging Face dataset (data=hf, femnist_hf, shakespeare_hf)"
 _SAVED_MARKERS = ("dataset_dict.json", "dataset_info.json", "state.json")
 _GLOB_CHARS = frozenset("*?[")
 
@@ -117,13 +118,7 @@ def hf(
 
 def _import_datasets() -> Any:
     """The ``datasets`` package, or a one-line error saying how to install it."""
-    try:
-        import datasets
-    except ImportError:
-        from fedsim.trackers import MissingExtraError  # a ValueError and an ImportError: passes through run.py
-
-        raise MissingExtraError(MISSING_DATASETS) from None
-    return datasets
+    return require("datasets", NEEDED_BY, "hf")
 
 
 @contextlib.contextmanager

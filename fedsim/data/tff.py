@@ -38,6 +38,7 @@ import torch
 
 from fedsim.data.tensor_data import DataSplit, TensorData
 from fedsim.errors import DatasetNotFoundError
+from fedsim.extras import require
 
 TFF_SOURCES = {
     False: ("fed_emnist", "https://storage.googleapis.com/tff-datasets-public/fed_emnist.tar.bz2"),
@@ -48,16 +49,9 @@ TFF_SOURCES = {
 IMAGE_SHAPE = (28, 28)
 
 _NAME = "data=femnist_tff"
-_INSTALL = f"{_NAME}: reading TFF's HDF5 files needs h5py: pip install 'fedsim[tff]' (or pip install h5py)"
-
-
 def _h5py() -> Any:
-    """The h5py module, or a one-line ImportError saying how to install it."""
-    try:
-        import h5py
-    except ImportError:
-        raise ImportError(_INSTALL) from None
-    return h5py
+    """The h5py module, or a one-line :class:`~fedsim.extras.MissingExtraError` saying how to install it."""
+    return require("h5py", _NAME, "tff")
 
 
 def _paths(root: str | Path, only_digits: bool) -> tuple[str, str]:

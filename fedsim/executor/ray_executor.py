@@ -36,19 +36,16 @@ from fedsim.errors import WorkerStartupError
 from fedsim.executor.placement import physical_cores
 from fedsim.executor.ray_actor import RayWorker, to_array, to_tensor
 from fedsim.executor.ray_reasons import death_reason, kill_quietly, start_failure
+from fedsim.extras import missing_text, require
 from fedsim.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
 
-MISSING_RAY = "executor=ray needs Ray: pip install 'fedsim[ray]'"
+MISSING_RAY = missing_text("executor=ray", "ray", "ray")
 
 
 def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ImportError(MISSING_RAY) from None
-    return ray
+    return require("ray", "executor=ray", "ray")
 
 
 @dataclass

@@ -19,15 +19,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-MISSING = "dp=central needs Google's dp-accounting library: pip install 'fedsim[dp]' (or pip install dp-accounting)"
+from fedsim.extras import require
+
+NEEDED_BY = "the privacy accountant (dp=central, dp=adaptive, client=dpsgd)"  # Google's dp-accounting
 
 
-def _library() -> Any:
-    try:
-        import dp_accounting
-    except ImportError:
-        raise ImportError(MISSING) from None
-    return dp_accounting
+def accounting_library() -> Any:
+    """Google's ``dp_accounting``; DP's settings call it when they are built, so that without the library a run
+    stops in one line (:class:`~fedsim.extras.MissingExtraError`) before any file of the run is written."""
+    return require("dp_accounting", NEEDED_BY, "dp", package="dp-accounting")
 
 
 @dataclass
@@ -74,7 +74,7 @@ def _one_round_rdp(q: float, z: float) -> tuple[list[float], list[float]]:
     """The library's RDP orders and one round's RDP at each. Orders where its series does not converge (small
     orders at large q) are left out of the minimum by the library itself, which logs a warning for each through
     absl; those warnings are silenced here."""
-    dp = _library()
+    dp = accounting_library()
     accountant = dp.rdp.RdpAccountant()
     absl = logging.getLogger("absl")
     level = absl.level

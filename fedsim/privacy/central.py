@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fedsim.privacy.accountant import accounting_library
 from fedsim.seeding import dp_seed
 
 
@@ -47,6 +48,7 @@ class CentralDP:
             raise ValueError(f"dp.target_quantile must be in [0, 1] (got {target_quantile})")
         self.noise_multiplier, self.clip_norm, self.delta, self.epsilon_max = noise_multiplier, clip_norm, delta, epsilon_max
         self.adaptive, self.target_quantile, self.clip_lr, self.count_noise = adaptive, target_quantile, clip_lr, count_noise
+        accounting_library()  # the run's ledger needs it: without it, stop now in one line
 
     def count_std(self, expected: float) -> float:
         """σ_b, the standard deviation of the noise on the count of unclipped updates (default m/20, the paper's)."""

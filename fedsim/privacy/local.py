@@ -28,6 +28,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
+from fedsim.privacy.accountant import accounting_library
 from fedsim.seeding import dpsgd_noise_seed
 
 
@@ -49,6 +50,7 @@ class DPSGDClient(Client):
             raise ValueError(f"client.delta must be in (0, 1) (got {delta})")
         self.noise_multiplier, self.clip_norm, self.sampling_rate, self.delta = noise_multiplier, clip_norm, sampling_rate, delta
         self._noise: torch.Generator | None = None
+        accounting_library()  # the server's LocalLedger needs it: without it, stop now in one line
 
     @property
     def steps_per_epoch(self) -> int:

@@ -66,7 +66,8 @@ def test_without_datasets_the_option_says_how_to_install_it() -> None:
     assert out.returncode == 0, out.stderr
     kind, message = out.stdout.splitlines()
     assert kind == "MissingExtraError True"
-    assert message == "data: reading Hugging Face datasets needs the datasets package: pip install 'fedsim[hf]'"
+    assert message == ("a Hugging Face dataset (data=hf, femnist_hf, shakespeare_hf) needs the datasets package: "
+                       "pip install 'fedsim[hf]' (or pip install datasets)")
 
 
 def test_save_to_disk_copy_keeps_every_writers_rows_and_pixels(femnist_copy: tuple[Path, Any]) -> None:

@@ -36,7 +36,7 @@ def _file_rows(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def _one_line_error(excinfo: pytest.ExceptionInfo, *parts: str) -> str:
     message = str(excinfo.value)
-    assert "\n" not in message and message.startswith("data=femnist_tff: ")
+    assert "\n" not in message and message.startswith("data=femnist_tff")
     for part in parts:
         assert part in message, (part, message)
     return message

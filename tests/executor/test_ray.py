@@ -308,7 +308,7 @@ except ImportError as error:
 def test_missing_ray_gives_one_clear_line() -> None:
     done = subprocess.run([sys.executable, "-c", MISSING], capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stderr
-    assert done.stdout.strip() == MISSING_RAY == "executor=ray needs Ray: pip install 'fedsim[ray]'"
+    assert done.stdout.strip() == MISSING_RAY == "executor=ray needs the ray package: pip install 'fedsim[ray]' (or pip install ray)"
 
 
 OWNED = """
