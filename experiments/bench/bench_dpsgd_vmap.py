@@ -85,7 +85,7 @@ def contender(name: str, model: str, args: argparse.Namespace) -> ServerRounds:
     base = ["logger=quiet", "num_rounds=100000", "eval_every=100000", f"seed={args.seed}", f"model={model}",
             f"data.num_devices={args.devices}", f"+data.max_size={args.max_size}", f"clients_per_round={args.per_round}",
             "client.optimizer.lr=0.05"]
-    executor = ["executor=vmap", "executor.threads=1"] if name.startswith("vmap") else ["executor=serial"]
+    executor = ["executor=vmap", f"executor.threads={args.threads}"] if name.startswith("vmap") else ["executor=serial"]
     if name.endswith("dpsgd"):
         return ServerRounds(name, [*base, *executor, "client=dpsgd", f"client.sampling_rate={args.sampling_rate}"])
     return ServerRounds(name, [*base, *executor], batch_fraction=args.sampling_rate)
@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--per-round", type=int, default=100)
     p.add_argument("--sampling-rate", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="executor.threads of both vmap contenders")
     harness.add_common_args(p, repeats=("--rounds", 9, "timed rounds per contender"), warmup=1, quiet_wait=10.0)
     args = p.parse_args(argv)
     torch.set_num_threads(1)  # the server's own work, as server_threads=1 does in a run
