@@ -36,6 +36,7 @@ from fedsim.comm.pipeline import Compression
 from fedsim.privacy.central import CentralDP
 from fedsim.attacks.base import Attack
 from fedsim.stragglers import Stragglers
+from fedsim.run_dir_guard import removing_new_files
 from fedsim.trackers import make_logger
 
 
@@ -147,25 +148,38 @@ def build_clock(cfg: DictConfig, num_clients: int) -> SyncClock | None:
 
 def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
     """Validate ``cfg`` and build every component; raises ``ConfigError``/``ValueError``/``FileNotFoundError``
-    with a one-line message before any training starts."""
+    with a one-line message before any training starts, and then leaves no file of the run behind
+    (:mod:`fedsim.run_dir_guard`)."""
     validate(cfg)
-    if run_dir is not None:
-        check_writable(run_dir)
+    with removing_new_files(run_dir) as on_failure:  # files are created from here on, and later checks may still refuse
+        if run_dir is not None:
+            check_writable(run_dir)
+        data, parts = _components(cfg, run_dir)
+        logger = make_logger(cfg, run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress,
+                             client_rows_in_memory=False)
+        on_failure.append(logger.close)
+        logger.log_label_distribution(label_counts(data))
+        server = Server(logger=logger, **parts)
+        server.settings = computation_settings(flat_hparams(cfg))
+        resume = resume_target(cfg.resume, run_dir)
+        if resume is not None:
+            server.resume(resume, allow_changes=list(cfg.resume_allow_changes or []))
+        else:
+            logger.log_config(to_yaml(cfg))
+    return server
+
+
+def _components(cfg: DictConfig, run_dir: str | Path | None) -> tuple[FederatedData, dict[str, Any]]:
+    """The data, and every :class:`Server` argument but the logger, built from ``cfg`` (none of them writes a file)."""
     executor = _instantiate_a(cfg.executor, Executor, "executor", "fedsim.executor.Executor")  # first: see process.py
     data = build_data(cfg)
     clients = make_clients(data, _instantiate(cfg.client))
-    model_factory = build_model_factory(cfg, data)
-    strategy = _instantiate_a(cfg.strategy, Strategy, "strategy", "fedsim.strategy.Strategy")
-    # built before the logger, which creates the run's files: a bad setting here leaves none
-    clock, compression, privacy, attack = build_clock(cfg, len(clients)), build_compression(cfg), build_privacy(cfg), build_attack(cfg)
-    logger = make_logger(cfg, run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress, client_rows_in_memory=False)
-    logger.log_label_distribution(label_counts(data))
-    server = Server(
-        model_factory=model_factory,
+    return data, dict(
+        model_factory=build_model_factory(cfg, data),
         clients=clients,
         train_data=data.train,
         test_data=data.test,
-        strategy=strategy,
+        strategy=_instantiate_a(cfg.strategy, Strategy, "strategy", "fedsim.strategy.Strategy"),
         executor=executor,
         num_rounds=cfg.num_rounds,
         clients_per_round=cfg.clients_per_round,
@@ -174,7 +188,6 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         eval_device=cfg.eval_device,
         min_success_fraction=cfg.min_success_fraction,
         stragglers=Stragglers(fraction=cfg.stragglers.fraction, epochs=cfg.stragglers.epochs, seed=cfg.seed),
-        logger=logger,
         checkpoint_dir=Path(run_dir) / "checkpoints" if run_dir is not None else None,
         checkpoint_every=cfg.checkpoint_every,
         keep_checkpoints=cfg.keep_checkpoints,
@@ -182,18 +195,11 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         state_store=cfg.state_store,
         threads=cfg.server_threads,
         client_eval=ClientEvaluation(cfg.evaluate_clients.who, cfg.evaluate_clients.size, cfg.evaluate_clients.every),
-        clock=clock,
-        compression=compression,
-        privacy=privacy,
-        attack=attack,
+        clock=build_clock(cfg, len(clients)),
+        compression=build_compression(cfg),
+        privacy=build_privacy(cfg),
+        attack=build_attack(cfg),
     )
-    server.settings = computation_settings(flat_hparams(cfg))
-    resume = resume_target(cfg.resume, run_dir)
-    if resume is not None:
-        server.resume(resume, allow_changes=list(cfg.resume_allow_changes or []))
-    else:
-        logger.log_config(to_yaml(cfg))
-    return server
 
 
 def resume_target(resume: Any, run_dir: str | Path | None) -> str | Path | None:
