@@ -425,6 +425,9 @@ BAD_CONFIGS = {  # case -> (overrides, the field the error line must name)
     "model_not_partial": (["~model._partial_"], "needs `_partial_: true`"),
     "dp_with_clock": (["dp=central", "clock=sampled"], "use clock=none"),  # refused by the server, after the logger
 }
+# Every case is checked in-process (build_server raises what the command line turns into its line); these also go
+# through the command line itself: its one line on stderr, exit status 2, no file of the run.
+CLI_BAD_CONFIGS = ("lr", "lr_string", "not_an_executor", "dp_with_clock")
 
 
 @pytest.fixture(scope="module")
@@ -442,7 +445,7 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CliRun]:
         "tiny_mnist": ([*mnist, f"data.root={mnist_root}", "partition.num_clients=4", "clients_per_round=2", "num_rounds=2"], {}),
         "user_strategy": (["strategy._target_=my_strategy.KeepGlobal", f"+strategy.marker={base / 'marker.log'}",
                            "+data.max_size=60", "num_rounds=3", "clients_per_round=5"], {"PYTHONPATH": user_path}),
-        **{name: (overrides, {}) for name, (overrides, _) in BAD_CONFIGS.items()},
+        **{name: (BAD_CONFIGS[name][0], {}) for name in CLI_BAD_CONFIGS},
     }
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {name: pool.submit(_cli, args, base / name, env) for name, (args, env) in cases.items()}
@@ -469,6 +472,16 @@ def test_default_experiment_runs_from_the_command_line(cli: dict[str, CliRun]) -
 
 
 @pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_config_is_refused_in_one_line_naming_the_field_and_leaves_no_file(case: str, tmp_path: Path) -> None:
+    overrides, field = BAD_CONFIGS[case]
+    run_dir = tmp_path / "run"
+    with pytest.raises(ValueError) as caught:  # a ConfigError is one; the command line stops on it with exit 2
+        build_server(compose(overrides), run_dir)
+    assert field in str(caught.value) and "\n" not in str(caught.value)
+    assert not run_dir.exists() or not any(run_dir.iterdir())
+
+
+@pytest.mark.parametrize("case", CLI_BAD_CONFIGS)
 def test_cli_rejects_bad_config_with_one_line_naming_the_field(case: str, cli: dict[str, CliRun]) -> None:
     run, field = cli[case], BAD_CONFIGS[case][1]
     assert run.proc.returncode == 2, run.proc.stderr
