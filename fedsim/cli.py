@@ -20,7 +20,8 @@ from fedsim.checkpoint import CheckpointError, resume_hint
 from fedsim.errors import JobFailed, RoundFailedError, WorkerStartupError
 from fedsim.hydra_entry import fail, run_hydra_entry
 from fedsim.objective import objective_value
-from fedsim.run import CONFIG_DIR, _record_error, build_server, record_summary, write_failed_summary
+from fedsim.run import CONFIG_DIR, build_server
+from fedsim.run_summary import record_error, record_summary, write_failed_summary
 from fedsim.server import RunResult, Server
 from fedsim.storage import LogFileErrors, is_write_failure, write_failure_text, write_remedy
 
@@ -68,7 +69,7 @@ def _run_from_command_line(cfg: DictConfig, run_dir: str) -> list[dict[str, Any]
             print("fedsim: interrupted; workers stopped (no checkpoint for the unfinished round)", file=sys.stderr)
             sys.exit(130)
         except Exception as error:  # summary.json: finished false, the error as stop_reason
-            _record_error(server, cfg, run_dir, time.perf_counter() - start, error)
+            record_error(server, cfg, run_dir, time.perf_counter() - start, error)
             if is_write_failure(error):  # a full disk: the newest checkpoint is intact
                 resumed_from = None if cfg.resume in (None, False, True, "auto") else cfg.resume
                 _stop(f"{write_failure_text(error, run_dir)}; {resume_hint(run_dir, error, resumed_from)}", 1)

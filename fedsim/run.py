@@ -7,7 +7,6 @@ From Python: ``run_config(compose(["strategy=fedavg", "num_rounds=5"]), run_dir=
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import sys
 import time
@@ -20,7 +19,7 @@ from hydra.utils import instantiate
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.checkpoint import check_writable, list_checkpoints, write_text_atomic
+from fedsim.checkpoint import check_writable, list_checkpoints
 from fedsim.config import ConfigError, register_schema, to_yaml, validate
 from fedsim.early_stop import EarlyStop
 from fedsim.executor.base import Executor
@@ -29,7 +28,7 @@ from fedsim.data.federated import FederatedData, federate, make_clients
 from fedsim.resume_check import computation_settings
 from fedsim.seeding import partition_seed
 from fedsim.client_eval import ClientEvaluation
-from fedsim.server import RoundFailedError, RunResult, Server
+from fedsim.server import RunResult, Server
 from fedsim.sim.clock import SyncClock
 from fedsim.comm.names import codec_from
 from fedsim.comm.pipeline import Compression
@@ -37,6 +36,7 @@ from fedsim.privacy.central import CentralDP
 from fedsim.attacks.base import Attack
 from fedsim.stragglers import Stragglers
 from fedsim.run_dir_guard import removing_new_files
+from fedsim.run_summary import flat_hparams, record_error, record_summary
 from fedsim.trackers import make_logger
 
 
@@ -225,21 +225,6 @@ def label_counts(data: FederatedData, max_clients: int = 200) -> np.ndarray:
     ]) if data.num_clients else np.zeros((0, data.train.num_classes))
 
 
-def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
-    """The run's settings as dotted keys (e.g. ``client.optimizer.lr``) for TensorBoard's HParams dashboard."""
-    flat: dict[str, Any] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{prefix}{key}.")
-        else:
-            flat[prefix[:-1]] = node
-
-    walk(OmegaConf.to_container(cfg, resolve=True), "")
-    return flat
-
-
 def run_config(cfg: DictConfig, run_dir: str | Path | None = None) -> RunResult:
     """Build and run one configuration; writes ``summary.json`` into ``run_dir`` when given."""
     start = time.perf_counter()
@@ -250,68 +235,11 @@ def run_config(cfg: DictConfig, run_dir: str | Path | None = None) -> RunResult:
     try:
         result = server.run()
     except Exception as error:  # summary.json says so (finished: false); the last good checkpoint stays
-        _record_error(server, cfg, run_dir, time.perf_counter() - start, error)
+        record_error(server, cfg, run_dir, time.perf_counter() - start, error)
         raise
     summary = record_summary(server, result, cfg, run_dir, time.perf_counter() - start)
     log.info("final test accuracy %.4f after %d rounds (%.1f s)", summary["final_accuracy"] or float("nan"), summary["rounds"], summary["wall_time_s"])
     return result
-
-
-def record_summary(
-    server: Server, result: RunResult | None, cfg: DictConfig, run_dir: str | Path | None, wall_time_s: float,
-    error: BaseException | None = None,
-) -> dict[str, Any]:
-    """Write ``summary.json`` and the HParams entry of a run that ended (completed, stopped early or interrupted),
-    or that stopped on ``error`` (then ``result`` is ``None``: not finished, ``stop_reason`` is ``"error: <one line>"``
-    and the other fields come from the rounds completed so far)."""
-    if error is None:
-        assert result is not None
-        summary = {**summarize(result, wall_time_s), "finished": not result.stopped_early, "stop_reason": result.stop_reason}
-    else:
-        so_far = RunResult(server.params, server.model, server.logger.history)
-        summary = {**summarize(so_far, wall_time_s), "finished": False, "stop_reason": f"error: {_error_line(error)}"}
-    if run_dir is not None:
-        write_text_atomic(Path(run_dir) / "summary.json", json.dumps(summary, indent=2) + "\n")
-        server.logger.log_hparams(flat_hparams(cfg), summary)
-    return summary
-
-
-def write_failed_summary(run_dir: str | Path, message: str) -> None:
-    """``summary.json`` of a job that stopped before its first round (bad input in a multirun), so that the sweep's
-    report lists it as failed with ``message``; a failure to write it is only logged."""
-    summary = {"rounds": 0, "final_accuracy": None, "final_loss": None, "best_accuracy": None, "wall_time_s": 0.0,
-               "finished": False, "stop_reason": f"error: {message}"}
-    try:
-        write_text_atomic(Path(run_dir) / "summary.json", json.dumps(summary, indent=2) + "\n")
-    except OSError as error:
-        log.warning("could not write summary.json: %s", error)
-
-
-def _record_error(server: Server, cfg: DictConfig, run_dir: str | Path | None, wall_time_s: float, error: BaseException) -> None:
-    """:func:`record_summary` for a run stopped by ``error``; a failure to write it never hides ``error``."""
-    try:
-        record_summary(server, None, cfg, run_dir, wall_time_s, error=error)
-    except Exception as problem:  # noqa: BLE001
-        log.warning("could not write summary.json after the error: %s", problem)
-
-
-def _error_line(error: BaseException) -> str:
-    """One line for ``summary.json``: a round failure's own message, else the error's type and first line."""
-    text = str(error).strip()
-    first = text.splitlines()[0] if text else type(error).__name__
-    return first if isinstance(error, RoundFailedError) or not text else f"{type(error).__name__}: {first}"
-
-
-def summarize(result: RunResult, wall_time_s: float) -> dict[str, float | int | None]:
-    """Final and best test accuracy, final test loss, rounds and wall time of a finished run."""
-    evaluated = [r for r in result.history if r.get("eval/accuracy") is not None]
-    return {
-        "rounds": len(result.history),
-        "final_accuracy": evaluated[-1]["eval/accuracy"] if evaluated else None,
-        "final_loss": evaluated[-1]["eval/loss"] if evaluated else None,
-        "best_accuracy": max(r["eval/accuracy"] for r in evaluated) if evaluated else None,
-        "wall_time_s": wall_time_s,
-    }
 
 
 def main() -> None:
