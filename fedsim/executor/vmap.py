@@ -33,7 +33,8 @@ from fedsim.executor.eval_task import run_eval_task
 from fedsim.executor.placement import resolve_devices
 from fedsim.executor.vmap_dpsgd import PRIVATE_LOOP
 from fedsim.executor.vmap_optim import VmapUnsupportedError
-from fedsim.executor.vmap_train import EAGER_TAIL, ChunkModel, ClientPlan, plan_task, train_chunk
+from fedsim.executor.vmap_plan import ClientPlan, plan_task
+from fedsim.executor.vmap_train import EAGER_TAIL, ChunkModel, train_chunk
 from fedsim.params import ParamLayout, flatten
 from fedsim.privacy.local import DPSGDClient
 from fedsim.strategy.base import LocalTraining

@@ -11,7 +11,6 @@ result is the update each client would have produced alone, up to float rounding
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +24,11 @@ from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import vmap_dpsgd, vmap_optim
 from fedsim.executor.vmap_optim import OptimizerSpec, Tensors
+from fedsim.executor.vmap_plan import ClientPlan
 from fedsim.params import ParamLayout, load_flat
 from fedsim.state_values import copy_state
 from fedsim.strategy.base import LocalTraining, hook_before_step
-from fedsim.types import ClientUpdate, FitTask
+from fedsim.types import ClientUpdate
 
 
 # When this few clients are left in a chunk, the rest of their steps run one client at a time with the
@@ -39,70 +39,6 @@ EAGER_TAIL = 2
 
 # One eager step's gradient into the model's ``.grad`` (model, x, y, the strategy's client half) → the loss to report.
 EagerGradient = Callable[[nn.Module, torch.Tensor, torch.Tensor, "LocalTraining | None"], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class ClientPlan:
-    """One task, unrolled: the dataset rows of every local step, in order (``rows[t, :sizes[t]]``; the
-    rest of a short last batch is padding), and how the client optimises."""
-
-    task: FitTask
-    client: Client
-    rows: torch.Tensor  # (steps, batch size), int64
-    sizes: tuple[int, ...]  # examples in each step
-    epochs: int
-    steps_per_epoch: int
-    optimizer: OptimizerSpec
-    numbers: dict[str, float]  # the numeric entries of the task's config (e.g. FedProx's prox_mu)
-    vectors: dict[str, np.ndarray]  # its numpy-array entries (e.g. SCAFFOLD's correction)
-
-    @property
-    def num_steps(self) -> int:
-        return len(self.sizes)
-
-
-def plan_task(
-    client: Client, task: FitTask, model: nn.Module, spec_cache: dict | None = None, local: LocalTraining | None = None
-) -> ClientPlan:
-    """Draw the task's batch order from its generator exactly as :meth:`Client.fit` does.
-
-    ``spec_cache`` remembers the optimizer each (client class, optimizer factory, config) builds, so a
-    round of a hundred clients sharing one factory builds one optimizer, not a hundred. A client class
-    with its own ``make_optimizer`` (which may read per-client fields) is asked every time."""
-    config = dict(task.config)
-    epochs = int(config.get("epochs", client.epochs))
-    batch_size = int(config.get("batch_size", client.batch_size))
-    cacheable = spec_cache is not None and type(client).make_optimizer is Client.make_optimizer
-    key = (type(client), id(client.optimizer), repr(sorted(config.items())))
-    if cacheable and key in spec_cache:  # type: ignore[operator]
-        spec = spec_cache[key]  # type: ignore[index]
-    else:
-        spec = vmap_optim.optimizer_spec(client.make_optimizer(model, config))
-        if cacheable:
-            spec_cache[key] = spec  # type: ignore[index]
-    generator = torch.Generator().manual_seed(task.seed)
-    if vmap_dpsgd.is_private(client):  # DP-SGD: ⌈1/q⌉ Poisson batches per epoch
-        steps = client.steps_per_epoch
-        rows, sizes = vmap_dpsgd.poisson_batches(client, generator, epochs)
-    else:
-        steps = math.ceil(client.num_train / batch_size)
-        rows, sizes = _shuffled_batches(client, generator, epochs, batch_size)
-    inputs = local.vectorised_inputs(config, dict(task.state)) if local is not None else config
-    numbers = {k: float(v) for k, v in inputs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    vectors = {k: v for k, v in inputs.items() if isinstance(v, np.ndarray)}
-    return ClientPlan(task, client, rows, sizes, epochs, steps, spec, numbers, vectors)
-
-
-def _shuffled_batches(client: Client, generator: torch.Generator, epochs: int, batch_size: int) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """Every step's rows ``(steps, batch_size)`` (an epoch: one shuffle, cut into batches; the last one's tail
-    is padding at row 0, masked out later) and the batch sizes, drawn as :meth:`Client._run_epoch` draws them."""
-    n, steps = client.num_train, math.ceil(client.num_train / batch_size)
-    indices = torch.from_numpy(client.train_indices)
-    padded = torch.zeros(epochs, steps * batch_size, dtype=torch.int64)
-    for epoch in range(epochs):
-        padded[epoch, :n] = indices[torch.randperm(n, generator=generator)]
-    sizes = ([batch_size] * (steps - 1) + [n - (steps - 1) * batch_size]) * epochs if steps else []
-    return padded.view(epochs * steps, batch_size), tuple(sizes)
 
 
 @dataclass(frozen=True)
