@@ -238,7 +238,8 @@ def run_config(cfg: DictConfig, run_dir: str | Path | None = None) -> RunResult:
         record_error(server, cfg, run_dir, time.perf_counter() - start, error)
         raise
     summary = record_summary(server, result, cfg, run_dir, time.perf_counter() - start)
-    log.info("final test accuracy %.4f after %d rounds (%.1f s)", summary["final_accuracy"] or float("nan"), summary["rounds"], summary["wall_time_s"])
+    log.info("final test accuracy %.4f after %d rounds (%.1f s)", summary["final_accuracy"] or float("nan"), summary["rounds"],
+             summary["wall_time_s"])
     return result
 
 

@@ -25,7 +25,8 @@ CASES = {
 }
 
 # `python -m fedsim ARGS` with one package missing, as if it were not installed
-WITHOUT = "import runpy, sys; sys.modules[{module!r}] = None; sys.argv = ['fedsim', *{args!r}]; runpy.run_module('fedsim', run_name='__main__')"
+WITHOUT = ("import runpy, sys; sys.modules[{module!r}] = None; sys.argv = ['fedsim', *{args!r}]; "
+           "runpy.run_module('fedsim', run_name='__main__')")
 
 
 def _run_without(module: str, overrides: list[str], run_dir: Path) -> subprocess.CompletedProcess[str]:
@@ -61,7 +62,8 @@ def test_require_names_the_feature_the_package_and_the_extra() -> None:
     with pytest.raises(MissingExtraError) as caught:
         require("fedsim_test_no_such_package", "executor=nothing", "nothing", package="no-such-package")
     assert str(caught.value) == missing_text("executor=nothing", "no-such-package", "nothing") == (
-        "executor=nothing needs the no-such-package package: pip install 'fedsim[nothing]' (or pip install no-such-package)")
+        "executor=nothing needs the no-such-package package: "
+        "pip install 'fedsim[nothing]' (or pip install no-such-package)")
     assert isinstance(caught.value, ConfigError) and isinstance(caught.value, ImportError)
 
 

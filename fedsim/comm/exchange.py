@@ -3,7 +3,8 @@
 Bytes are those of the encodings (:meth:`fedsim.comm.pipeline.Chain.nbytes`): each task downloads the broadcast
 once, plus the arrays of its config (a strategy's messages such as SCAFFOLD's control variate, raw:
 :mod:`fedsim.comm.messages`), and each client that returns an update uploads one (a failed task uploads nothing; an
-update the server then rejects was still sent). Totals are cumulative over the run and kept in checkpoints, so a resumed run continues them.
+update the server then rejects was still sent). Totals are cumulative over the run and kept in checkpoints, so a
+resumed run continues them.
 Metrics: ``comm/bytes_down`` and ``comm/bytes_up`` (the round's), ``comm/bytes_down_total``, ``comm/bytes_up_total``
 and ``comm/mb_total`` (both ways, 10^6 bytes, the x-axis of ``fedsim.report --x comm_mb``).
 """
