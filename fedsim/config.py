@@ -13,12 +13,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim.config_keys import check_keys
+from fedsim.errors import ConfigError
 from fedsim.config_numbers import check_numbers
 from fedsim.objective import METRIC_NAME, REDUCTIONS
 
-
-class ConfigError(ValueError):
-    """An invalid configuration value; ``str()`` is one line that names the field."""
 
 
 @dataclass

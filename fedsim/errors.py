@@ -5,6 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 
+class ConfigError(ValueError):
+    """An invalid configuration value; ``str()`` is one line that names the field. (Also importable from
+    :mod:`fedsim.config`, which imports Hydra: this module imports nothing, so a worker can import it cheaply.)"""
+
+
 class RoundFailedError(RuntimeError):
     """Too few clients of a round succeeded for the failure policy to aggregate."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from fedsim.config import ConfigError
+from fedsim.errors import ConfigError
 
 
 class MissingExtraError(ConfigError, ImportError):
