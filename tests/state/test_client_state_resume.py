@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -102,11 +103,12 @@ def test_resume_from_the_newest_and_from_an_older_checkpoint(tmp_path: Path, uni
     older = tmp_path / "older"
     shutil.copytree(killed, older)
 
-    _run(killed, "resume=true")  # the newest good checkpoint
-    _assert_same_run(killed, uninterrupted)
-
     oldest = list_checkpoints(older / "checkpoints")[0]
-    _run(older, f"resume={oldest}")  # rounds after it were already run once: their states must not leak in
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two single-threaded runs side by side
+        newest_run = pool.submit(_run, killed, "resume=true")  # the newest good checkpoint
+        oldest_run = pool.submit(_run, older, f"resume={oldest}")  # rounds after it ran once: their states must not leak in
+        newest_run.result(), oldest_run.result()
+    _assert_same_run(killed, uninterrupted)
     _assert_same_run(older, uninterrupted)
     names = [p.name for p in list_checkpoints(older / "checkpoints")]
     assert names == [p.name for p in list_checkpoints(uninterrupted / "checkpoints")]  # no stale later checkpoint kept
