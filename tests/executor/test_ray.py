@@ -293,7 +293,7 @@ def test_actor_killed_by_rays_memory_monitor_is_reported_as_out_of_memory_and_re
     assert "Ray worker r0 was killed by Ray's memory monitor: out of memory; replacing" in done.stdout, done.stdout
 
 
-MISSING = f"""
+MISSING = """
 import sys
 sys.modules["ray"] = None  # as if Ray were not installed
 from fedsim.executor import RayExecutor

@@ -15,7 +15,7 @@ import pytest
 from hydra.utils import get_method, instantiate
 
 from fedsim.run import CONFIG_DIR, build_server, compose
-from fedsim.strategy import Scaffold, Strategy
+from fedsim.strategy import Strategy
 
 ISSUE_4 = {"fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold", "median", "trimmed_mean", "krum"}
 OPTIONS = sorted(p.stem for p in (Path(CONFIG_DIR) / "strategy").glob("*.yaml"))
