@@ -85,8 +85,6 @@ def setup_pipeline(server: "Server", compression: "Compression | None", attack: 
     from fedsim.privacy.local import local_ledger
 
     server.comm = Exchange(compression or Compression(), server.params.numel(), server.seed)
-    if server.loop is not None and not server.comm.compression.lossless:
-        raise ValueError("compression: asynchronous strategies (fedbuff) send float32 for now; use compression=none")
     server.local_dp = local_ledger(server.clients, server.model)
     server.attack = attack_stage(attack, server.loop, len(server.clients), server.seed, server.logger.run_dir)
     if server.attack is not None:

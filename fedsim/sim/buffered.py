@@ -10,6 +10,8 @@ every executor and worker count.
 Parallelism: a task's result is needed only when its event comes, but its inputs (start weights, client, seed) are
 known when it starts. When a result is needed, every started task without one is trained, one executor call per
 start version (the K tasks started after a server step share it), so the executor gets batches to run in parallel.
+With ``compression``, those clients receive the version's weights as encoded and their updates come back decoded
+(:meth:`BufferedLoop._train_pending`).
 
 New clients are drawn uniformly among the clients not training, from ``(seed, start order)``. Clients must be
 always online (availability with asynchronous training is not modelled yet). A checkpoint (taken after a server
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from fedsim.comm.exchange import task_state
 from fedsim.seeding import task_seed
 from fedsim.sim.clock import SyncClock
 from fedsim.strategy.fedbuff import FedBuff
@@ -123,16 +126,22 @@ class BufferedLoop:
             self.started += 1
 
     def _train_pending(self, server: Server, round_num: int) -> None:
-        """Train every task in flight that has no result yet: one executor call per start version."""
+        """Train every task in flight that has no result yet: one executor call per start version. The clients of a
+        version receive its weights as the downlink encodes them (seeded by the version, as a synchronous round's
+        broadcast by its round), and each update comes back decoded (seeded by the task's start order, which is
+        its ``round_num``), with the error-feedback residual in its new state (:class:`fedsim.comm.exchange.Exchange`)."""
         pending = [t for t in self.in_flight if t.seq not in self.results]
         for version in sorted({t.version for t in pending}):
             group = [t for t in pending if t.version == version]
+            states = {t.client_id: server.client_states.get(t.client_id) for t in group}
             tasks = [FitTask(t.client_id, t.seq + 1, task_seed(self.seed, t.seq + 1, t.client_id),
-                             server._client_config(t.version, t.client_id), server.client_states.get(t.client_id))
+                             server._client_config(t.version, t.client_id), task_state(states[t.client_id]))
                      for t in group]
-            results = server.executor.fit(self.start_params[version], tasks)
+            start = self.start_params[version]
+            received = server.comm.broadcast(start, version + 1)
+            results = server.executor.fit(received, tasks)
             apply_failure_policy(round_num, list(results), server.min_success_fraction, server.logger)
-            by_client = {r.client_id: r for r in results}
+            by_client = {r.client_id: server.comm.receive(r, received, start, states[r.client_id]) for r in results}
             for t in group:
                 self.results[t.seq] = by_client[t.client_id]
 

@@ -108,7 +108,6 @@ def test_the_clock_times_uploads_with_the_encoded_size() -> None:
     (["compression=qsgd", "compression.uplink=[{name: qsgd, bits: 1}]"], "compression.uplink[0]: qsgd.bits must be between 2 and 8"),
     (["compression.uplink=[{name: topk, k: 3}]"], "compression.uplink[0]: topk got an unexpected keyword argument 'k'"),
     (["compression.downlink=[topk]"], "compression.downlink: TopK(fraction=0.01) would sparsify"),
-    (["compression=fp16", "strategy=fedbuff", "clock=sampled"], "compression: asynchronous strategies (fedbuff) send float32"),
 ])
 def test_bad_compression_settings_are_refused_in_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises((ValueError, ConfigError)) as error:

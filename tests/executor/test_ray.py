@@ -75,14 +75,17 @@ def test_simulated_clock_gives_serial_metrics_and_times() -> None:
     assert torch.equal(result.params, reference.params)
 
 
-def test_fedbuff_gives_serial_metrics_and_times() -> None:
-    """The asynchronous loop's batches (one per start version) run on Ray actors: same events, same weights."""
+@pytest.mark.parametrize("settings", ["BUFFERED", "COMPRESSED"])
+def test_fedbuff_gives_serial_metrics_and_times(settings: str) -> None:
+    """The asynchronous loop's batches (one per start version) run on Ray actors: same events, same weights; also
+    with top-k and error feedback up and QSGD down (tests/sim/test_fedbuff.py)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
     import test_fedbuff as buffered
     from fedsim.run import build_server, compose
 
-    reference = build_server(compose(buffered.BUFFERED)).run()
-    result = build_server(compose([*buffered.BUFFERED, "executor=ray", "executor.workers=2"])).run()
+    overrides = getattr(buffered, settings)
+    reference = build_server(compose(overrides)).run()
+    result = build_server(compose([*overrides, "executor=ray", "executor.workers=2"])).run()
     assert buffered._sim(result.history) == buffered._sim(reference.history)
     assert torch.equal(result.params, reference.params)
 

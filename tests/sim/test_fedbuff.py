@@ -94,3 +94,55 @@ def test_vmap_resume_from_a_checkpoint_continues_bitwise(tmp_path) -> None:  # n
     result = resumed.run()
     assert _sim(result.history) == _sim(whole.history)
     assert torch.equal(result.params, whole.params)
+
+
+# top-k with error feedback up (the residual is client state, committed with the server step that consumes the
+# update), stochastic 4-bit QSGD down (seeded by the model version every client of it receives)
+COMPRESSED = [*BUFFERED, "compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}]",
+              "compression.downlink=[{name: qsgd, bits: 4}]"]
+
+
+@pytest.fixture(scope="module")
+def compressed_reference():
+    return build_server(compose(COMPRESSED)).run()
+
+
+def test_compressed_updates_are_what_the_server_consumes(compressed_reference) -> None:  # noqa: ANN001
+    """Each consumed update moved the version it started from by a decoded top-10 % delta (plus the residual the
+    client carried), and the bytes are the encodings'; the run is not the uncompressed one."""
+    server = build_server(compose(COMPRESSED))
+    loop, moved = server.loop, []
+    accepted = loop._accepted
+
+    def record(srv, round_num, task, result):  # noqa: ANN001, ANN202
+        update = accepted(srv, round_num, task, result)
+        if update is not None:
+            moved.append((update.params - loop.start_params[task.version]).ne(0).float().mean().item())
+        return update
+
+    loop._accepted = record
+    history = server.run().history
+    assert moved and max(moved) <= 0.101  # at most 10 % of the weights moved (float rounding may zero a few more)
+    n = server.params.numel()
+    assert server.comm.up_bytes <= 0.2 * 4 * n and server.comm.down_bytes < 0.2 * 4 * n  # 10 % and positions; 4 bits
+    assert history[-1]["comm/bytes_up_total"] == sum(r["client/num_aggregated"] for r in history) * server.comm.up_bytes
+    assert _sim(history) == _sim(compressed_reference.history)  # the same run again: seeded, not drawn anew
+    plain = build_server(compose(BUFFERED)).run()
+    assert not torch.equal(compressed_reference.params, plain.params)
+
+
+def test_compressed_process_workers_give_the_serial_run(compressed_reference) -> None:  # noqa: ANN001
+    result = build_server(compose([*COMPRESSED, "executor=process", "executor.devices=cpu", "executor.workers=3"])).run()
+    assert _sim(result.history) == _sim(compressed_reference.history)
+    assert torch.equal(result.params, compressed_reference.params)
+
+
+def test_compressed_resume_continues_bitwise_with_the_residuals(tmp_path, compressed_reference) -> None:  # noqa: ANN001
+    compressed = [*COMPRESSED, "logger.tensorboard=false"]
+    build_server(compose([*compressed, "num_rounds=3"]), run_dir=tmp_path / "cut").run()
+    resumed = build_server(compose(compressed), run_dir=tmp_path / "cut")
+    assert resumed.resume(tmp_path / "cut").name == "round-000003.ckpt"
+    assert any("fedsim.comm.residual" in resumed.client_states.get(c) for c in range(len(resumed.clients)))
+    result = resumed.run()
+    assert _sim(result.history) == _sim(compressed_reference.history)
+    assert torch.equal(result.params, compressed_reference.params)
