@@ -43,19 +43,31 @@ def test_a_refused_resume_in_place_leaves_the_earlier_run_byte_for_byte(tmp_path
     assert contents(run_dir) == before
 
 
-def test_the_guard_closes_first_and_keeps_a_directory_that_still_holds_an_old_file(tmp_path: Path) -> None:
-    (tmp_path / "old").mkdir()
-    (tmp_path / "old" / "kept.txt").write_text("earlier run")
+def test_the_guard_closes_first_and_removes_only_what_is_new_under_fedsims_names(tmp_path: Path) -> None:
+    """An old checkpoint (and so its directory) stays; a new event file in a new nested directory goes, and so does
+    the directory; a file another program wrote meanwhile, under a name that is not fedsim's, stays."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "round-000001.ckpt").write_text("earlier run")
     closed = []
     with pytest.raises(RuntimeError, match="refused"):
         with removing_new_files(tmp_path) as on_failure:
             on_failure.append(lambda: closed.append(True))
-            (tmp_path / "old" / "new.txt").write_text("x")
-            (tmp_path / "new" / "deeper").mkdir(parents=True)
-            (tmp_path / "new" / "deeper" / "file.bin").write_bytes(b"\0")
+            (tmp_path / "checkpoints" / ".write-test").write_text("x")
+            (tmp_path / "tensorboard" / "deeper").mkdir(parents=True)
+            (tmp_path / "tensorboard" / "deeper" / "events.out").write_bytes(b"\0")
+            (tmp_path / "metrics.jsonl").write_text("")
+            (tmp_path / "notes.txt").write_text("someone else's")
             raise RuntimeError("refused")
     assert closed == [True]
-    assert contents(tmp_path) == {"old": None, "old/kept.txt": b"earlier run"}
+    assert contents(tmp_path) == {"checkpoints": None, "checkpoints/round-000001.ckpt": b"earlier run",
+                                  "notes.txt": b"someone else's"}
+
+
+def test_a_new_run_dir_that_the_refused_build_created_goes_too(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with pytest.raises(ValueError):
+        build_server(compose([*BASE, "dp=central", "clock=sampled"]), run_dir)
+    assert not run_dir.exists()
 
 
 def test_a_build_that_succeeds_keeps_everything(tmp_path: Path) -> None:
