@@ -127,9 +127,14 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _settings(strategy: str) -> list[str]:
     """Ditto (personal models in client state) with every client evaluated with both models every round; FedBuff on
     the simulated clock (its checkpoint holds the clock, the tasks in flight and their start weights)."""
-    extra = {"ditto": ["evaluate_clients=all"], "fedbuff": ["clock=sampled"], "private": PRIVATE_COMPRESSED}
+    extra = {"ditto": ["evaluate_clients=all"], "fedbuff": ["clock=sampled", *FEDBUFF_COMPRESSED], "private": PRIVATE_COMPRESSED}
     return [f"strategy={strategy}" if strategy != "private" else "strategy=fedavg", *extra.get(strategy, [])]
 
+
+# FedBuff with top-k and error feedback up (residuals in client state, committed with each server step) and
+# QSGD down (seeded by the model version)
+FEDBUFF_COMPRESSED = ["compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}]",
+                      "compression.downlink=[{name: qsgd, bits: 4}]"]
 
 # DP-FedAvg with adaptive clipping (the ledger and the clip norm in the checkpoint), an omniscient attack (ALIE) and
 # every codec kind each way:
