@@ -33,7 +33,7 @@ from fedsim.errors import ClientMisuseError, RoundFailedError, StrategyError  # 
 from fedsim.seeding import sampling_rng, task_seed
 from fedsim.server_setup import check_model_fits_data, check_settings as _check_settings, initial_model as _initial_model
 from fedsim.server_setup import checkpoint_state, resume_from, setup_pipeline
-from fedsim.server_metrics import attack_metrics, row_extras, wire_metrics
+from fedsim.server_metrics import async_row_extras, attack_metrics, row_extras, wire_metrics
 from fedsim.server_eval import evaluate_clients
 from fedsim.sim.clock import RoundSchedule, SyncClock
 from fedsim.sim.buffered import consumed_ids, event_loop
@@ -283,11 +283,12 @@ class Server:
 
     def _async_round(self, round_num: int) -> dict[str, float]:
         """One server step of an asynchronous strategy (FedBuff): events on the clock until its buffer is full."""
-        start, previous = time.perf_counter(), self.params
-        self.params, updates, sim = self.loop.step(self, round_num)  # type: ignore[union-attr]
+        start = time.perf_counter()
+        self.params, consumed, sim = self.loop.step(self, round_num)  # type: ignore[union-attr]
         fit_s = time.perf_counter() - start
+        updates = [u for u, _ in consumed]
         self._commit_client_states(round_num, updates)
-        self.logger.log_clients(round_num, [client_row(u, previous) for u in updates])
+        self.logger.log_clients(round_num, [client_row(u, started) | async_row_extras(self, round_num, u.client_id) for u, started in consumed])
         metrics = train_metrics(updates, len(updates)) | sim | wire_metrics(self, int(sim["sim/started"]) * self.comm.down_bytes, updates)
         metrics["client/num_aggregated"] = float(len(updates))
         return self._finish_round(round_num, metrics, consumed_ids(updates), start, fit_s)

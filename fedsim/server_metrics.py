@@ -20,6 +20,15 @@ def row_extras(server: "Server", round_num: int, client_id: int, config: dict[st
     return extras
 
 
+def async_row_extras(server: "Server", round_num: int, client_id: int) -> dict[str, Any]:
+    """An asynchronous server step's client row: its upload's bytes (its download belongs to the step that started
+    it) and, in an attacked run, whether the client is malicious in this step."""
+    extras: dict[str, Any] = {"bytes_up": server.comm.up_bytes}
+    if server.attack is not None:
+        extras["malicious"] = client_id in server.attack.malicious(round_num)
+    return extras
+
+
 def wire_metrics(server: "Server", down: int, results: Sequence[TaskResult]) -> dict[str, float]:
     """The round's ``comm/`` bytes (``down``: downloaded by the round's clients) and, with DP-SGD clients, their
     spent privacy (every update that came back was released, accepted or not)."""

@@ -86,7 +86,7 @@ def setup_pipeline(server: "Server", compression: "Compression | None", attack: 
 
     server.comm = Exchange(compression or Compression(), server.params.numel(), server.seed)
     server.local_dp = local_ledger(server.clients, server.model)
-    server.attack = attack_stage(attack, server.loop, len(server.clients), server.seed, server.logger.run_dir)
+    server.attack = attack_stage(attack, len(server.clients), server.seed, server.logger.run_dir)
     if server.attack is not None:
         server.train_data, server.clients = server.attack.poison_data(server.train_data, server.test_data, server.clients)
 

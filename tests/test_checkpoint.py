@@ -131,9 +131,9 @@ def _settings(strategy: str) -> list[str]:
     return [f"strategy={strategy}" if strategy != "private" else "strategy=fedavg", *extra.get(strategy, [])]
 
 
-# FedBuff with top-k and error feedback up (residuals in client state, committed with each server step) and
-# QSGD down (seeded by the model version)
-FEDBUFF_COMPRESSED = ["compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}]",
+# FedBuff attacked by ALIE (crafted from each server step's buffer), with top-k and error feedback up (residuals in
+# client state, committed with each server step) and QSGD down (seeded by the model version)
+FEDBUFF_COMPRESSED = ["attack=alie", "compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}]",
                       "compression.downlink=[{name: qsgd, bits: 4}]"]
 
 # DP-FedAvg with adaptive clipping (the ledger and the clip norm in the checkpoint), an omniscient attack (ALIE) and

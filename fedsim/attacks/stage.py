@@ -18,14 +18,10 @@ from fedsim.types import ClientUpdate, TaskResult
 from fedsim.updates import rejection_reason
 
 
-def attack_stage(attack: Attack | None, event_loop: object | None, num_clients: int, seed: int,
-                 run_dir: Path | None) -> "AttackStage | None":
-    """The run's :class:`AttackStage` (None without an attack), its malicious set recorded in ``run_dir``; the
-    asynchronous loop is refused in one line."""
+def attack_stage(attack: Attack | None, num_clients: int, seed: int, run_dir: Path | None) -> "AttackStage | None":
+    """The run's :class:`AttackStage` (None without an attack), its malicious set recorded in ``run_dir``."""
     if attack is None:
         return None
-    if event_loop is not None:
-        raise ValueError("attack: asynchronous strategies (fedbuff) cannot be attacked yet; use a synchronous strategy")
     stage = AttackStage(attack, num_clients=num_clients, seed=seed)
     stage.record(run_dir)
     return stage
@@ -72,15 +68,29 @@ class AttackStage:
         write_text_atomic(Path(run_dir) / "malicious.json", text + "\n")
 
     def apply(self, results: Sequence[TaskResult], received: torch.Tensor) -> list[TaskResult]:
-        """The round's results with the malicious clients' updates replaced (failures, and updates the server
-        will reject anyway, pass unchanged and are not shown to the attack)."""
-        sound = {r.client_id: r for r in results if isinstance(r, ClientUpdate) and rejection_reason(r, received) is None}
+        """A synchronous round's results with the malicious clients' updates replaced (failures, and updates the
+        server will reject anyway, pass unchanged and are not shown to the attack)."""
+        sound = [r for r in results if isinstance(r, ClientUpdate) and rejection_reason(r, received) is None]
         if not sound:
             return list(results)
-        round_num = next(iter(sound.values())).round_num
-        deltas = {c: u.params - received for c, u in sorted(sound.items())}
-        poisoned = self.attack.poison(deltas, self.malicious(round_num), self.seed, round_num)
-        return [replace(r, params=received + poisoned[r.client_id]) if r.client_id in poisoned else r for r in results]
+        poisoned = self._poisoned(sound, [received] * len(sound), sound[0].round_num)
+        return [poisoned.get(r.client_id, r) for r in results]
+
+    def apply_buffer(self, updates: Sequence[ClientUpdate], received: Sequence[torch.Tensor], round_num: int) -> list[ClientUpdate]:
+        """An asynchronous server step's buffer with the malicious clients' updates replaced: ``updates`` are the
+        sound, honest updates the step consumes (one per client), each trained from its own ``received`` weights (the
+        model version it started from, as it received it). ``round_num`` is the server step: it picks a
+        ``per_round`` malicious set and seeds the attack's draws, and an omniscient attack sees the buffer."""
+        poisoned = self._poisoned(updates, received, round_num)
+        return [poisoned.get(u.client_id, u) for u in updates]
+
+    def _poisoned(self, updates: Sequence[ClientUpdate], received: Sequence[torch.Tensor], round_num: int) -> dict[int, ClientUpdate]:
+        """The malicious clients' replacement updates, by client id: each sends its received weights plus the
+        attack's delta, which it computes from every update's delta (trained − received), in client-id order."""
+        base = {u.client_id: r for u, r in zip(updates, received)}
+        deltas = {u.client_id: u.params - base[u.client_id] for u in sorted(updates, key=lambda u: u.client_id)}
+        crafted = self.attack.poison(deltas, self.malicious(round_num), self.seed, round_num)
+        return {u.client_id: replace(u, params=base[u.client_id] + crafted[u.client_id]) for u in updates if u.client_id in crafted}
 
     def round_metrics(self, round_num: int, sampled: Sequence[int], aggregated: Sequence[ClientUpdate],
                       selected: Sequence[int] | None) -> dict[str, float]:

@@ -11,7 +11,8 @@ Parallelism: a task's result is needed only when its event comes, but its inputs
 known when it starts. When a result is needed, every started task without one is trained, one executor call per
 start version (the K tasks started after a server step share it), so the executor gets batches to run in parallel.
 With ``compression``, those clients receive the version's weights as encoded and their updates come back decoded
-(:meth:`BufferedLoop._train_pending`).
+(:meth:`BufferedLoop._decoded`). With an attack, the malicious clients replace their updates once the buffer is full,
+an omniscient attack seeing the buffer, and only then are the updates encoded (:meth:`BufferedLoop._attacked`).
 
 New clients are drawn uniformly among the clients not training, from ``(seed, start order)``. Clients must be
 always online (availability with asynchronous training is not modelled yet). A checkpoint (taken after a server
@@ -22,7 +23,7 @@ trains them again from the same inputs, so it continues exactly.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,6 +40,16 @@ if TYPE_CHECKING:
     from fedsim.server import Server
 
 _DOMAIN = 0xB0FF  # the stream that picks which client starts next
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A task's result as the executor returned it, with what decoding it needs: the weights its client received
+    (its version's broadcast) and the client's state when it started (its error-feedback residual)."""
+
+    result: TaskResult
+    received: torch.Tensor
+    state: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -81,35 +92,42 @@ class BufferedLoop:
         self.version, self.started = 0, 0
         self.in_flight: list[Task] = []
         self.start_params: dict[int, torch.Tensor] = {}  # the weights of every version a task in flight started from
-        self.results: dict[int, TaskResult] = {}  # by start order: trained, not yet consumed
+        self.results: dict[int, Trained] = {}  # by start order: trained, not yet consumed
 
-    def step(self, server: Server, round_num: int) -> tuple[torch.Tensor, list[ClientUpdate], dict[str, float]]:
+    def step(self, server: Server, round_num: int) -> tuple[torch.Tensor, list[tuple[ClientUpdate, torch.Tensor]], dict[str, float]]:
         """Handle events until the buffer is full, then take one server step: (new weights, the updates consumed,
-        the step's ``sim/`` metrics)."""
+        each with the weights its client started from, the step's ``sim/`` metrics and, attacked, its ``attack/``
+        metrics). With no update left to consume (an attacked buffer the server rejected whole) the model stays."""
         started_at, before = self.clock.now_s, self.started
         self.start_params.setdefault(self.version, server.params.clone())
-        consumed: list[tuple[ClientUpdate, Task]] = []
+        buffer: list[tuple[ClientUpdate, Task, Trained]] = []
         self._fill(server, set())
-        while len(consumed) < self.strategy.buffer_size:
+        while len(buffer) < self.strategy.buffer_size:
             task = min(self.in_flight, key=lambda t: (t.finish_s, t.seq))
             if task.seq not in self.results:
                 self._train_pending(server, round_num)
             self.in_flight.remove(task)
             self.clock.now_s = task.finish_s
-            update = self._accepted(server, round_num, task, self.results.pop(task.seq))
+            trained = self.results.pop(task.seq)
+            update = self._accepted(server, round_num, task, trained.result if server.attack else self._decoded(server, task, trained))
             if update is not None:
-                consumed.append((update, task))
-            self._fill(server, {t.client_id for _, t in consumed})
-        deltas = [u.params - self.start_params[t.version] for u, t in consumed]
+                buffer.append((update, task, trained))
+            self._fill(server, {t.client_id for _, t, _ in buffer})
+        consumed = self._attacked(server, round_num, buffer) if server.attack else [(u, t) for u, t, _ in buffer]
         taus = [self.version - t.version for _, t in consumed]
-        new = self.strategy.step(server.params, deltas, taus)
+        new = (self.strategy.step(server.params, [u.params - self.start_params[t.version] for u, t in consumed], taus)
+               if consumed else server.params)
+        started = [(u, self.start_params[t.version]) for u, t in consumed]
         self.version += 1
         self.start_params = {v: p for v, p in self.start_params.items() if any(t.version == v for t in self.in_flight)}
         self.start_params[self.version] = new.clone()
         metrics = {"sim/time_s": self.clock.now_s, "sim/round_s": self.clock.now_s - started_at,
-                   "sim/staleness_mean": float(np.mean(taus)), "sim/staleness_max": float(max(taus)),
                    "sim/started": float(self.started - before), "sim/in_flight": float(len(self.in_flight))}
-        return new, [u for u, _ in consumed], metrics
+        if taus:
+            metrics |= {"sim/staleness_mean": float(np.mean(taus)), "sim/staleness_max": float(max(taus))}
+        if server.attack is not None:
+            metrics |= server.attack.round_metrics(round_num, sorted(u.client_id for u, _, _ in buffer), [u for u, _ in consumed], None)
+        return new, started, metrics
 
     def _fill(self, server: Server, buffered: set[int]) -> None:
         """Start new tasks until ``concurrency`` are in flight, with clients drawn among those neither training nor
@@ -128,8 +146,7 @@ class BufferedLoop:
     def _train_pending(self, server: Server, round_num: int) -> None:
         """Train every task in flight that has no result yet: one executor call per start version. The clients of a
         version receive its weights as the downlink encodes them (seeded by the version, as a synchronous round's
-        broadcast by its round), and each update comes back decoded (seeded by the task's start order, which is
-        its ``round_num``), with the error-feedback residual in its new state (:class:`fedsim.comm.exchange.Exchange`)."""
+        broadcast by its round); each result is kept as trained, with what decoding it needs (:class:`Trained`)."""
         pending = [t for t in self.in_flight if t.seq not in self.results]
         for version in sorted({t.version for t in pending}):
             group = [t for t in pending if t.version == version]
@@ -137,13 +154,31 @@ class BufferedLoop:
             tasks = [FitTask(t.client_id, t.seq + 1, task_seed(self.seed, t.seq + 1, t.client_id),
                              server._client_config(t.version, t.client_id), task_state(states[t.client_id]))
                      for t in group]
-            start = self.start_params[version]
-            received = server.comm.broadcast(start, version + 1)
+            received = server.comm.broadcast(self.start_params[version], version + 1)
             results = server.executor.fit(received, tasks)
             apply_failure_policy(round_num, list(results), server.min_success_fraction, server.logger)
-            by_client = {r.client_id: server.comm.receive(r, received, start, states[r.client_id]) for r in results}
+            by_client = {r.client_id: r for r in results}
             for t in group:
-                self.results[t.seq] = by_client[t.client_id]
+                self.results[t.seq] = Trained(by_client[t.client_id], received, states[t.client_id])
+
+    def _decoded(self, server: Server, task: Task, trained: Trained) -> TaskResult:
+        """The task's update as the server decodes it (seeded by the task's start order, which is its
+        ``round_num``), with the error-feedback residual in its new state (:class:`fedsim.comm.exchange.Exchange`)."""
+        return server.comm.receive(trained.result, trained.received, self.start_params[task.version], trained.state)
+
+    def _attacked(self, server: Server, round_num: int, buffer: list[tuple[ClientUpdate, Task, Trained]]) -> list[tuple[ClientUpdate, Task]]:
+        """The full buffer after the attack (:meth:`fedsim.attacks.stage.AttackStage.apply_buffer`: the malicious
+        clients replace their updates, an omniscient attack seeing the buffer's honest ones), each update then
+        encoded and decoded as it is sent. One the server's checks then reject (a boosted update overflowing
+        float16, say) is dropped from the step and logged, as in a synchronous round."""
+        assert server.attack is not None
+        updates = server.attack.apply_buffer([u for u, _, _ in buffer], [b.received for _, _, b in buffer], round_num)
+        consumed = []
+        for update, (_, task, trained) in zip(updates, buffer):
+            decoded = self._decoded(server, task, replace(trained, result=update))
+            if sound_updates(round_num, [decoded], self.start_params[task.version], server.logger):
+                consumed.append((decoded, task))
+        return consumed
 
     def _accepted(self, server: Server, round_num: int, task: Task, result: TaskResult) -> ClientUpdate | None:
         """The task's update, or None when it failed or was rejected (logged)."""

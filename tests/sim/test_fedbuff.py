@@ -3,6 +3,7 @@ the same metrics and times under every executor, and the clear refusals."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -149,3 +150,22 @@ def test_compressed_resume_continues_bitwise_with_the_residuals(tmp_path, compre
     result = resumed.run()
     assert _sim(result.history) == _sim(compressed_reference.history)
     assert torch.equal(result.params, compressed_reference.params)
+
+
+def test_client_rows_measure_each_update_from_the_version_it_started_from(tmp_path) -> None:  # noqa: ANN001
+    """A stale update's ``update_norm`` is its distance from its own start weights, not from the current model."""
+    server = build_server(compose([*BUFFERED, "logger=default", "logger.tensorboard=false"]), run_dir=tmp_path)
+    loop, norms = server.loop, {}
+    accepted = loop._accepted
+
+    def record(srv, round_num, task, result):  # noqa: ANN001, ANN202
+        update = accepted(srv, round_num, task, result)
+        if update is not None:
+            norms[round_num, task.client_id] = float(torch.linalg.vector_norm(update.params - loop.start_params[task.version]))
+        return update
+
+    loop._accepted = record
+    history = server.run().history
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {(r["round"], c["client_id"]): c["update_norm"] for r in rows for c in r["clients"]} == norms
+    assert any(r["sim/staleness_max"] > 0 for r in history)  # some were measured from an older version
