@@ -95,11 +95,35 @@ class BufferedLoop:
         self.results: dict[int, Trained] = {}  # by start order: trained, not yet consumed
 
     def step(self, server: Server, round_num: int) -> tuple[torch.Tensor, list[tuple[ClientUpdate, torch.Tensor]], dict[str, float]]:
-        """Handle events until the buffer is full, then take one server step: (new weights, the updates consumed,
-        each with the weights its client started from, the step's ``sim/`` metrics and, attacked, its ``attack/``
-        metrics). With no update left to consume (an attacked buffer the server rejected whole) the model stays."""
+        """Handle events until ``buffer_size`` updates have arrived, then take one server step: (new weights, the
+        updates consumed, each with the weights its client started from, the step's metrics). Arrivals the server
+        rejects (non-finite, wrong shape...) are dropped from the step, as from a synchronous round; a step left
+        with no update keeps the model. So a run whose clients all diverge goes on, it does not wait for ever."""
         started_at, before = self.clock.now_s, self.started
         self.start_params.setdefault(self.version, server.params.clone())
+        buffer = self._arrivals(server, round_num)
+        consumed = (self._attacked(server, round_num, buffer) if server.attack
+                    else self._sound(server, round_num, [(u, t) for u, t, _ in buffer]))
+        taus = [self.version - t.version for _, t in consumed]
+        new = (self.strategy.step(server.params, [u.params - self.start_params[t.version] for u, t in consumed], taus)
+               if consumed else server.params)
+        started = [(u, self.start_params[t.version]) for u, t in consumed]
+        self.version += 1
+        self.start_params = {v: p for v, p in self.start_params.items() if any(t.version == v for t in self.in_flight)}
+        self.start_params[self.version] = new.clone()
+        metrics = {"sim/time_s": self.clock.now_s, "sim/round_s": self.clock.now_s - started_at,
+                   "sim/started": float(self.started - before), "sim/in_flight": float(len(self.in_flight)),
+                   "client/num_rejected": float(len(buffer) - len(consumed))}
+        if taus:
+            metrics |= {"sim/staleness_mean": float(np.mean(taus)), "sim/staleness_max": float(max(taus))}
+        if server.attack is not None:
+            metrics |= server.attack.round_metrics(round_num, sorted(u.client_id for u, _, _ in buffer), [u for u, _ in consumed], None)
+        return new, started, metrics
+
+    def _arrivals(self, server: Server, round_num: int) -> list[tuple[ClientUpdate, Task, Trained]]:
+        """Events in (finish time, start order) until ``buffer_size`` updates have arrived (a failed task sends
+        nothing), each as :meth:`_received` gives it, with its task and its result as trained; a new task starts
+        after each event."""
         buffer: list[tuple[ClientUpdate, Task, Trained]] = []
         self._fill(server, set())
         while len(buffer) < self.strategy.buffer_size:
@@ -109,25 +133,11 @@ class BufferedLoop:
             self.in_flight.remove(task)
             self.clock.now_s = task.finish_s
             trained = self.results.pop(task.seq)
-            update = self._accepted(server, round_num, task, trained.result if server.attack else self._decoded(server, task, trained))
+            update = self._received(server, round_num, task, trained)
             if update is not None:
                 buffer.append((update, task, trained))
             self._fill(server, {t.client_id for _, t, _ in buffer})
-        consumed = self._attacked(server, round_num, buffer) if server.attack else [(u, t) for u, t, _ in buffer]
-        taus = [self.version - t.version for _, t in consumed]
-        new = (self.strategy.step(server.params, [u.params - self.start_params[t.version] for u, t in consumed], taus)
-               if consumed else server.params)
-        started = [(u, self.start_params[t.version]) for u, t in consumed]
-        self.version += 1
-        self.start_params = {v: p for v, p in self.start_params.items() if any(t.version == v for t in self.in_flight)}
-        self.start_params[self.version] = new.clone()
-        metrics = {"sim/time_s": self.clock.now_s, "sim/round_s": self.clock.now_s - started_at,
-                   "sim/started": float(self.started - before), "sim/in_flight": float(len(self.in_flight))}
-        if taus:
-            metrics |= {"sim/staleness_mean": float(np.mean(taus)), "sim/staleness_max": float(max(taus))}
-        if server.attack is not None:
-            metrics |= server.attack.round_metrics(round_num, sorted(u.client_id for u, _, _ in buffer), [u for u, _ in consumed], None)
-        return new, started, metrics
+        return buffer
 
     def _fill(self, server: Server, buffered: set[int]) -> None:
         """Start new tasks until ``concurrency`` are in flight, with clients drawn among those neither training nor
@@ -166,26 +176,28 @@ class BufferedLoop:
         ``round_num``), with the error-feedback residual in its new state (:class:`fedsim.comm.exchange.Exchange`)."""
         return server.comm.receive(trained.result, trained.received, self.start_params[task.version], trained.state)
 
-    def _attacked(self, server: Server, round_num: int, buffer: list[tuple[ClientUpdate, Task, Trained]]) -> list[tuple[ClientUpdate, Task]]:
-        """The full buffer after the attack (:meth:`fedsim.attacks.stage.AttackStage.apply_buffer`: the malicious
-        clients replace their updates, an omniscient attack seeing the buffer's honest ones), each update then
-        encoded and decoded as it is sent. One the server's checks then reject (a boosted update overflowing
-        float16, say) is dropped from the step and logged, as in a synchronous round."""
-        assert server.attack is not None
-        updates = server.attack.apply_buffer([u for u, _, _ in buffer], [b.received for _, _, b in buffer], round_num)
-        consumed = []
-        for update, (_, task, trained) in zip(updates, buffer):
-            decoded = self._decoded(server, task, replace(trained, result=update))
-            if sound_updates(round_num, [decoded], self.start_params[task.version], server.logger):
-                consumed.append((decoded, task))
-        return consumed
+    def _received(self, server: Server, round_num: int, task: Task, trained: Trained) -> ClientUpdate | None:
+        """The task's update as it arrives (None when the task failed): decoded, or, in an attacked run, as trained,
+        since the attack replaces updates before they are encoded (:meth:`_attacked`)."""
+        result = trained.result if server.attack is not None else self._decoded(server, task, trained)
+        return result if isinstance(result, ClientUpdate) else None
 
-    def _accepted(self, server: Server, round_num: int, task: Task, result: TaskResult) -> ClientUpdate | None:
-        """The task's update, or None when it failed or was rejected (logged)."""
-        if not isinstance(result, ClientUpdate):
-            return None
-        sound = sound_updates(round_num, [result], self.start_params[task.version], server.logger)
-        return sound[0] if sound else None
+    def _sound(self, server: Server, round_num: int, arrived: Sequence[tuple[TaskResult, Task]]) -> list[tuple[ClientUpdate, Task]]:
+        """The updates that pass the server's checks against their start weights (the others logged)."""
+        return [(u, t) for u, t in arrived
+                if isinstance(u, ClientUpdate) and sound_updates(round_num, [u], self.start_params[t.version], server.logger)]
+
+    def _attacked(self, server: Server, round_num: int, buffer: list[tuple[ClientUpdate, Task, Trained]]) -> list[tuple[ClientUpdate, Task]]:
+        """The buffer after the attack (:meth:`fedsim.attacks.stage.AttackStage.apply_buffer`): the malicious
+        clients among its sound updates replace theirs, an omniscient attack seeing those updates, all honest; each
+        is then encoded and decoded as it is sent, and checked again. One the server then rejects (a boosted
+        update overflowing float16, say) is dropped from the step and logged, as in a synchronous round."""
+        assert server.attack is not None
+        trained = {t.seq: b for _, t, b in buffer}
+        sound = self._sound(server, round_num, [(u, t) for u, t, _ in buffer])
+        updates = server.attack.apply_buffer([u for u, _ in sound], [trained[t.seq].received for _, t in sound], round_num)
+        return self._sound(server, round_num, [(self._decoded(server, t, replace(trained[t.seq], result=u)), t)
+                                               for u, (_, t) in zip(updates, sound)])
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps (after a server step the buffer is empty and no result is pending)."""

@@ -30,13 +30,13 @@ def test_server_step_is_the_staleness_weighted_mean_of_the_buffer() -> None:
 def test_events_come_in_finish_order_and_staleness_counts_the_steps_in_between() -> None:
     server = build_server(compose(BUFFERED))
     loop, events = server.loop, []
-    accepted = loop._accepted
+    received = loop._received
 
-    def record(srv, round_num, task, result):  # noqa: ANN001, ANN202
+    def record(srv, round_num, task, trained):  # noqa: ANN001, ANN202
         events.append((round_num, loop.version, task, loop.clock.now_s, len(loop.in_flight)))
-        return accepted(srv, round_num, task, result)
+        return received(srv, round_num, task, trained)
 
-    loop._accepted = record
+    loop._received = record
     history = server.run().history
     finishes = [task.finish_s for _, _, task, _, _ in events]
     assert finishes == sorted(finishes) and all(now == task.finish_s for _, _, task, now, _ in events)
@@ -115,15 +115,15 @@ def test_compressed_updates_are_what_the_server_consumes(compressed_reference) -
     client carried), and the bytes are the encodings'; the run is not the uncompressed one."""
     server = build_server(compose(COMPRESSED))
     loop, moved = server.loop, []
-    accepted = loop._accepted
+    received = loop._received
 
-    def record(srv, round_num, task, result):  # noqa: ANN001, ANN202
-        update = accepted(srv, round_num, task, result)
+    def record(srv, round_num, task, trained):  # noqa: ANN001, ANN202
+        update = received(srv, round_num, task, trained)
         if update is not None:
             moved.append(int((update.params - loop.start_params[task.version]).ne(0).sum()))
         return update
 
-    loop._accepted = record
+    loop._received = record
     history = server.run().history
     n = server.params.numel()
     # (start + d) - start is exactly 0 where the decoded d is 0, so at most top-k's kept values move
@@ -156,15 +156,15 @@ def test_client_rows_measure_each_update_from_the_version_it_started_from(tmp_pa
     """A stale update's ``update_norm`` is its distance from its own start weights, not from the current model."""
     server = build_server(compose([*BUFFERED, "logger=default", "logger.tensorboard=false"]), run_dir=tmp_path)
     loop, norms = server.loop, {}
-    accepted = loop._accepted
+    received = loop._received
 
-    def record(srv, round_num, task, result):  # noqa: ANN001, ANN202
-        update = accepted(srv, round_num, task, result)
+    def record(srv, round_num, task, trained):  # noqa: ANN001, ANN202
+        update = received(srv, round_num, task, trained)
         if update is not None:
             norms[round_num, task.client_id] = float(torch.linalg.vector_norm(update.params - loop.start_params[task.version]))
         return update
 
-    loop._accepted = record
+    loop._received = record
     history = server.run().history
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert {(r["round"], c["client_id"]): c["update_norm"] for r in rows for c in r["clients"]} == norms

@@ -110,3 +110,13 @@ def test_a_buffer_the_server_rejects_whole_keeps_the_model() -> None:
     assert torch.equal(result.params, start)
     assert [r["client/num_aggregated"] for r in result.history] == [0.0, 0.0]
     assert all("sim/staleness_mean" not in r and r["attack/malicious_sampled"] == 3 for r in result.history)
+
+
+def test_clients_that_all_diverge_do_not_stall_the_run() -> None:
+    """Every client's training overflows: each arrival is rejected and counts toward the step's buffer, so every
+    step ends with nothing to consume and the model kept, instead of waiting for ever for a sound update."""
+    server = build_server(compose([*BUFFERED, "num_rounds=2", "client.optimizer.lr=1e38"]))
+    start = server.params.clone()
+    result = server.run()
+    assert torch.equal(result.params, start)
+    assert [(r["client/num_aggregated"], r["client/num_rejected"]) for r in result.history] == [(0.0, 3.0), (0.0, 3.0)]
