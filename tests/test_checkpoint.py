@@ -132,8 +132,9 @@ def _settings(strategy: str) -> list[str]:
 
 
 # FedBuff attacked by ALIE (crafted from each server step's buffer), with top-k and error feedback up (residuals in
-# client state, committed with each server step) and QSGD down (seeded by the model version)
-FEDBUFF_COMPRESSED = ["attack=alie", "compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}]",
+# client state, committed with each server step), QSGD down (seeded by the model version) and clients that go
+# offline mid-task (18 s availability period)
+FEDBUFF_COMPRESSED = ["clock.always_online=false", "clock.period_h=0.005", "clock.online_fraction_mean=0.2", "attack=alie", "compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}]",
                       "compression.downlink=[{name: qsgd, bits: 4}]"]
 
 # DP-FedAvg with adaptive clipping (the ledger and the clip norm in the checkpoint), an omniscient attack (ALIE) and

@@ -14,8 +14,10 @@ With ``compression``, those clients receive the version's weights as encoded and
 (:meth:`BufferedLoop._decoded`). With an attack, the malicious clients replace their updates once the buffer is full,
 an omniscient attack seeing the buffer, and only then are the updates encoded (:meth:`BufferedLoop._attacked`).
 
-New clients are drawn uniformly among the clients not training, from ``(seed, start order)``. Clients must be
-always online (availability with asynchronous training is not modelled yet). A checkpoint (taken after a server
+New clients are drawn uniformly among the clients online and not training, from ``(seed, start order)``.
+Availability (``clock.always_online=false``): a client whose online window closes before its task would finish
+drops out at that moment, its update never arrives (it is not trained), and its slot goes to a new client; when no
+idle client is online, slots stay empty until one comes online. A checkpoint (taken after a server
 step, when the buffer is empty) holds the clock, the tasks in flight and the start weights they need; a resumed run
 trains them again from the same inputs, so it continues exactly.
 """
@@ -31,7 +33,7 @@ import torch
 
 from fedsim.comm.exchange import task_state
 from fedsim.seeding import task_seed
-from fedsim.sim.clock import SyncClock
+from fedsim.sim.clock import SyncClock, next_start_s, online_until
 from fedsim.strategy.fedbuff import FedBuff
 from fedsim.types import ClientUpdate, FitTask, TaskResult
 from fedsim.updates import apply_failure_policy, sound_updates
@@ -54,22 +56,24 @@ class Trained:
 
 @dataclass(frozen=True)
 class Task:
-    """A task in flight: its start order, client, the model version it started from and its times."""
+    """A task in flight: its start order, client, the model version it started from and its times. ``finish_s`` is
+    when it ends: its update arrives then, or, when ``arrives`` is false, its client goes offline then."""
 
     seq: int
     client_id: int
     version: int
     start_s: float
     finish_s: float
+    arrives: bool = True
 
 
 def check_async(clock: SyncClock | None, strategy: FedBuff, num_clients: int) -> None:
     """Refuse, in one line, what the asynchronous loop cannot run."""
     if clock is None:
         raise ValueError("strategy=fedbuff trains asynchronously on the simulated clock: add clock=sampled or clock=trace")
-    if not clock.profiles.always_online or clock.deadline_s is not None or clock.over_selection:
-        raise ValueError("strategy=fedbuff: clock.deadline_s, clock.over_selection and availability are for synchronous "
-                         "rounds; use clock.always_online=true with no deadline and no over-selection")
+    if clock.deadline_s is not None or clock.over_selection:
+        raise ValueError("strategy=fedbuff: clock.deadline_s and clock.over_selection are for synchronous rounds; "
+                         "use no deadline and no over-selection")
     if strategy.concurrency + strategy.buffer_size > num_clients:
         raise ValueError(f"strategy.concurrency + strategy.buffer_size must be <= the {num_clients} clients (got "
                          f"{strategy.concurrency} + {strategy.buffer_size}): a client whose update waits in the buffer "
@@ -93,6 +97,7 @@ class BufferedLoop:
         self.in_flight: list[Task] = []
         self.start_params: dict[int, torch.Tensor] = {}  # the weights of every version a task in flight started from
         self.results: dict[int, Trained] = {}  # by start order: trained, not yet consumed
+        self.dropped_offline = 0  # tasks of the current server step whose client went offline
 
     def step(self, server: Server, round_num: int) -> tuple[torch.Tensor, list[tuple[ClientUpdate, torch.Tensor]], dict[str, float]]:
         """Handle events until ``buffer_size`` updates have arrived, then take one server step: (new weights, the
@@ -113,7 +118,7 @@ class BufferedLoop:
         self.start_params[self.version] = new.clone()
         metrics = {"sim/time_s": self.clock.now_s, "sim/round_s": self.clock.now_s - started_at,
                    "sim/started": float(self.started - before), "sim/in_flight": float(len(self.in_flight)),
-                   "client/num_rejected": float(len(buffer) - len(consumed))}
+                   "sim/dropped_offline": float(self.dropped_offline), "client/num_rejected": float(len(buffer) - len(consumed))}
         if taus:
             metrics |= {"sim/staleness_mean": float(np.mean(taus)), "sim/staleness_max": float(max(taus))}
         if server.attack is not None:
@@ -121,43 +126,63 @@ class BufferedLoop:
         return new, started, metrics
 
     def _arrivals(self, server: Server, round_num: int) -> list[tuple[ClientUpdate, Task, Trained]]:
-        """Events in (finish time, start order) until ``buffer_size`` updates have arrived (a failed task sends
-        nothing), each as :meth:`_received` gives it, with its task and its result as trained; a new task starts
-        after each event."""
+        """Events in (end time, start order) until ``buffer_size`` updates have arrived (a failed task or a client
+        gone offline sends nothing), each as :meth:`_received` gives it, with its task and its result as trained.
+        New tasks start after each event, and when an idle client comes online while a slot is free."""
         buffer: list[tuple[ClientUpdate, Task, Trained]] = []
+        self.dropped_offline = 0
         self._fill(server, set())
         while len(buffer) < self.strategy.buffer_size:
-            task = min(self.in_flight, key=lambda t: (t.finish_s, t.seq))
-            if task.seq not in self.results:
-                self._train_pending(server, round_num)
-            self.in_flight.remove(task)
-            self.clock.now_s = task.finish_s
-            trained = self.results.pop(task.seq)
-            update = self._received(server, round_num, task, trained)
-            if update is not None:
-                buffer.append((update, task, trained))
+            task = min(self.in_flight, key=lambda t: (t.finish_s, t.seq)) if self.in_flight else None
+            wake = self._wake_s(server, {t.client_id for _, t, _ in buffer})
+            if task is None or wake < task.finish_s:
+                self.clock.now_s = wake
+            else:
+                if task.arrives and task.seq not in self.results:
+                    self._train_pending(server, round_num)
+                self.in_flight.remove(task)
+                self.clock.now_s = task.finish_s
+                trained = self.results.pop(task.seq) if task.arrives else None
+                update = None if trained is None else self._received(server, round_num, task, trained)
+                if update is not None:
+                    buffer.append((update, task, trained))
+                self.dropped_offline += not task.arrives
             self._fill(server, {t.client_id for _, t, _ in buffer})
         return buffer
 
+    def _wake_s(self, server: Server, buffered: set[int]) -> float:
+        """When a free slot can next be filled: the next time an idle client can start (:func:`next_start_s`; inf
+        with every slot taken)."""
+        if len(self.in_flight) >= self.strategy.concurrency:
+            return float("inf")
+        busy = {t.client_id for t in self.in_flight} | buffered
+        return min(next_start_s(self.clock.profiles, c, self.clock.now_s) for c in range(len(server.clients)) if c not in busy)
+
     def _fill(self, server: Server, buffered: set[int]) -> None:
-        """Start new tasks until ``concurrency`` are in flight, with clients drawn among those neither training nor
-        waiting in the buffer (a client's state is committed with the server step that uses its update, so a
-        client trains again only from its committed state: what a resumed run reads too)."""
+        """Start new tasks until ``concurrency`` are in flight or no idle client is online, with clients drawn among
+        the online ones neither training nor waiting in the buffer (a client's state is committed with the server
+        step that uses its update, so a client trains again only from its committed state: what a resumed run
+        reads too). A task whose client's window closes before it would finish ends then, without an update."""
+        now = self.clock.now_s
         while len(self.in_flight) < self.strategy.concurrency:
             busy = {t.client_id for t in self.in_flight} | buffered
-            idle = np.array([c for c in range(len(server.clients)) if c not in busy])
+            idle = np.array([c for c in range(len(server.clients)) if c not in busy and next_start_s(self.clock.profiles, c, now) == now])
+            if idle.size == 0:
+                return
             client = int(idle[np.random.default_rng([self.seed, _DOMAIN, self.started]).integers(len(idle))])
             epochs = int(server._client_config(self.version, client).get("epochs", server.clients[client].epochs))
             timing = self.clock.timing(client, epochs=epochs, num_train=server.clients[client].num_train,
                                        model_bytes=server.comm.down_bytes, update_bytes=server.comm.up_bytes)
-            self.in_flight.append(Task(self.started, client, self.version, self.clock.now_s, self.clock.now_s + timing.total_s))
+            leaves = online_until(self.clock.profiles, client, now)
+            arrives = leaves >= now + timing.total_s
+            self.in_flight.append(Task(self.started, client, self.version, now, now + timing.total_s if arrives else leaves, arrives))
             self.started += 1
 
     def _train_pending(self, server: Server, round_num: int) -> None:
         """Train every task in flight that has no result yet: one executor call per start version. The clients of a
         version receive its weights as the downlink encodes them (seeded by the version, as a synchronous round's
         broadcast by its round); each result is kept as trained, with what decoding it needs (:class:`Trained`)."""
-        pending = [t for t in self.in_flight if t.seq not in self.results]
+        pending = [t for t in self.in_flight if t.arrives and t.seq not in self.results]
         for version in sorted({t.version for t in pending}):
             group = [t for t in pending if t.version == version]
             states = {t.client_id: server.client_states.get(t.client_id) for t in group}

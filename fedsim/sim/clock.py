@@ -110,6 +110,21 @@ def online_until(profiles: DeviceProfiles, client_id: int, t: float) -> float:
     return t + (length - phase) if phase < length else t
 
 
+def next_start_s(profiles: DeviceProfiles, client_id: int, t: float) -> float:
+    """The earliest time ``>= t`` at which ``client_id`` can start a task: online with some of its window left
+    (:func:`online_until` later than the time itself, so a window that closes at ``t`` to float rounding does not
+    count). Nudged up by float rounding steps where the window's computed opening falls just before it."""
+    if online_until(profiles, client_id, t) > t:
+        return float(t)
+    period = profiles.period_s
+    when = t + (period - (t - float(profiles.online_start[client_id])) % period)
+    for _ in range(64):
+        if online_until(profiles, client_id, when) > when:
+            return when
+        when = float(np.nextafter(when, math.inf))
+    raise RuntimeError(f"next_start_s: client {client_id}'s window at {when} s is too short to meet")
+
+
 class SyncClock:
     """The clock of a synchronous run; ``now_s`` is the simulated time at which the next round starts.
 

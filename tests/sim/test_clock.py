@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedsim.run import build_server, compose
-from fedsim.sim.clock import SyncClock, online_until
+from fedsim.sim.clock import SyncClock, next_start_s, online_until
 from fedsim.sim.profiles import DeviceProfiles
 
 DAY = 86_400.0
@@ -95,6 +95,21 @@ def test_availability_windows_sampling_and_dropping_out() -> None:
     assert _schedule(clock, sampled=(0, 1), k=2).dropped_offline == (1,)
     clock.now_s = 4_000.0  # nobody online: the clock moves to noon, when client 2 is
     assert list(clock.online_clients()) == [2] and clock.now_s == 43_200.0
+
+
+def test_a_client_can_start_a_task_only_with_some_of_its_window_left() -> None:
+    """FedBuff starts a task on a client at :func:`next_start_s`: at once inside its window, else when the next
+    window opens; a window closing at ``t`` itself does not count, however the rounding falls."""
+    h = 3600.0
+    profiles = _profiles([1], [1], [1], start=[8 * h], length=[6 * h], period=DAY)  # online 08:00-14:00
+    assert next_start_s(profiles, 0, 3 * h) == 8 * h
+    assert next_start_s(profiles, 0, 9 * h) == 9 * h
+    assert next_start_s(profiles, 0, 14 * h) == DAY + 8 * h  # the window closes at 14:00: not startable then
+    assert next_start_s(_profiles([1], [1], [1]), 0, 5.0) == 5.0  # always online
+    for t in np.linspace(0.0, 3 * DAY, 997):  # every answer is a time with window left, and no window is skipped
+        start = next_start_s(profiles, 0, float(t))
+        assert start >= t and online_until(profiles, 0, start) > start
+        assert start == t or start - t <= DAY - 6 * h + 1e-6
 
 
 def test_bad_clock_settings_are_refused_in_one_line() -> None:
