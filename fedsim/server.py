@@ -284,12 +284,13 @@ class Server:
     def _async_round(self, round_num: int) -> dict[str, float]:
         """One server step of an asynchronous strategy (FedBuff): events on the clock until its buffer is full."""
         start = time.perf_counter()
-        self.params, consumed, sim = self.loop.step(self, round_num)  # type: ignore[union-attr]
-        fit_s = time.perf_counter() - start
-        updates = [u for u, _ in consumed]
+        step = self.loop.step(self, round_num)  # type: ignore[union-attr]
+        fit_s, self.params = time.perf_counter() - start, step.params
+        updates = [u for u, _ in step.consumed]
         self._commit_client_states(round_num, updates)
-        self.logger.log_clients(round_num, [client_row(u, started) | async_row_extras(self, round_num, u.client_id) for u, started in consumed])
-        metrics = train_metrics(updates, len(updates)) | sim | wire_metrics(self, int(sim["sim/started"]) * self.comm.down_bytes, updates)
+        self.logger.log_clients(round_num, [client_row(u, started) | async_row_extras(self, round_num, u.client_id) for u, started in step.consumed])
+        down = int(step.metrics["sim/started"]) * self.comm.down_bytes
+        metrics = train_metrics(updates, len(step.arrived)) | step.metrics | wire_metrics(self, down, step.arrived)
         metrics["client/num_aggregated"] = float(len(updates))
         return self._finish_round(round_num, metrics, consumed_ids(updates), start, fit_s)
 

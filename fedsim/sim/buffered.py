@@ -45,6 +45,17 @@ _DOMAIN = 0xB0FF  # the stream that picks which client starts next
 
 
 @dataclass(frozen=True)
+class ServerStep:
+    """One server step: the new weights, the updates it consumed (each with the weights its client started from),
+    every update that arrived for it (all were sent and released, the rejected ones too) and its metrics."""
+
+    params: torch.Tensor
+    consumed: list[tuple[ClientUpdate, torch.Tensor]]
+    arrived: list[ClientUpdate]
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
 class Trained:
     """A task's result as the executor returned it, with what decoding it needs: the weights its client received
     (its version's broadcast) and the client's state when it started (its error-feedback residual)."""
@@ -99,9 +110,8 @@ class BufferedLoop:
         self.results: dict[int, Trained] = {}  # by start order: trained, not yet consumed
         self.dropped_offline = 0  # tasks of the current server step whose client went offline
 
-    def step(self, server: Server, round_num: int) -> tuple[torch.Tensor, list[tuple[ClientUpdate, torch.Tensor]], dict[str, float]]:
-        """Handle events until ``buffer_size`` updates have arrived, then take one server step: (new weights, the
-        updates consumed, each with the weights its client started from, the step's metrics). Arrivals the server
+    def step(self, server: Server, round_num: int) -> ServerStep:
+        """Handle events until ``buffer_size`` updates have arrived, then take one server step. Arrivals the server
         rejects (non-finite, wrong shape...) are dropped from the step, as from a synchronous round; a step left
         with no update keeps the model. So a run whose clients all diverge goes on, it does not wait for ever."""
         started_at, before = self.clock.now_s, self.started
@@ -123,7 +133,7 @@ class BufferedLoop:
             metrics |= {"sim/staleness_mean": float(np.mean(taus)), "sim/staleness_max": float(max(taus))}
         if server.attack is not None:
             metrics |= server.attack.round_metrics(round_num, sorted(u.client_id for u, _, _ in buffer), [u for u, _ in consumed], None)
-        return new, started, metrics
+        return ServerStep(new, started, [u for u, _, _ in buffer], metrics)
 
     def _arrivals(self, server: Server, round_num: int) -> list[tuple[ClientUpdate, Task, Trained]]:
         """Events in (end time, start order) until ``buffer_size`` updates have arrived (a failed task or a client

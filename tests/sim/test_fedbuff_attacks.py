@@ -1,6 +1,7 @@
 """Attacks on FedBuff: the malicious clients replace their updates in the server step's buffer (an omniscient attack
 sees the buffer's honest updates, each against the version it started from), before encoding; the same run under
-every executor, an exact resume, and the malicious clients flagged per server step."""
+every executor, an exact resume, and the malicious clients flagged per server step. And updates the server
+rejects (crafted or diverged): dropped from their step, never stalling the run, still counted as sent."""
 
 from __future__ import annotations
 
@@ -120,3 +121,15 @@ def test_clients_that_all_diverge_do_not_stall_the_run() -> None:
     result = server.run()
     assert torch.equal(result.params, start)
     assert [(r["client/num_aggregated"], r["client/num_rejected"]) for r in result.history] == [(0.0, 3.0), (0.0, 3.0)]
+    # the rejected updates were still sent: their bytes are counted, and they count as failed arrivals
+    assert all(r["comm/bytes_up"] == 3 * server.comm.up_bytes and r["client/num_failed"] == 3 for r in result.history)
+
+
+def test_a_rejected_dp_sgd_update_still_spends_its_clients_privacy() -> None:
+    """A DP-SGD client's update the server rejects was released all the same: its steps go into the local ledger,
+    as in a synchronous round (before, FedBuff counted only the consumed updates and reported no privacy spent)."""
+    diverging = build_server(compose([*BUFFERED, "num_rounds=1", "client=dpsgd", "client.optimizer.lr=1e38"])).run().history
+    sound = build_server(compose([*BUFFERED, "num_rounds=1", "client=dpsgd"])).run().history
+    assert diverging[0]["client/num_rejected"] == 3 and sound[0]["client/num_rejected"] == 0
+    assert diverging[0]["dp/local_steps_max"] == sound[0]["dp/local_steps_max"] > 0
+    assert diverging[0]["dp/local_epsilon_max"] == sound[0]["dp/local_epsilon_max"] > 0
