@@ -6,9 +6,12 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedsim.client import Client
+
+if TYPE_CHECKING:
+    import torch
 
 
 class RaisingClient(Client):
