@@ -198,8 +198,8 @@ def _check_strategy(cfg: DictConfig, option: str) -> None:
     # what Client.fit reports (SCAFFOLD, FedNova need them), and q-FFL's client half
     metrics = {"local_steps": 2.0, "lr": 0.1, "train_loss": 0.5, "qffl_start_loss": 0.5}
     updates = [ClientUpdate(i, 1, torch.linspace(-1, 1, 9) * i, i + 1, metrics=metrics) for i in range(10)]
-    if getattr(strategy, "asynchronous", False):  # FedBuff: a server step from a buffer of deltas and their staleness
-        new = strategy.step(torch.full((9,), 0.5), [u.params for u in updates], list(range(10)))
+    if getattr(strategy, "asynchronous", False):  # FedBuff, BASGD: a server step from a buffer of deltas, staleness, clients
+        new = strategy.step(torch.full((9,), 0.5), [u.params for u in updates], list(range(10)), list(range(10)))
         assert new.shape == (9,) and torch.isfinite(new).all()
         return
     new = strategy.aggregate(1, torch.full((9,), 0.5), updates)

@@ -8,8 +8,13 @@ are much shorter); the comparison is simulated time to the target accuracy, and 
   FedAvg                 strategy=fedavg, 10 clients per round: the round waits for its slowest client
   FedAvg + deadline      the same with clock.deadline_s (late clients dropped; FedAvg drops partial work)
   FedBuff                strategy=fedbuff buffer_size=10 concurrency=20 (Nguyen et al., AISTATS 2022)
+With --availability, every client is online one window a day (clock.always_online=false: on average a quarter of
+the day): the synchronous rounds sample among the online clients, FedBuff starts tasks only on them, and a client
+whose window closes mid-task drops out (docs/system-heterogeneity.md).
 Usage: python experiments/async_fedbuff/run.py [--rounds 60] [--steps 1200] [--seeds 0 1 2] [--targets 0.5 0.6 0.7] [--deadline 20]
-Runs go to a temporary directory (removed at the end); writes results.json and prints the README's table.
+       [--availability]
+Runs go to a temporary directory (removed at the end); writes results.json (results_availability.json with
+--availability) and prints the README's table.
 """
 
 from __future__ import annotations
@@ -57,13 +62,14 @@ def summarise(histories: list[list[dict]], targets: list[float]) -> dict:
         "final_accuracy_std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
         "total_sim_time_s": [h[-1]["sim/time_s"] for h in histories],
         "dropped_deadline_per_round": statistics.mean(r.get("sim/dropped_deadline", 0.0) for h in histories for r in h),
+        "dropped_offline_per_round": statistics.mean(r.get("sim/dropped_offline", 0.0) for h in histories for r in h),
     }
 
 
 def table(results: dict, targets: list[float]) -> str:
     heads = " | ".join(f"simulated s to {t} (mean; seeds reaching)" for t in targets)
     lines = [f"| configuration | {heads} | final accuracy (mean ± std) | simulated s, whole run (per seed) | late clients "
-             "dropped per round |", "|---" * (len(targets) + 4) + "|"]
+             "dropped per round | gone offline per round |", "|---" * (len(targets) + 5) + "|"]
     for name, r in results["configs"].items():
         cells = []
         for t in targets:
@@ -72,7 +78,7 @@ def table(results: dict, targets: list[float]) -> str:
             cells.append(f"{mean} ({entry['reached']}/{len(r['final_accuracy'])})")
         total = ", ".join(f"{t:.0f}" for t in r["total_sim_time_s"])
         lines.append(f"| {name} | {' | '.join(cells)} | {r['final_accuracy_mean']:.4f} ± {r['final_accuracy_std']:.4f} | "
-                     f"{total} | {r['dropped_deadline_per_round']:.2f} |")
+                     f"{total} | {r['dropped_deadline_per_round']:.2f} | {r['dropped_offline_per_round']:.2f} |")
     return "\n".join(lines)
 
 
@@ -83,6 +89,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.6, 0.7])
     parser.add_argument("--deadline", type=float, default=20.0)
+    parser.add_argument("--availability", action="store_true", help="one online window a day per client")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent)
     args = parser.parse_args()
     start = time.perf_counter()
@@ -90,18 +97,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fedsim-fedbuff-") as tmp:
         for seed in args.seeds:
             for i, (name, overrides) in enumerate(configs(args.deadline, args.rounds, args.steps).items()):
-                cfg = compose([*SETTING, *overrides, f"seed={seed}"])
+                cfg = compose([*SETTING, *(["clock.always_online=false"] if args.availability else []), *overrides, f"seed={seed}"])
                 history = run_config(cfg, run_dir=Path(tmp) / f"s{seed}-{i}").history
                 histories.setdefault(name, []).append(history)
                 print(f"seed {seed}  {name:24s} final acc {history[-1]['eval/accuracy']:.4f}  "
                       f"sim {history[-1]['sim/time_s']:.0f} s", flush=True)
     results = {"command": "python experiments/async_fedbuff/run.py " + " ".join(
                    [f"--rounds {args.rounds}", f"--steps {args.steps}", "--seeds " + " ".join(map(str, args.seeds)), "--targets " + " ".join(map(str, args.targets)),
-                    f"--deadline {args.deadline:g}"]),
-               "setting": SETTING, "rounds": args.rounds, "steps": args.steps, "targets": args.targets, "deadline_s": args.deadline,
+                    f"--deadline {args.deadline:g}"] + (["--availability"] if args.availability else [])),
+               "setting": SETTING + (["clock.always_online=false"] if args.availability else []), "rounds": args.rounds, "steps": args.steps, "targets": args.targets, "deadline_s": args.deadline,
                "configs": {name: summarise(h, args.targets) for name, h in histories.items()},
                "wall_s": time.perf_counter() - start}
-    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / ("results_availability.json" if args.availability else "results.json")).write_text(json.dumps(results, indent=2) + "\n")
     print(table(results, args.targets))
 
 

@@ -33,7 +33,7 @@ import torch
 
 from fedsim.comm.exchange import task_state
 from fedsim.seeding import task_seed
-from fedsim.sim.clock import SyncClock, next_start_s, online_until
+from fedsim.sim.clock import SyncClock, can_start, next_start_s, online_until
 from fedsim.strategy.fedbuff import FedBuff
 from fedsim.types import ClientUpdate, FitTask, TaskResult
 from fedsim.updates import apply_failure_policy, sound_updates
@@ -81,12 +81,13 @@ class Task:
 def check_async(clock: SyncClock | None, strategy: FedBuff, num_clients: int) -> None:
     """Refuse, in one line, what the asynchronous loop cannot run."""
     if clock is None:
-        raise ValueError("strategy=fedbuff trains asynchronously on the simulated clock: add clock=sampled or clock=trace")
+        raise ValueError(f"strategy: {type(strategy).__name__} trains asynchronously on the simulated clock: add clock=sampled "
+                         "or clock=trace")
     if clock.deadline_s is not None or clock.over_selection:
-        raise ValueError("strategy=fedbuff: clock.deadline_s and clock.over_selection are for synchronous rounds; "
+        raise ValueError(f"strategy: {type(strategy).__name__}: clock.deadline_s and clock.over_selection are for synchronous rounds; "
                          "use no deadline and no over-selection")
     if strategy.concurrency + strategy.buffer_size > num_clients:
-        raise ValueError(f"strategy.concurrency + strategy.buffer_size must be <= the {num_clients} clients (got "
+        raise ValueError(f"strategy.concurrency + strategy.{strategy.buffer_setting} must be <= the {num_clients} clients (got "
                          f"{strategy.concurrency} + {strategy.buffer_size}): a client whose update waits in the buffer "
                          "does not train again before the server step")
 
@@ -111,17 +112,18 @@ class BufferedLoop:
         self.dropped_offline = 0  # tasks of the current server step whose client went offline
 
     def step(self, server: Server, round_num: int) -> ServerStep:
-        """Handle events until ``buffer_size`` updates have arrived, then take one server step. Arrivals the server
-        rejects (non-finite, wrong shape...) are dropped from the step, as from a synchronous round; a step left
-        with no update keeps the model. So a run whose clients all diverge goes on, it does not wait for ever."""
+        """Handle events until the strategy's buffer is full (``buffer_full``: ``buffer_size`` updates for FedBuff),
+        then take one server step. Arrivals the server rejects (non-finite, wrong shape...) are dropped from the
+        step, as from a synchronous round; a step left with no update keeps the model. So a run whose clients all
+        diverge goes on, it does not wait for ever."""
         started_at, before = self.clock.now_s, self.started
         self.start_params.setdefault(self.version, server.params.clone())
         buffer = self._arrivals(server, round_num)
         consumed = (self._attacked(server, round_num, buffer) if server.attack
                     else self._sound(server, round_num, [(u, t) for u, t, _ in buffer]))
         taus = [self.version - t.version for _, t in consumed]
-        new = (self.strategy.step(server.params, [u.params - self.start_params[t.version] for u, t in consumed], taus)
-               if consumed else server.params)
+        deltas = [u.params - self.start_params[t.version] for u, t in consumed]
+        new = self.strategy.step(server.params, deltas, taus, [u.client_id for u, _ in consumed]) if consumed else server.params
         started = [(u, self.start_params[t.version]) for u, t in consumed]
         self.version += 1
         self.start_params = {v: p for v, p in self.start_params.items() if any(t.version == v for t in self.in_flight)}
@@ -136,15 +138,19 @@ class BufferedLoop:
         return ServerStep(new, started, [u for u, _, _ in buffer], metrics)
 
     def _arrivals(self, server: Server, round_num: int) -> list[tuple[ClientUpdate, Task, Trained]]:
-        """Events in (end time, start order) until ``buffer_size`` updates have arrived (a failed task or a client
+        """Events in (end time, start order) until the strategy's buffer is full (a failed task or a client
         gone offline sends nothing), each as :meth:`_received` gives it, with its task and its result as trained.
         New tasks start after each event, and when an idle client comes online while a slot is free."""
         buffer: list[tuple[ClientUpdate, Task, Trained]] = []
         self.dropped_offline = 0
         self._fill(server, set())
-        while len(buffer) < self.strategy.buffer_size:
+        while not self.strategy.buffer_full([u.client_id for u, _, _ in buffer]):
             task = min(self.in_flight, key=lambda t: (t.finish_s, t.seq)) if self.in_flight else None
             wake = self._wake_s(server, {t.client_id for _, t, _ in buffer})
+            if task is None and wake == float("inf"):
+                raise RuntimeError(f"round {round_num}: every client waits in the buffer and none trains, but "
+                                   f"{type(self.strategy).__name__}.buffer_full is still false; it must become true "
+                                   "once every client's update has arrived")
             if task is None or wake < task.finish_s:
                 self.clock.now_s = wake
             else:
@@ -166,7 +172,8 @@ class BufferedLoop:
         if len(self.in_flight) >= self.strategy.concurrency:
             return float("inf")
         busy = {t.client_id for t in self.in_flight} | buffered
-        return min(next_start_s(self.clock.profiles, c, self.clock.now_s) for c in range(len(server.clients)) if c not in busy)
+        return min((next_start_s(self.clock.profiles, c, self.clock.now_s) for c in range(len(server.clients)) if c not in busy),
+                   default=float("inf"))
 
     def _fill(self, server: Server, buffered: set[int]) -> None:
         """Start new tasks until ``concurrency`` are in flight or no idle client is online, with clients drawn among
@@ -176,7 +183,7 @@ class BufferedLoop:
         now = self.clock.now_s
         while len(self.in_flight) < self.strategy.concurrency:
             busy = {t.client_id for t in self.in_flight} | buffered
-            idle = np.array([c for c in range(len(server.clients)) if c not in busy and next_start_s(self.clock.profiles, c, now) == now])
+            idle = np.array([c for c in range(len(server.clients)) if c not in busy and can_start(self.clock.profiles, c, now)])
             if idle.size == 0:
                 return
             client = int(idle[np.random.default_rng([self.seed, _DOMAIN, self.started]).integers(len(idle))])

@@ -110,19 +110,21 @@ def online_until(profiles: DeviceProfiles, client_id: int, t: float) -> float:
     return t + (length - phase) if phase < length else t
 
 
+def can_start(profiles: DeviceProfiles, client_id: int, t: float) -> bool:
+    """Whether ``client_id`` can start a task at ``t``: online with some of its window left (:func:`online_until`
+    later than ``t`` itself, so a window that closes at ``t`` to float rounding does not count)."""
+    return online_until(profiles, client_id, t) > t
+
+
 def next_start_s(profiles: DeviceProfiles, client_id: int, t: float) -> float:
-    """The earliest time ``>= t`` at which ``client_id`` can start a task: online with some of its window left
-    (:func:`online_until` later than the time itself, so a window that closes at ``t`` to float rounding does not
-    count). Nudged up by float rounding steps where the window's computed opening falls just before it."""
-    if online_until(profiles, client_id, t) > t:
-        return float(t)
-    period = profiles.period_s
-    when = t + (period - (t - float(profiles.online_start[client_id])) % period)
-    for _ in range(64):
-        if online_until(profiles, client_id, when) > when:
+    """The earliest time ``>= t`` at which ``client_id`` can start a task (:func:`can_start`): ``t`` itself, or
+    when one of its next windows opens; inf for a window too short for float time to start a task in."""
+    when = float(t)
+    for _ in range(4):
+        if can_start(profiles, client_id, when):
             return when
-        when = float(np.nextafter(when, math.inf))
-    raise RuntimeError(f"next_start_s: client {client_id}'s window at {when} s is too short to meet")
+        when = profiles.window_after(client_id, when)
+    return math.inf
 
 
 class SyncClock:

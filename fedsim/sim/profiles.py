@@ -139,7 +139,23 @@ class DeviceProfiles:
             if self.online_at(client, when):
                 return when
             when = float(np.nextafter(when, math.inf))
-        raise RuntimeError(f"DeviceProfiles.next_online: client {client}'s window at {when} s is too short to meet")
+        return self.window_after(client, t)  # ``opens`` was off by more than 64 rounding steps (t ≪ period)
+
+    def window_after(self, client_id: int, t: float) -> float:
+        """When the first of ``client_id``'s windows that opens after ``t`` opens: ``start + k·period`` for the
+        smallest whole k that makes it later than ``t``, nudged up by float rounding steps where needed so that the
+        client is online then (:meth:`online_at`). Computed from k, not from ``t``'s phase, so the rounding error
+        is that of one addition, not of ``period``."""
+        start, k = float(self.online_start[client_id]), math.floor((t - float(self.online_start[client_id])) / self.period_s)
+        when = start + k * self.period_s
+        while when <= t:
+            k += 1
+            when = start + k * self.period_s
+        for _ in range(64):
+            if self.online_at(client_id, when):
+                return when
+            when = float(np.nextafter(when, math.inf))
+        raise RuntimeError(f"DeviceProfiles.window_after: client {client_id}'s window at {when} s is too short to meet")
 
 
 def _check_positive(name: str, value: object, *, allow_zero: bool = False, allow_inf: bool = False) -> float:

@@ -31,6 +31,7 @@ class FedBuff(Strategy):
 
     asynchronous = True
     keeps_stragglers = True
+    buffer_setting = "buffer_size"  # the setting that bounds the updates a step waits for (in error messages)
 
     def __init__(self, buffer_size: int = 10, concurrency: int = 20, server_lr: float = 1.0,
                  staleness_exponent: float = 0.5) -> None:
@@ -46,9 +47,16 @@ class FedBuff(Strategy):
         """s(τ) = (1 + τ)^(-staleness_exponent)."""
         return float((1.0 + staleness) ** -self.staleness_exponent)
 
-    def step(self, global_params: torch.Tensor, deltas: Sequence[torch.Tensor], staleness: Sequence[int]) -> torch.Tensor:
+    def buffer_full(self, client_ids: Sequence[int]) -> bool:
+        """Whether the updates that arrived since the last server step (their clients, in arrival order) make a
+        step: ``buffer_size`` of them. A subclass may ask for something else (:class:`fedsim.strategy.BASGD`)."""
+        return len(client_ids) >= self.buffer_size
+
+    def step(self, global_params: torch.Tensor, deltas: Sequence[torch.Tensor], staleness: Sequence[int],
+             client_ids: Sequence[int] = ()) -> torch.Tensor:
         """One server step from a full buffer: ``w + server_lr · mean_k s(τ_k) Δ_k``, summed in float64 in arrival
-        order (the event order, which is deterministic)."""
+        order (the event order, which is deterministic). ``client_ids``: whose updates they are, in the same order
+        (FedBuff does not need them)."""
         total = torch.zeros_like(global_params, dtype=torch.float64)
         for delta, tau in zip(deltas, staleness):
             total.add_(delta.double(), alpha=self.staleness_weight(tau))

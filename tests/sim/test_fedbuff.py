@@ -76,7 +76,7 @@ def test_buffer_of_one_is_asynchronous_fedavg_one_step_per_update() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["clock=none"], r"strategy=fedbuff trains asynchronously on the simulated clock: add clock=sampled"),
+        (["clock=none"], r"strategy: FedBuff trains asynchronously on the simulated clock: add clock=sampled"),
         (["clock.deadline_s=5"], r"clock.deadline_s and clock.over_selection are for synchronous rounds"),
         (["strategy.concurrency=25", "strategy.buffer_size=10"], r"concurrency \+ strategy.buffer_size must be <= the 30 clients"),
     ],

@@ -297,3 +297,15 @@ def test_trace_profiles_refuses_a_bad_client_count() -> None:
     with pytest.raises(ValueError) as excinfo:
         trace_profiles(EXAMPLE, 0)
     assert "num_clients must be an integer >= 1" in _one_line(excinfo)
+
+
+def test_window_after_is_the_next_opening_even_far_from_the_period_scale() -> None:
+    """Near t = 0 a day-long period's rounding (1.5e-11 s) is hundreds of steps of t's own (2.8e-14 s at 175 s):
+    the opening is computed as start + k·period, so it lands on the window, not short of it. (next_online's own
+    estimate here is 164 steps short; it used to give up after 64 and raise.)"""
+    p = _windows([175.62 / H], [0.5])  # a window opening 175.62 s into the day
+    for t in (0.0, 100.0, 175.62 - 1e-9, 175.62 + 1.0, DAY - 1.0):
+        when = p.window_after(0, t)
+        assert when > t and p.online_at(0, when)
+        assert abs(when - (175.62 if t < 175.62 else DAY + 175.62)) < 1e-9
+    assert p.next_online(100.0) == p.window_after(0, 100.0)
