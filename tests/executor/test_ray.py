@@ -76,11 +76,12 @@ def test_simulated_clock_gives_serial_metrics_and_times() -> None:
 
 
 @pytest.mark.parametrize(("module", "settings"), [("test_fedbuff", "BUFFERED"), ("test_fedbuff", "COMPRESSED"),
-                                                  ("test_fedbuff_attacks", "ATTACKED"), ("test_fedbuff_availability", "AVAILABLE")])
+                                                  ("test_fedbuff_attacks", "ATTACKED"), ("test_fedbuff_availability", "AVAILABLE"),
+                                                  ("test_basgd", "ROBUST")])
 def test_fedbuff_gives_serial_metrics_and_times(module: str, settings: str) -> None:
     """The asynchronous loop's batches (one per start version) run on Ray actors: same events, same weights; also
-    with top-k and error feedback up and QSGD down, attacked by ALIE, and with clients going offline
-    (tests/sim/test_fedbuff*.py)."""
+    with top-k and error feedback up and QSGD down, attacked by ALIE, with clients going offline, and with
+    BASGD's buffers and median (tests/sim/test_fedbuff*.py, test_basgd.py)."""
     import importlib
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
