@@ -8,11 +8,11 @@ are much shorter); the comparison is simulated time to the target accuracy, and 
   FedAvg                 strategy=fedavg, 10 clients per round: the round waits for its slowest client
   FedAvg + deadline      the same with clock.deadline_s (late clients dropped; FedAvg drops partial work)
   FedBuff                strategy=fedbuff buffer_size=10 concurrency=20 (Nguyen et al., AISTATS 2022)
-With --availability, every client is online one window a day (clock.always_online=false: on average a quarter of
-the day): the synchronous rounds sample among the online clients, FedBuff starts tasks only on them, and a client
-whose window closes mid-task drops out (docs/system-heterogeneity.md).
+With --availability, every client is online one window a period (clock.always_online=false: on average a quarter
+of it; --period-h, default a day): the synchronous rounds sample among the online clients, FedBuff starts tasks
+only on them, and a client whose window closes mid-task drops out (docs/system-heterogeneity.md).
 Usage: python experiments/async_fedbuff/run.py [--rounds 60] [--steps 1200] [--seeds 0 1 2] [--targets 0.5 0.6 0.7] [--deadline 20]
-       [--availability]
+       [--availability [--period-h 24]]
 Runs go to a temporary directory (removed at the end); writes results.json (results_availability.json with
 --availability) and prints the README's table.
 """
@@ -41,6 +41,11 @@ def configs(deadline: float, rounds: int, steps: int) -> dict[str, list[str]]:
         "FedBuff (K=10, C=20)": ["strategy=fedbuff", "strategy.buffer_size=10", "strategy.concurrency=20",
                                  f"num_rounds={steps}", f"eval_every={max(1, steps // rounds)}"],
     }
+
+
+def availability(args: argparse.Namespace) -> list[str]:
+    """The clock overrides of ``--availability`` (none without it)."""
+    return ["clock.always_online=false", f"clock.period_h={args.period_h}"] if args.availability else []
 
 
 def time_to(history: list[dict], target: float) -> float | None:
@@ -90,6 +95,7 @@ def main() -> None:
     parser.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.6, 0.7])
     parser.add_argument("--deadline", type=float, default=20.0)
     parser.add_argument("--availability", action="store_true", help="one online window a day per client")
+    parser.add_argument("--period-h", type=float, default=24.0, help="with --availability: the period of the windows")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent)
     args = parser.parse_args()
     start = time.perf_counter()
@@ -97,18 +103,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fedsim-fedbuff-") as tmp:
         for seed in args.seeds:
             for i, (name, overrides) in enumerate(configs(args.deadline, args.rounds, args.steps).items()):
-                cfg = compose([*SETTING, *(["clock.always_online=false"] if args.availability else []), *overrides, f"seed={seed}"])
+                cfg = compose([*SETTING, *availability(args), *overrides, f"seed={seed}"])
                 history = run_config(cfg, run_dir=Path(tmp) / f"s{seed}-{i}").history
                 histories.setdefault(name, []).append(history)
                 print(f"seed {seed}  {name:24s} final acc {history[-1]['eval/accuracy']:.4f}  "
                       f"sim {history[-1]['sim/time_s']:.0f} s", flush=True)
     results = {"command": "python experiments/async_fedbuff/run.py " + " ".join(
                    [f"--rounds {args.rounds}", f"--steps {args.steps}", "--seeds " + " ".join(map(str, args.seeds)), "--targets " + " ".join(map(str, args.targets)),
-                    f"--deadline {args.deadline:g}"] + (["--availability"] if args.availability else [])),
-               "setting": SETTING + (["clock.always_online=false"] if args.availability else []), "rounds": args.rounds, "steps": args.steps, "targets": args.targets, "deadline_s": args.deadline,
+                    f"--deadline {args.deadline:g}"] + (["--availability", f"--period-h {args.period_h:g}"] if args.availability else [])),
+               "setting": SETTING + availability(args), "rounds": args.rounds, "steps": args.steps, "targets": args.targets, "deadline_s": args.deadline,
                "configs": {name: summarise(h, args.targets) for name, h in histories.items()},
                "wall_s": time.perf_counter() - start}
-    (args.out / ("results_availability.json" if args.availability else "results.json")).write_text(json.dumps(results, indent=2) + "\n")
+    name = "results.json" if not args.availability else "results_availability.json" if args.period_h == 24 else f"results_availability_period{args.period_h:g}h.json"
+    (args.out / name).write_text(json.dumps(results, indent=2) + "\n")
     print(table(results, args.targets))
 
 
