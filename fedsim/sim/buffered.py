@@ -109,7 +109,6 @@ class BufferedLoop:
         self.in_flight: list[Task] = []
         self.start_params: dict[int, torch.Tensor] = {}  # the weights of every version a task in flight started from
         self.results: dict[int, Trained] = {}  # by start order: trained, not yet consumed
-        self.dropped_offline = 0  # tasks of the current server step whose client went offline
 
     def step(self, server: Server, round_num: int) -> ServerStep:
         """Handle events until the strategy's buffer is full (``buffer_full``: ``buffer_size`` updates for FedBuff),
@@ -118,7 +117,7 @@ class BufferedLoop:
         diverge goes on, it does not wait for ever."""
         started_at, before = self.clock.now_s, self.started
         self.start_params.setdefault(self.version, server.params.clone())
-        buffer = self._arrivals(server, round_num)
+        buffer, dropped_offline = self._arrivals(server, round_num)
         consumed = (self._attacked(server, round_num, buffer) if server.attack
                     else self._sound(server, round_num, [(u, t) for u, t, _ in buffer]))
         taus = [self.version - t.version for _, t in consumed]
@@ -130,19 +129,20 @@ class BufferedLoop:
         self.start_params[self.version] = new.clone()
         metrics = {"sim/time_s": self.clock.now_s, "sim/round_s": self.clock.now_s - started_at,
                    "sim/started": float(self.started - before), "sim/in_flight": float(len(self.in_flight)),
-                   "sim/dropped_offline": float(self.dropped_offline), "client/num_rejected": float(len(buffer) - len(consumed))}
+                   "sim/dropped_offline": float(dropped_offline), "client/num_rejected": float(len(buffer) - len(consumed))}
         if taus:
             metrics |= {"sim/staleness_mean": float(np.mean(taus)), "sim/staleness_max": float(max(taus))}
         if server.attack is not None:
             metrics |= server.attack.round_metrics(round_num, sorted(u.client_id for u, _, _ in buffer), [u for u, _ in consumed], None)
         return ServerStep(new, started, [u for u, _, _ in buffer], metrics)
 
-    def _arrivals(self, server: Server, round_num: int) -> list[tuple[ClientUpdate, Task, Trained]]:
+    def _arrivals(self, server: Server, round_num: int) -> tuple[list[tuple[ClientUpdate, Task, Trained]], int]:
         """Events in (end time, start order) until the strategy's buffer is full (a failed task or a client
-        gone offline sends nothing), each as :meth:`_received` gives it, with its task and its result as trained.
-        New tasks start after each event, and when an idle client comes online while a slot is free."""
+        gone offline sends nothing): the arrivals, each as :meth:`_received` gives it, with its task and its result
+        as trained, and how many tasks ended with their client offline. New tasks start after each event, and when
+        an idle client comes online while a slot is free."""
         buffer: list[tuple[ClientUpdate, Task, Trained]] = []
-        self.dropped_offline = 0
+        dropped_offline = 0
         self._fill(server, set())
         while not self.strategy.buffer_full([u.client_id for u, _, _ in buffer]):
             task = min(self.in_flight, key=lambda t: (t.finish_s, t.seq)) if self.in_flight else None
@@ -162,9 +162,9 @@ class BufferedLoop:
                 update = None if trained is None else self._received(server, round_num, task, trained)
                 if update is not None:
                     buffer.append((update, task, trained))
-                self.dropped_offline += not task.arrives
+                dropped_offline += not task.arrives
             self._fill(server, {t.client_id for _, t, _ in buffer})
-        return buffer
+        return buffer, dropped_offline
 
     def _wake_s(self, server: Server, buffered: set[int]) -> float:
         """When a free slot can next be filled: the next time an idle client can start (:func:`next_start_s`; inf
