@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedsim.params import ParamLayout
+
+if TYPE_CHECKING:
+    from fedsim.root_data import RootTrainer
 
 
 @dataclass(frozen=True)
@@ -15,7 +20,9 @@ class RunContext:
     ``layout``: the global model's entries (names, shapes, their slices of the flat vector, which are
     buffers); ``num_examples[i]``: client ``i``'s training examples; ``run_dir``: the run directory, or
     ``None`` when nothing is written to disk; ``start_round``: the first round this process will run
-    (greater than 1 after a resume).
+    (greater than 1 after a resume); ``root_trainer(size)``: a :class:`~fedsim.root_data.RootTrainer` over ``size``
+    clean training examples the server holds (a root dataset, as FLTrust assumes; :mod:`fedsim.root_data`), or
+    ``None`` where the server offers none (a context built by hand).
     """
 
     layout: ParamLayout
@@ -26,3 +33,4 @@ class RunContext:
     seed: int
     run_dir: Path | None = None
     start_round: int = 1
+    root_trainer: Callable[[int], RootTrainer] | None = None

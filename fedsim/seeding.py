@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_SAMPLING, _TASK, _INIT, _PARTITION, _COHORT, _COMM, _DP, _DPSGD_NOISE, _ATTACK = 0, 1, 2, 3, 4, 5, 6, 7, 8
+_SAMPLING, _TASK, _INIT, _PARTITION, _COHORT, _COMM, _DP, _DPSGD_NOISE, _ATTACK, _ROOT = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
 
 
 def _derive(*entropy: int) -> int:
@@ -65,3 +65,13 @@ def attack_rng(seed: int, round_num: int) -> np.random.Generator:
 def attack_seed(seed: int, round_num: int, client_id: int) -> int:
     """Seed of one malicious client's draws in one round (e.g. the Gaussian attack's noise)."""
     return _derive(seed, _ATTACK, round_num, client_id)
+
+
+def root_rng(seed: int) -> np.random.Generator:
+    """The generator that draws the server's root dataset (:mod:`fedsim.root_data`) once per run."""
+    return np.random.default_rng(np.random.SeedSequence([seed, _ROOT]))
+
+
+def root_seed(seed: int, round_num: int) -> int:
+    """Seed of the server's training on its root dataset in one round (batch order; a DP-SGD recipe's noise)."""
+    return _derive(seed, _ROOT, round_num)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from fedsim.evaluation import DeviceEvaluator, eval_device as eval_device_named
 from fedsim.logging import RunLogger, process_rss_mb
 from fedsim.context import RunContext
 from fedsim.params import ParamLayout, flatten, load_flat
+from fedsim.root_data import root_trainer
 from fedsim.round_metrics import client_row, train_metrics
 from fedsim.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
 from fedsim.seeding import sampling_rng, task_seed
@@ -126,6 +128,7 @@ class Server:
         self.model = _initial_model(model_factory, seed)
         check_model_fits_data(self.model, train_data)
         self.params = flatten(self.model)
+        self._clean_clients = clients  # before a data attack replaces the malicious ones (the root data's pool)
         setup_pipeline(self, compression, attack)  # comm, local_dp, attack (and a data attack's poisoned clients)
         self.evaluator = DeviceEvaluator(self.model, eval_device_named(eval_device))
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
@@ -204,6 +207,8 @@ class Server:
             layout=ParamLayout.of(self.model), num_clients=len(self.clients),
             num_examples=tuple(c.num_train for c in self.clients), clients_per_round=self.clients_per_round,
             num_rounds=self.num_rounds, seed=self.seed, run_dir=self.logger.run_dir, start_round=self.start_round,
+            root_trainer=functools.partial(
+                root_trainer, model=self.model, clients=self._clean_clients, data=self.train_data, seed=self.seed),
         )
 
     def _decide_stop(self, round_num: int) -> None:

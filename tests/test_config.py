@@ -3,6 +3,7 @@ with one clear line on bad input, takes user classes by ``_target_`` and leaves 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -37,6 +38,7 @@ from fedsim.data.tensor_data import DataSplit, TensorData  # noqa: E402
 from fedsim.executor import Executor, SerialExecutor, Workload  # noqa: E402
 from fedsim.logging import RunLogger  # noqa: E402
 from fedsim.models import LogisticRegression  # noqa: E402
+from fedsim.root_data import root_trainer  # noqa: E402
 from fedsim.run import CONFIG_DIR, build_server, compose, run_config  # noqa: E402
 from fedsim.server import RunResult, Server  # noqa: E402
 from fedsim.sim.clock import SyncClock  # noqa: E402
@@ -192,8 +194,12 @@ def _check_strategy(cfg: DictConfig, option: str) -> None:
     assert isinstance(strategy, Strategy)
     # 9 values: 2 + 1, BatchNorm's weight, bias, running mean and variance (FedBN needs one), then 1 + 1
     model = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.BatchNorm1d(1), torch.nn.Linear(1, 1))
+    # a root dataset for FLTrust: 200 two-feature rows of one class over ten clients of 20
+    rows = TensorData(torch.randn(200, 2, generator=torch.Generator().manual_seed(0)), torch.zeros(200, dtype=torch.long), 1)
+    clients = [Client(i, np.arange(20 * i, 20 * i + 20)) for i in range(10)]
     strategy.setup(RunContext(layout=ParamLayout.of(model), num_clients=10, num_examples=tuple(range(1, 11)),
-                              clients_per_round=10, num_rounds=2, seed=0))
+                              clients_per_round=10, num_rounds=2, seed=0,
+                              root_trainer=functools.partial(root_trainer, model=model, clients=clients, data=rows, seed=0)))
     # ten clients: enough for the robust rules (Krum needs 2f + 3; trimmed_mean's beta=0.1 must trim one)
     # what Client.fit reports (SCAFFOLD, FedNova need them), and q-FFL's client half
     metrics = {"local_steps": 2.0, "lr": 0.1, "train_loss": 0.5, "qffl_start_loss": 0.5}

@@ -6,6 +6,7 @@ from fedsim.strategy.centered_clipping import CenteredClipping
 from fedsim.strategy.ditto import Ditto, PersonalModel
 from fedsim.strategy.fedavg import FedAvg
 from fedsim.strategy.fedbuff import FedBuff
+from fedsim.strategy.fltrust import FLTrust
 from fedsim.strategy.fedbn import FedBN, LocalNorms
 from fedsim.strategy.feddyn import DynamicRegulariser, FedDyn
 from fedsim.strategy.fednova import FedNova
@@ -19,7 +20,7 @@ from fedsim.strategy.robust import Krum, Median, TrimmedMean
 from fedsim.strategy.server_opt import FedAdagrad, FedAdam, FedAvgM, FedOpt, FedYogi
 
 __all__ = [
-    "BASGD", "ControlCorrection", "Ditto", "DynamicRegulariser", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedBN", "FedBuff", "FedDyn", "FedNova",
+    "BASGD", "ControlCorrection", "Ditto", "DynamicRegulariser", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedBN", "FedBuff", "FedDyn", "FedNova", "FLTrust",
     "FedOpt", "FedPer", "FedProx", "FedRep", "FedYogi", "HeadThenBody", "Krum", "LocalNorms", "LocalTraining", "Median",
     "PersonalLayers", "PersonalModel", "ProximalTerm", "QFFL", "Scaffold", "StartLoss", "Strategy", "TrimmedMean",
     "CenteredClipping", "NormBounding",

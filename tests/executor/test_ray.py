@@ -148,6 +148,19 @@ def test_attacks_give_serial_weights(attack: str) -> None:
     assert torch.equal(result.params, reference.params)
 
 
+def test_fltrust_gives_serial_weights() -> None:
+    """FLTrust's server-side training on its root dataset runs in the driver: the Ray run's weights are the serial
+    run's (tests/strategy/test_fltrust.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "strategy"))
+    import test_fltrust as fltrust
+    from fedsim.run import build_server, compose
+
+    reference = build_server(compose(fltrust.ATTACKED)).run()
+    result = build_server(compose([*fltrust.ATTACKED, "executor=ray", "executor.workers=2"])).run()
+    assert torch.equal(result.params, reference.params)
+    assert [r["strategy/mean_trust"] for r in result.history] == [r["strategy/mean_trust"] for r in reference.history]
+
+
 def test_raising_client_is_reported_with_traceback_and_policy_applies() -> None:
     with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
         run(RayExecutor(workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))
