@@ -147,16 +147,18 @@ class RunLogger:
         They go into the round's ``metrics.jsonl`` record under ``"clients"`` and, as histograms over the
         clients, into TensorBoard: ``client/train_loss``, ``client/update_norm`` and ``client/fit/<name>``
         for each client metric of the user's (its round mean is the scalar ``fit/<name>``; a tag holds
-        either scalars or histograms, never both).
+        either scalars or histograms, never both), and ``client/strategy/<name>`` for the strategy's per-client values
+        (:meth:`fedsim.strategy.Strategy.client_metrics`, under ``"strategy"`` in a row).
         """
         self._clients = rows
         if self._writer is None:
             return
         for key in ("train_loss", "update_norm"):
             self._histogram(tensorboard_tag(f"client/{key}"), [r.get(key) for r in rows], round_num)
-        names = dict.fromkeys(name for r in rows for name in r.get("metrics", {}))
-        for name in names:
-            self._histogram(tensorboard_tag(f"client/fit/{name}"), [r.get("metrics", {}).get(name) for r in rows], round_num)
+        for field, prefix in (("metrics", "client/fit"), ("strategy", "client/strategy")):
+            names = dict.fromkeys(name for r in rows for name in r.get(field, {}))
+            for name in names:
+                self._histogram(tensorboard_tag(f"{prefix}/{name}"), [r.get(field, {}).get(name) for r in rows], round_num)
 
     def log_client_scores(self, round_num: int, scores: list[ClientScore], personal: bool) -> None:
         """An every-client evaluation (:mod:`fedsim.client_eval`): each client's values to

@@ -13,7 +13,7 @@ import logging
 import math
 import numbers
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -109,6 +109,33 @@ def strategy_scalars(strategy: Strategy, round_num: int) -> dict[str, float]:
         if not is_number(value):
             raise ValueError(f"{owner} returned {name!r} = {value!r}: values must be numbers (int or float)")
     return {f"strategy/{name}": float(value) for name, value in scalars.items()}
+
+
+def strategy_client_values(strategy: Strategy, round_num: int, client_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """The strategy's per-client values for the round (:meth:`Strategy.client_metrics`) of the clients in
+    ``client_ids`` (those whose updates it aggregated), NaN and inf as ``None``.
+
+    Raises ``ValueError`` naming the strategy for a client it did not aggregate, a bad name or a value that is not a
+    number."""
+    owner = f"{type(strategy).__name__}.client_metrics()"
+    values = strategy.client_metrics(round_num)
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{owner} must return a dict of client id -> {{name: number}}, got {type(values).__name__}")
+    allowed = set(client_ids)
+    out: dict[int, dict[str, Any]] = {}
+    for client_id, named in values.items():
+        if isinstance(client_id, bool) or not isinstance(client_id, int) or client_id not in allowed:
+            raise ValueError(f"{owner} returned values for client {client_id!r}, whose update it did not aggregate "
+                             f"this round")
+        if not isinstance(named, Mapping):
+            raise ValueError(f"{owner} returned {type(named).__name__} for client {client_id}: must be a dict of name -> number")
+        for name, value in named.items():
+            if not isinstance(name, str) or not NAME.fullmatch(name):
+                raise ValueError(f"{owner} returned the name {name!r}: names must match {NAME.pattern}")
+            if not is_number(value):
+                raise ValueError(f"{owner} returned {name!r} = {value!r} for client {client_id}: values must be numbers (int or float)")
+        out[client_id] = {name: _finite_or_none(float(value)) for name, value in named.items()}
+    return out
 
 
 def _finite_or_none(value: Any) -> Any:

@@ -42,7 +42,7 @@ from fedsim.sim.buffered import consumed_ids, event_loop
 from fedsim.sim.rounds import check_sampling, clocked_round
 from fedsim.stragglers import Stragglers
 from fedsim.strategy.base import LocalTraining, Strategy
-from fedsim.strategy_guard import checked_aggregate, checked_scalars
+from fedsim.strategy_guard import checked_aggregate, checked_client_values, checked_scalars
 from fedsim.threads import torch_threads
 from fedsim.types import ClientUpdate, FitTask
 from fedsim.updates import apply_failure_policy, sound_updates
@@ -273,6 +273,8 @@ class Server:
         if aggregated:  # otherwise nothing sound (or only dropped stragglers) arrived: keep the previous model
             self.params = checked_aggregate(self.strategy, round_num, self.params, aggregated, self.logger)
             from_strategy |= checked_scalars(self.strategy, round_num)
+            per_client = checked_client_values(self.strategy, round_num, aggregated)
+            rows = [row | {"strategy": per_client[row["client_id"]]} if row["client_id"] in per_client else row for row in rows]
         self._commit_client_states(round_num, kept)
         self.logger.log_clients(round_num, rows)
         down = (schedule.download_bytes if schedule is not None  # the clock's dropped clients downloaded too

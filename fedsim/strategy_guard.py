@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from fedsim.errors import StrategyError
 from fedsim.logging import RunLogger
-from fedsim.round_metrics import strategy_scalars
+from fedsim.round_metrics import strategy_client_values, strategy_scalars
 from fedsim.strategy.base import Strategy
 from fedsim.types import ClientUpdate
 
@@ -44,6 +45,14 @@ def checked_scalars(strategy: Strategy, round_num: int) -> dict[str, float]:
     """:meth:`Strategy.round_metrics` named ``strategy/<name>``; a bad name or value is a :class:`StrategyError`."""
     try:
         return strategy_scalars(strategy, round_num)
+    except ValueError as error:
+        raise StrategyError(f"round {round_num}: {first_line(error)}") from error
+
+
+def checked_client_values(strategy: Strategy, round_num: int, updates: Sequence[ClientUpdate]) -> dict[int, dict[str, Any]]:
+    """:meth:`Strategy.client_metrics` of the clients of ``updates``; a bad id, name or value is a :class:`StrategyError`."""
+    try:
+        return strategy_client_values(strategy, round_num, [u.client_id for u in updates])
     except ValueError as error:
         raise StrategyError(f"round {round_num}: {first_line(error)}") from error
 

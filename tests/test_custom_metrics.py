@@ -26,7 +26,7 @@ from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.executor.base import Executor
 from fedsim.logging import RunLogger
 from fedsim.models import LogisticRegression
-from fedsim.round_metrics import client_row, strategy_scalars, train_metrics
+from fedsim.round_metrics import client_row, strategy_client_values, strategy_scalars, train_metrics
 from fedsim.server import Server
 from fedsim.strategy import FedAvg, Strategy
 from fedsim.types import ClientUpdate
@@ -40,10 +40,13 @@ def _update(client_id: int, num_examples: int, **metrics: Any) -> ClientUpdate:
 
 
 class _Reporting(Strategy):
-    """Aggregates nothing; reports whatever it was given."""
+    """Aggregates nothing; reports whatever it was given (per client: ``per_client``)."""
 
-    def __init__(self, scalars: Any) -> None:
-        self.scalars = scalars
+    def __init__(self, scalars: Any, per_client: Any = None) -> None:
+        self.scalars, self.per_client = scalars, per_client
+
+    def client_metrics(self, round_num: int) -> Any:
+        return self.per_client
 
     def aggregate(self, round_num: int, global_params: torch.Tensor, updates: list[ClientUpdate]) -> torch.Tensor:
         return global_params
@@ -111,6 +114,44 @@ def test_bad_strategy_scalars_raise_naming_strategy_and_key(scalars: Any, words:
     assert "\n" not in str(error.value)
 
 
+def test_strategy_client_values_are_floats_with_nan_as_none() -> None:
+    got = strategy_client_values(_Reporting({}, {3: {"trust": 1, "w.x/y": math.inf}, 5: {}}), 1, [3, 5, 7])
+    assert got == {3: {"trust": 1.0, "w.x/y": None}, 5: {}} and type(got[3]["trust"]) is float
+    assert strategy_client_values(FedAvg(), 1, [1, 2]) == {}
+
+
+@pytest.mark.parametrize(("per_client", "words"), [
+    ({9: {"trust": 1.0}}, ["_Reporting.client_metrics()", "client 9", "did not aggregate"]),
+    ({"3": {"trust": 1.0}}, ["client '3'", "did not aggregate"]),
+    ({True: {"trust": 1.0}}, ["client True", "did not aggregate"]),
+    ({3: {"trust": "high"}}, ["_Reporting.client_metrics()", "'trust'", "client 3", "numbers"]),
+    ({3: {"trust": torch.tensor(1.0)}}, ["'trust'", "numbers"]),
+    ({3: {"tr ust": 1.0}}, ["'tr ust'", "must match"]),
+    ({3: [1.0]}, ["client 3", "dict of name -> number"]),
+    ([(3, {"trust": 1.0})], ["_Reporting.client_metrics()", "dict of client id"]),
+])
+def test_bad_strategy_client_values_raise_naming_strategy_client_and_key(per_client: Any, words: list[str]) -> None:
+    with pytest.raises(ValueError) as error:
+        strategy_client_values(_Reporting({}, per_client), 1, [3, 5])
+    assert all(word in str(error.value) for word in words), str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_a_bad_client_value_stops_the_run_with_one_line_naming_the_strategy(tmp_path: Path) -> None:
+    from fedsim.errors import StrategyError
+
+    class Bad(FedAvg):
+        def client_metrics(self, round_num: int) -> dict[int, dict[str, float]]:
+            return {-5: {"trust": 1.0}}
+
+    split = synthetic(num_devices=6, num_features=10, num_classes=5, min_size=30, size_sigma_log=0.5, max_size=60, seed=3)
+    data = federate(split, natural, client_test_fraction=0.0, seed=0)
+    with pytest.raises(StrategyError, match=r"^round 1: Bad.client_metrics\(\) returned values for client -5, whose update it did not aggregate this round$"):
+        Server(model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
+               clients=make_clients(data, Client), train_data=data.train, test_data=data.test, strategy=Bad(),
+               executor=SerialExecutor(), num_rounds=1, clients_per_round=3, seed=0, eval_device="cpu").run()
+
+
 # ---------------------------------------------------------------- end to end
 
 
@@ -131,13 +172,19 @@ class CountingFedAvg(FedAvg):
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
+        self.shares: dict[int, dict[str, float]] = {}
 
     def aggregate(self, round_num: int, global_params: torch.Tensor, updates: list[ClientUpdate]) -> torch.Tensor:
         self.count += len(updates)
+        total = sum(u.num_examples for u in updates)
+        self.shares = {u.client_id: {"weight": u.num_examples / total} for u in updates}  # each client's FedAvg weight
         return super().aggregate(round_num, global_params, updates)
 
     def round_metrics(self, round_num: int) -> dict[str, float]:
         return {"update_count": self.count}
+
+    def client_metrics(self, round_num: int) -> dict[int, dict[str, float]]:
+        return dict(self.shares)
 
 
 def _run(executor: Executor, run_dir: Path) -> None:
@@ -182,6 +229,8 @@ def test_metrics_jsonl_has_rows_fit_means_and_strategy_scalars(sweep: Path) -> N
             assert record["fit/personal_loss"] == pytest.approx(mean, rel=1e-12)
         else:
             assert "fit/personal_loss" not in record
+        # the strategy's per-client values: every aggregated client's FedAvg weight, in its row
+        assert [r["strategy"] for r in rows] == [{"weight": pytest.approx(r["num_examples"] / sum(c["num_examples"] for c in rows))} for r in rows]
     assert reported >= 2
 
 
@@ -191,8 +240,8 @@ def test_process_executor_gives_the_same_custom_metrics_exactly(sweep: Path) -> 
 
     serial, process = custom(sweep / "serial"), custom(sweep / "process")
     assert serial == process and any("fit/personal_loss" in r for r in serial)
-    rows = [[(c["client_id"], c.get("metrics")) for c in r["clients"]] for r in _records(sweep / "process")]
-    assert rows == [[(c["client_id"], c.get("metrics")) for c in r["clients"]] for r in _records(sweep / "serial")]
+    rows = [[(c["client_id"], c.get("metrics"), c["strategy"]) for c in r["clients"]] for r in _records(sweep / "process")]
+    assert rows == [[(c["client_id"], c.get("metrics"), c["strategy"]) for c in r["clients"]] for r in _records(sweep / "serial")]
 
 
 def test_tensorboard_reads_back_the_custom_scalars_and_histograms(sweep: Path) -> None:
@@ -207,6 +256,10 @@ def test_tensorboard_reads_back_the_custom_scalars_and_histograms(sweep: Path) -
     assert [h.step for h in histograms] == [r["round"] for r in records if "fit/personal_loss" in r]
     first = next(r for r in records if "fit/personal_loss" in r)
     assert histograms[0].histogram_value.num == sum("metrics" in c for c in first["clients"])
+    weights = events.Histograms("participants/strategy/weight")  # the strategy's per-client values
+    assert [h.step for h in weights] == [r["round"] for r in records]
+    assert weights[0].histogram_value.num == len(records[0]["clients"])
+    assert weights[0].histogram_value.sum == pytest.approx(1.0, rel=1e-6)
     assert not set(events.Tags()["scalars"]) & set(events.Tags()["histograms"])  # no tag holds both
 
 

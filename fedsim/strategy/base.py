@@ -186,6 +186,14 @@ class Strategy:
         :meth:`aggregate`; the default reports nothing."""
         return {}
 
+    def client_metrics(self, round_num: int) -> dict[int, dict[str, float]]:
+        """Per-client values of your own for the round just aggregated (e.g. each client's weight or trust score):
+        ``{client_id: {name: number}}``, for clients whose update reached :meth:`aggregate`. The server puts them in
+        each client's row of ``metrics.jsonl`` under ``"strategy"`` and draws each name's histogram over the clients
+        in TensorBoard as ``client/strategy/<name>``. Called after every :meth:`aggregate`; the default reports
+        nothing."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume this strategy (tensors and plain values only)."""
         return {}

@@ -63,7 +63,8 @@ class FLTrust(Strategy):
     Logs ``strategy/trusted_fraction`` (share of the round's changes with a trust score > 0),
     ``strategy/mean_trust`` (mean TSᵢ) and ``strategy/root_update_norm`` (‖Δ₀‖₂, every trusted change's length).
     After :meth:`aggregate`, ``selected_client_ids`` names the clients with a trust score > 0 (in an attacked run the
-    server reports how many were malicious: ``attack/malicious_selected``).
+    server reports how many were malicious: ``attack/malicious_selected``), and each client's row holds its trust
+    score (:meth:`client_metrics`).
     """
 
     def __init__(self, root_size: int = 100, server_lr: float = 1.0) -> None:
@@ -74,6 +75,7 @@ class FLTrust(Strategy):
         self.root: RootTrainer | None = None
         self.selected_client_ids: list[int] | None = None
         self._metrics: dict[str, float] = {}
+        self._trust: dict[int, float] = {}
 
     def setup(self, context: RunContext) -> None:
         if context.root_trainer is None:
@@ -91,6 +93,7 @@ class FLTrust(Strategy):
         deltas = [u.params.to(torch.float64) - start for u in ordered]
         step, scores = fltrust_step(deltas, root)
         self.selected_client_ids = [u.client_id for u, score in zip(ordered, scores) if score > 0.0]
+        self._trust = {u.client_id: score for u, score in zip(ordered, scores)}
         self._metrics = {
             "trusted_fraction": sum(s > 0.0 for s in scores) / len(scores),
             "mean_trust": sum(scores) / len(scores),
@@ -100,3 +103,7 @@ class FLTrust(Strategy):
 
     def round_metrics(self, round_num: int) -> dict[str, float]:
         return dict(self._metrics)
+
+    def client_metrics(self, round_num: int) -> dict[int, dict[str, float]]:
+        """Each aggregated client's trust score TSᵢ, as ``"trust"`` (in its row; TensorBoard ``client/strategy/trust``)."""
+        return {client_id: {"trust": score} for client_id, score in self._trust.items()}

@@ -4,6 +4,7 @@ weights under process workers and after a resume, and one-line refusals."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -99,8 +100,13 @@ def test_aggregate_keeps_the_honest_direction_and_drops_a_flipped_client() -> No
 
 
 @pytest.fixture(scope="module")
-def attacked_reference():
-    return build_server(compose(ATTACKED)).run()
+def attacked_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("attacked")
+
+
+@pytest.fixture(scope="module")
+def attacked_reference(attacked_dir: Path):
+    return build_server(compose(ATTACKED), attacked_dir).run()
 
 
 def test_every_sign_flipped_update_is_distrusted(attacked_reference) -> None:  # noqa: ANN001
@@ -108,6 +114,16 @@ def test_every_sign_flipped_update_is_distrusted(attacked_reference) -> None:  #
     assert sum(row["attack/malicious_sampled"] for row in history) > 0
     for row in history:
         assert row["attack/malicious_selected"] == 0
+
+
+def test_each_client_row_holds_its_trust_score(attacked_dir: Path, attacked_reference) -> None:  # noqa: ANN001
+    records = [json.loads(line) for line in (attacked_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == len(attacked_reference.history)
+    for record in records:
+        trust = [row["strategy"]["trust"] for row in record["clients"]]
+        assert all(t == 0.0 for t, row in zip(trust, record["clients"]) if row["malicious"])
+        assert sum(t > 0 for t in trust) / len(trust) == record["strategy/trusted_fraction"]
+        assert sum(trust) / len(trust) == pytest.approx(record["strategy/mean_trust"], rel=1e-12)
 
 
 def test_with_every_bad_update_distrusted_ipm_and_sign_flipping_give_the_same_model(attacked_reference) -> None:  # noqa: ANN001
