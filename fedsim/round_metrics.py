@@ -138,6 +138,12 @@ def strategy_client_values(strategy: Strategy, round_num: int, client_ids: Seque
     return out
 
 
+def with_strategy_values(rows: list[dict[str, Any]], per_client: Mapping[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The client rows, each with its client's values from :func:`strategy_client_values` under ``"strategy"`` (a
+    client with two rows in one asynchronous step gets them on both)."""
+    return [row | {"strategy": per_client[row["client_id"]]} if row["client_id"] in per_client else row for row in rows]
+
+
 def _finite_or_none(value: Any) -> Any:
     """A float as itself, NaN or inf as ``None`` (``json.dumps`` would write a bare ``NaN``, not JSON)."""
     if isinstance(value, float) and not math.isfinite(value):

@@ -30,7 +30,7 @@ from fedsim.logging import RunLogger, process_rss_mb
 from fedsim.context import RunContext
 from fedsim.params import ParamLayout, flatten, load_flat
 from fedsim.root_data import root_trainer
-from fedsim.round_metrics import client_row, train_metrics
+from fedsim.round_metrics import client_row, train_metrics, with_strategy_values
 from fedsim.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
 from fedsim.seeding import sampling_rng, task_seed
 from fedsim.server_setup import check_model_fits_data, check_settings as _check_settings, initial_model as _initial_model
@@ -273,8 +273,7 @@ class Server:
         if aggregated:  # otherwise nothing sound (or only dropped stragglers) arrived: keep the previous model
             self.params = checked_aggregate(self.strategy, round_num, self.params, aggregated, self.logger)
             from_strategy |= checked_scalars(self.strategy, round_num)
-            per_client = checked_client_values(self.strategy, round_num, aggregated)
-            rows = [row | {"strategy": per_client[row["client_id"]]} if row["client_id"] in per_client else row for row in rows]
+            rows = with_strategy_values(rows, checked_client_values(self.strategy, round_num, aggregated))
         self._commit_client_states(round_num, kept)
         self.logger.log_clients(round_num, rows)
         down = (schedule.download_bytes if schedule is not None  # the clock's dropped clients downloaded too
@@ -295,7 +294,8 @@ class Server:
         fit_s, self.params = time.perf_counter() - start, step.params
         updates = [u for u, _ in step.consumed]
         self._commit_client_states(round_num, updates)
-        self.logger.log_clients(round_num, [client_row(u, started) | async_row_extras(self, round_num, u.client_id) for u, started in step.consumed])
+        rows = [client_row(u, started) | async_row_extras(self, round_num, u.client_id) for u, started in step.consumed]
+        self.logger.log_clients(round_num, with_strategy_values(rows, step.client_values))
         down = int(step.metrics["sim/started"]) * self.comm.down_bytes
         metrics = train_metrics(updates, len(step.arrived)) | step.metrics | wire_metrics(self, down, step.arrived)
         metrics["client/num_aggregated"] = float(len(updates))

@@ -35,6 +35,7 @@ from fedsim.comm.exchange import task_state
 from fedsim.seeding import task_seed
 from fedsim.sim.clock import SyncClock, can_start, next_start_s, online_until
 from fedsim.strategy.fedbuff import FedBuff
+from fedsim.strategy_guard import checked_client_values, checked_scalars
 from fedsim.types import ClientUpdate, FitTask, TaskResult
 from fedsim.updates import apply_failure_policy, sound_updates
 
@@ -47,12 +48,15 @@ _DOMAIN = 0xB0FF  # the stream that picks which client starts next
 @dataclass(frozen=True)
 class ServerStep:
     """One server step: the new weights, the updates it consumed (each with the weights its client started from),
-    every update that arrived for it (all were sent and released, the rejected ones too) and its metrics."""
+    every update that arrived for it (all were sent and released, the rejected ones too), its metrics (the
+    strategy's ``strategy/`` scalars among them) and the strategy's values per client
+    (:meth:`~fedsim.strategy.Strategy.client_metrics`)."""
 
     params: torch.Tensor
     consumed: list[tuple[ClientUpdate, torch.Tensor]]
     arrived: list[ClientUpdate]
     metrics: dict[str, float]
+    client_values: dict[int, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,11 @@ class BufferedLoop:
                     else self._sound(server, round_num, [(u, t) for u, t, _ in buffer]))
         taus = [self.version - t.version for _, t in consumed]
         deltas = [u.params - self.start_params[t.version] for u, t in consumed]
-        new = self.strategy.step(server.params, deltas, taus, [u.client_id for u, _ in consumed]) if consumed else server.params
+        new, from_strategy, per_client = server.params, {}, {}
+        if consumed:  # as after a synchronous aggregate: the strategy's own scalars and values per client
+            new = self.strategy.step(server.params, deltas, taus, [u.client_id for u, _ in consumed])
+            from_strategy = checked_scalars(self.strategy, round_num)
+            per_client = checked_client_values(self.strategy, round_num, [u for u, _ in consumed])
         started = [(u, self.start_params[t.version]) for u, t in consumed]
         self.version += 1
         self.start_params = {v: p for v, p in self.start_params.items() if any(t.version == v for t in self.in_flight)}
@@ -134,7 +142,7 @@ class BufferedLoop:
             metrics |= {"sim/staleness_mean": float(np.mean(taus)), "sim/staleness_max": float(max(taus))}
         if server.attack is not None:
             metrics |= server.attack.round_metrics(round_num, sorted(u.client_id for u, _, _ in buffer), [u for u, _ in consumed], None)
-        return ServerStep(new, started, [u for u, _, _ in buffer], metrics)
+        return ServerStep(new, started, [u for u, _, _ in buffer], metrics | from_strategy, per_client)
 
     def _arrivals(self, server: Server, round_num: int) -> tuple[list[tuple[ClientUpdate, Task, Trained]], int]:
         """Events in (end time, start order) until the strategy's buffer is full (a failed task or a client

@@ -169,3 +169,37 @@ def test_client_rows_measure_each_update_from_the_version_it_started_from(tmp_pa
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert {(r["round"], c["client_id"]): c["update_norm"] for r in rows for c in r["clients"]} == norms
     assert any(r["sim/staleness_max"] > 0 for r in history)  # some were measured from an older version
+
+
+class ReportingFedBuff(FedBuff):
+    """FedBuff that reports the staleness weights s(τ) it applied: their mean as a scalar, each client's in its row."""
+
+    def step(self, global_params, deltas, staleness, client_ids=()):  # noqa: ANN001, ANN201
+        weights = [self.staleness_weight(tau) for tau in staleness]
+        self.mean, self.weights = sum(weights) / len(weights), dict(zip(client_ids, weights))
+        return super().step(global_params, deltas, staleness, client_ids)
+
+    def round_metrics(self, round_num: int) -> dict[str, float]:
+        return {"staleness_weight_mean": self.mean}
+
+    def client_metrics(self, round_num: int) -> dict[int, dict[str, float]]:
+        return {client_id: {"staleness_weight": weight} for client_id, weight in self.weights.items()}
+
+
+REPORTING = [*BUFFERED, "logger=default", "logger.progress=false", "strategy._target_=test_fedbuff.ReportingFedBuff"]
+
+
+def test_an_asynchronous_strategys_own_metrics_are_logged_like_a_synchronous_ones(tmp_path) -> None:  # noqa: ANN001
+    history = build_server(compose(REPORTING), run_dir=tmp_path / "serial").run().history
+    records = [json.loads(line) for line in (tmp_path / "serial" / "metrics.jsonl").read_text().splitlines()]
+    for metrics, record in zip(history, records, strict=True):
+        # s(τ) = (1 + τ)^-1/2 of each consumed update; its mean is the step's scalar
+        taus_mean, taus_max = metrics["sim/staleness_mean"], metrics["sim/staleness_max"]
+        weights = [row["strategy"]["staleness_weight"] for row in record["clients"]]
+        assert len(weights) == 3 and min(weights) == pytest.approx((1 + taus_max) ** -0.5)
+        assert record["strategy/staleness_weight_mean"] == pytest.approx(sum(weights) / 3)
+        assert (taus_mean == 0) == (record["strategy/staleness_weight_mean"] == 1.0)
+    assert any(r["strategy/staleness_weight_mean"] < 1 for r in records)
+    process = build_server(compose([*REPORTING, "executor=process", "executor.devices=cpu", "executor.workers=2"]),
+                           run_dir=tmp_path / "process").run().history
+    assert [r["strategy/staleness_weight_mean"] for r in process] == [r["strategy/staleness_weight_mean"] for r in history]
