@@ -47,7 +47,8 @@ class NormBounding(Strategy):
     """w ← w + Σᵢ pᵢ·Δᵢ·min(1, M/‖Δᵢ‖₂), M = ``max_norm``; pᵢ ∝ nᵢ (``weighted``) or uniform.
 
     Logs ``strategy/clipped_fraction`` (share of the round's updates that were scaled down) and
-    ``strategy/delta_norm_median`` / ``strategy/delta_norm_max`` (‖Δᵢ‖₂ before clipping: what to pick M from).
+    ``strategy/delta_norm_median`` / ``strategy/delta_norm_max`` (‖Δᵢ‖₂ before clipping: what to pick M from), and
+    each client's ``delta_norm`` and ``clip_factor`` in its row (:meth:`client_metrics`).
     """
 
     def __init__(self, max_norm: float = 1.0, weighted: bool = True) -> None:
@@ -56,6 +57,7 @@ class NormBounding(Strategy):
             raise ValueError(f"strategy.weighted must be true or false (got {weighted!r})")
         self.weighted = weighted
         self._metrics: dict[str, float] = {}
+        self._per_client: dict[int, dict[str, float]] = {}
 
     def aggregate(
         self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
@@ -68,14 +70,21 @@ class NormBounding(Strategy):
         start = global_params.to(torch.float64)
         step = torch.zeros_like(start)
         norms = []
+        self._per_client = {}
         for update, weight in zip(ordered, weights):
             delta = update.params.to(torch.float64) - start
             norm = float(delta.norm())
             norms.append(norm)
-            step.add_(delta, alpha=weight / total * clip_factor(norm, self.max_norm))
+            factor = clip_factor(norm, self.max_norm)
+            self._per_client[update.client_id] = {"delta_norm": norm, "clip_factor": factor}
+            step.add_(delta, alpha=weight / total * factor)
         self._metrics = {"clipped_fraction": sum(n > self.max_norm for n in norms) / len(norms),
                          "delta_norm_median": statistics.median(norms), "delta_norm_max": max(norms)}
         return (start + step).to(global_params.dtype)
 
     def round_metrics(self, round_num: int) -> dict[str, float]:
         return dict(self._metrics)
+
+    def client_metrics(self, round_num: int) -> dict[int, dict[str, float]]:
+        """Each aggregated client's ``delta_norm`` (‖Δᵢ‖₂) and ``clip_factor`` (min(1, M/‖Δᵢ‖₂), 1: not clipped)."""
+        return {client_id: dict(values) for client_id, values in self._per_client.items()}

@@ -90,6 +90,7 @@ class Krum(Strategy):
             raise ValueError(f"strategy.m must be an integer >= 1 (got {m!r})")
         self.f, self.m = f, m
         self.selected_client_ids: list[int] | None = None
+        self._received: list[int] = []
 
     def _require(self, n: int, where: str) -> None:
         if n < 2 * self.f + 3:
@@ -110,4 +111,11 @@ class Krum(Strategy):
         stack = _stack(ordered)
         chosen = sorted(krum_select(stack, self.f, self.m))
         self.selected_client_ids = [ordered[i].client_id for i in chosen]
+        self._received = [u.client_id for u in ordered]
         return weighted_average([stack[i] for i in chosen], [1.0] * len(chosen))
+
+    def client_metrics(self, round_num: int) -> dict[int, dict[str, float]]:
+        """Each aggregated client's ``selected``: 1 if its update was kept, else 0 (TensorBoard:
+        ``participants/strategy/selected``)."""
+        kept = set(self.selected_client_ids or ())
+        return {client_id: {"selected": float(client_id in kept)} for client_id in self._received}

@@ -51,6 +51,8 @@ def test_the_malicious_set_is_recorded_and_flagged_and_krums_choice_counted(tmp_
         assert flagged == {c["client_id"] for c in row["clients"]} & bad
         assert row["attack/malicious_sampled"] == len(flagged)
         assert 0 <= row["attack/malicious_selected"] <= 2
+        selected = {c["client_id"] for c in row["clients"] if c["strategy"]["selected"] == 1.0}  # Multi-Krum, m = 2
+        assert len(selected) == 2 and row["attack/malicious_selected"] == len(selected & flagged)
     assert sum(r["attack/malicious_sampled"] for r in rows) > 0
     assert result.stop_reason == "completed"
 

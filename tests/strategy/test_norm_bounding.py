@@ -36,6 +36,7 @@ def test_known_answer_example_weighted() -> None:
     # the bound is only on the size of a change: FedAvg would give (1 + 6/4, 1 + (8 - 6)/4) = (2.5, 1.5)
     assert torch.equal(FedAvg().aggregate(1, GLOBAL, _round(DELTAS, SIZES)), torch.tensor([2.5, 1.5]))
     assert strategy.round_metrics(1) == {"clipped_fraction": 0.5, "delta_norm_median": 6.0, "delta_norm_max": 10.0}
+    assert strategy.client_metrics(1) == {0: {"delta_norm": 10.0, "clip_factor": 0.5}, 1: {"delta_norm": 2.0, "clip_factor": 1.0}}
 
 
 def test_known_answer_unweighted_ignores_example_counts() -> None:

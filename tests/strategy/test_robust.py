@@ -71,7 +71,10 @@ def test_krum_scores_and_selection_known_answer() -> None:
 
 def test_krum_known_answer() -> None:
     # the best score (25) is t = 1: Krum returns that client's weights exactly
-    assert torch.equal(Krum(f=1).aggregate(1, torch.zeros(2), _updates(LINE, LINE_SIZES)), torch.tensor([1.0, 2.0]))
+    strategy = Krum(f=1)
+    assert torch.equal(strategy.aggregate(1, torch.zeros(2), _updates(LINE, LINE_SIZES)), torch.tensor([1.0, 2.0]))
+    # each client's row says whether its update was kept
+    assert strategy.client_metrics(1) == {i: {"selected": float(i == 1)} for i in range(len(LINE))}
 
 
 def test_multi_krum_known_answers_are_unweighted_means() -> None:
