@@ -2,6 +2,7 @@
 
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.strategy.basgd import BASGD
+from fedsim.strategy.bulyan import Bulyan
 from fedsim.strategy.centered_clipping import CenteredClipping
 from fedsim.strategy.ditto import Ditto, PersonalModel
 from fedsim.strategy.fedavg import FedAvg
@@ -20,7 +21,7 @@ from fedsim.strategy.robust import Krum, Median, TrimmedMean
 from fedsim.strategy.server_opt import FedAdagrad, FedAdam, FedAvgM, FedOpt, FedYogi
 
 __all__ = [
-    "BASGD", "ControlCorrection", "Ditto", "DynamicRegulariser", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedBN", "FedBuff", "FedDyn", "FedNova", "FLTrust",
+    "BASGD", "Bulyan", "ControlCorrection", "Ditto", "DynamicRegulariser", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedBN", "FedBuff", "FedDyn", "FedNova", "FLTrust",
     "FedOpt", "FedPer", "FedProx", "FedRep", "FedYogi", "HeadThenBody", "Krum", "LocalNorms", "LocalTraining", "Median",
     "PersonalLayers", "PersonalModel", "ProximalTerm", "QFFL", "Scaffold", "StartLoss", "Strategy", "TrimmedMean",
     "CenteredClipping", "NormBounding",

@@ -148,17 +148,20 @@ def test_attacks_give_serial_weights(attack: str) -> None:
     assert torch.equal(result.params, reference.params)
 
 
-def test_fltrust_gives_serial_weights() -> None:
-    """FLTrust's server-side training on its root dataset runs in the driver: the Ray run's weights are the serial
-    run's (tests/strategy/test_fltrust.py)."""
+@pytest.mark.parametrize("rule", ["fltrust", "bulyan"])
+def test_new_robust_rules_give_serial_weights(rule: str) -> None:
+    """FLTrust (its server-side training on the root dataset runs in the driver) and Bulyan, attacked: the Ray run's
+    weights are the serial run's (tests/strategy/test_fltrust.py, test_bulyan.py)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "strategy"))
-    import test_fltrust as fltrust
+    import test_bulyan
+    import test_fltrust
     from fedsim.run import build_server, compose
 
-    reference = build_server(compose(fltrust.ATTACKED)).run()
-    result = build_server(compose([*fltrust.ATTACKED, "executor=ray", "executor.workers=2"])).run()
+    settings = test_fltrust.ATTACKED if rule == "fltrust" else test_bulyan.ATTACKED
+    reference = build_server(compose(settings)).run()
+    result = build_server(compose([*settings, "executor=ray", "executor.workers=2"])).run()
     assert torch.equal(result.params, reference.params)
-    assert [r["strategy/mean_trust"] for r in result.history] == [r["strategy/mean_trust"] for r in reference.history]
+    assert [r["attack/malicious_selected"] for r in result.history] == [r["attack/malicious_selected"] for r in reference.history]
 
 
 def test_raising_client_is_reported_with_traceback_and_policy_applies() -> None:
