@@ -40,7 +40,7 @@ def test_an_added_key_nothing_reads_is_refused_before_any_work(overrides: list[s
                       "that fedsim does not read)"),
     (["client=sgd", "client.epoch=3"], "unknown setting client.epoch; did you mean client.epochs?"),
     (["strategy=fedprox", "strategy.muu=0.1"], "unknown setting strategy.muu; did you mean strategy.mu?"),
-    (["strategy=fedadamm"], "no option fedadamm in group strategy; did you mean fedadam? (options: basgd, centered_clipping, ditto, fedadagrad, fedadam, "),
+    (["strategy=fedadamm"], "no option fedadamm in group strategy; did you mean fedadam? (options: basgd, bulyan, centered_clipping, ditto, fedadagrad, "),
     (["stratgy=fedadam"], "unknown setting stratgy; did you mean strategy?"),
 ])
 def test_hydras_refusal_of_an_override_becomes_one_line(overrides: list[str], line: str) -> None:
