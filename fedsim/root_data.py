@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsim.client import example_losses
 from fedsim.params import load_flat
 from fedsim.seeding import root_rng, root_seed
 
@@ -58,6 +59,13 @@ class RootTrainer:
         load_flat(self.model, global_params)
         generator = torch.Generator().manual_seed(root_seed(self.seed, round_num))
         return self.client.fit(self.model, self.data, generator=generator, round_num=round_num).params
+
+    def loss(self, params: torch.Tensor) -> float:
+        """The mean loss (the recipe client's ``per_example_loss``, summed in float64) of the model with weights
+        ``params`` on the root examples, in evaluation mode."""
+        load_flat(self.model, params)
+        losses, _ = example_losses(self.client, self.model, self.data, torch.from_numpy(self.indices))
+        return float(losses.double().sum()) / len(losses)
 
 
 def root_trainer(size: int, *, model: nn.Module, clients: Sequence[Client], data: TensorData, seed: int,

@@ -18,12 +18,13 @@ from fedsim.strategy.norm_bounding import NormBounding
 from fedsim.strategy.scaffold import ControlCorrection, Scaffold
 from fedsim.strategy.qffl import QFFL, StartLoss
 from fedsim.strategy.robust import Krum, Median, TrimmedMean
+from fedsim.strategy.zeno import Zeno
 from fedsim.strategy.server_opt import FedAdagrad, FedAdam, FedAvgM, FedOpt, FedYogi
 
 __all__ = [
     "BASGD", "Bulyan", "ControlCorrection", "Ditto", "DynamicRegulariser", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedBN", "FedBuff", "FedDyn", "FedNova", "FLTrust",
     "FedOpt", "FedPer", "FedProx", "FedRep", "FedYogi", "HeadThenBody", "Krum", "LocalNorms", "LocalTraining", "Median",
-    "PersonalLayers", "PersonalModel", "ProximalTerm", "QFFL", "Scaffold", "StartLoss", "Strategy", "TrimmedMean",
+    "PersonalLayers", "PersonalModel", "ProximalTerm", "QFFL", "Scaffold", "StartLoss", "Strategy", "TrimmedMean", "Zeno",
     "CenteredClipping", "NormBounding",
     "gradients",
 ]

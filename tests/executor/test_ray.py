@@ -148,16 +148,17 @@ def test_attacks_give_serial_weights(attack: str) -> None:
     assert torch.equal(result.params, reference.params)
 
 
-@pytest.mark.parametrize("rule", ["fltrust", "bulyan"])
+@pytest.mark.parametrize("rule", ["fltrust", "bulyan", "zeno"])
 def test_new_robust_rules_give_serial_weights(rule: str) -> None:
-    """FLTrust (its server-side training on the root dataset runs in the driver) and Bulyan, attacked: the Ray run's
-    weights are the serial run's (tests/strategy/test_fltrust.py, test_bulyan.py)."""
+    """FLTrust and Zeno (their server-side work on the root dataset runs in the driver) and Bulyan, attacked: the Ray
+    run's weights are the serial run's (tests/strategy/test_fltrust.py, test_bulyan.py, test_zeno.py)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "strategy"))
     import test_bulyan
     import test_fltrust
+    import test_zeno
     from fedsim.run import build_server, compose
 
-    settings = test_fltrust.ATTACKED if rule == "fltrust" else test_bulyan.ATTACKED
+    settings = {"fltrust": test_fltrust.ATTACKED, "bulyan": test_bulyan.ATTACKED, "zeno": test_zeno.ATTACKED}[rule]
     reference = build_server(compose(settings)).run()
     result = build_server(compose([*settings, "executor=ray", "executor.workers=2"])).run()
     assert torch.equal(result.params, reference.params)

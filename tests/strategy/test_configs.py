@@ -29,7 +29,7 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "q": ("2.0", 2.0), "lipschitz": ("5.0", 5.0), "sampling": ("uniform", "uniform"),
     "buffer_size": ("4", 4), "concurrency": ("7", 7), "staleness_exponent": ("1.0", 1.0),
     "max_norm": ("0.5", 0.5), "weighted": ("false", False), "iterations": ("3", 3),
-    "num_buffers": ("4", 4), "rule": ("trimmed_mean", "trimmed_mean"), "trim": ("0.1", 0.1), "root_size": ("50", 50),
+    "num_buffers": ("4", 4), "rule": ("trimmed_mean", "trimmed_mean"), "trim": ("0.1", 0.1), "root_size": ("50", 50), "b": ("2", 2), "rho": ("0.01", 0.01),
 }
 
 
