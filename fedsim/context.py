@@ -34,3 +34,17 @@ class RunContext:
     run_dir: Path | None = None
     start_round: int = 1
     root_trainer: Callable[[int], RootTrainer] | None = None
+
+    def root(self, size: int, option: str) -> RootTrainer:
+        """``root_trainer(size)``, or a one-line ``ValueError`` saying that ``strategy=<option>`` needs a root dataset
+        where this context offers none."""
+        if self.root_trainer is None:
+            raise ValueError(f"strategy={option} needs the server's root dataset; this run context offers none")
+        return self.root_trainer(size)
+
+
+def root_size_setting(value: object) -> int:
+    """``strategy.root_size`` checked: an integer >= 1, else a one-line ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"strategy.root_size must be an integer >= 1 (got {value!r})")
+    return value

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedsim.context import RunContext
+from fedsim.context import RunContext, root_size_setting
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.norm_bounding import in_client_order, positive_number
 from fedsim.types import ClientUpdate
@@ -68,9 +68,7 @@ class FLTrust(Strategy):
     """
 
     def __init__(self, root_size: int = 100, server_lr: float = 1.0) -> None:
-        if isinstance(root_size, bool) or not isinstance(root_size, int) or root_size < 1:
-            raise ValueError(f"strategy.root_size must be an integer >= 1 (got {root_size!r})")
-        self.root_size = root_size
+        self.root_size = root_size_setting(root_size)
         self.server_lr = positive_number("server_lr", server_lr)
         self.root: RootTrainer | None = None
         self.selected_client_ids: list[int] | None = None
@@ -78,9 +76,7 @@ class FLTrust(Strategy):
         self._trust: dict[int, float] = {}
 
     def setup(self, context: RunContext) -> None:
-        if context.root_trainer is None:
-            raise ValueError("strategy=fltrust needs the server's root dataset; this run context offers none")
-        self.root = context.root_trainer(self.root_size)
+        self.root = context.root(self.root_size, "fltrust")
 
     def aggregate(
         self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]

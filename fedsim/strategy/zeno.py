@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedsim.context import RunContext
+from fedsim.context import RunContext, root_size_setting
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.norm_bounding import in_client_order
 from fedsim.types import ClientUpdate
@@ -51,18 +51,14 @@ class Zeno(Strategy):
             raise ValueError(f"strategy.b must be an integer >= 0 (got {b!r})")
         if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not rho >= 0:
             raise ValueError(f"strategy.rho must be a number >= 0 (got {rho!r})")
-        if isinstance(root_size, bool) or not isinstance(root_size, int) or root_size < 1:
-            raise ValueError(f"strategy.root_size must be an integer >= 1 (got {root_size!r})")
-        self.b, self.rho, self.root_size = b, float(rho), root_size
+        self.b, self.rho, self.root_size = b, float(rho), root_size_setting(root_size)
         self.root: RootTrainer | None = None
         self.selected_client_ids: list[int] | None = None
         self._scores: dict[int, float] = {}
         self._metrics: dict[str, float] = {}
 
     def setup(self, context: RunContext) -> None:
-        if context.root_trainer is None:
-            raise ValueError("strategy=zeno needs the server's root dataset; this run context offers none")
-        self.root = context.root_trainer(self.root_size)
+        self.root = context.root(self.root_size, "zeno")
 
     def check(self, clients_per_round: int) -> None:
         if self.b >= clients_per_round:

@@ -34,7 +34,8 @@ def test_aggregation_step_known_answer() -> None:
     # column 0: median 2, the 3 closest are 1, 2, 3 -> 2; column 1: values 10, 0, 0, 1, 7, median 1,
     # distances 9, 1, 1, 0, 6 -> 1, 0, 0 -> 1/3
     stack = torch.tensor([[0.0, 10.0], [1.0, 0.0], [2.0, 0.0], [3.0, 1.0], [4.0, 7.0]])
-    torch.testing.assert_close(closest_to_median_mean(stack, 3), torch.tensor([2.0, 1 / 3], dtype=torch.float64), rtol=0, atol=1e-15)
+    # sums of small integers are exact; each coordinate is one correctly rounded division, as 1 / 3 is
+    assert torch.equal(closest_to_median_mean(stack, 3), torch.tensor([2.0, 1 / 3], dtype=torch.float64))
     # equal distances to the median (0 and 2 around 1) go to the lower row; an even count's median is the mean of the middles
     assert torch.equal(closest_to_median_mean(torch.tensor([[0.0], [2.0]]), 1), torch.tensor([0.0], dtype=torch.float64))
     with pytest.raises(ValueError, match="1 <= beta <= n"):
