@@ -117,6 +117,17 @@ def _stop_on_signals(server: Server) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def main() -> None:
-    """Console-script entry point (``fedsim``); Hydra failing to write the run directory is one line too."""
-    run_hydra_entry(_hydra_main)
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (``fedsim``); Hydra failing to write the run directory is one line too.
+
+    ``argv`` (the arguments after the program name; default: ``sys.argv[1:]``) runs the command line in this
+    process, e.g. from a notebook or a test: the same output, files and exit statuses (as ``SystemExit``)."""
+    if argv is None:
+        run_hydra_entry(_hydra_main)
+        return
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "fedsim", *argv]  # Hydra reads its overrides from sys.argv
+    try:
+        run_hydra_entry(_hydra_main)
+    finally:
+        sys.argv = saved
