@@ -3,12 +3,13 @@
 Runs FedAvg on Synthetic(1,1) with ``--executor process`` (2 workers) or ``ray`` (2 actors on a local Ray)
 for ``--rounds`` rounds while a thread SIGKILLs one of the live workers (chosen at random, the worker being
 started included; under Ray the actors' processes and Ray's idle pooled workers, not its agents) every
-``--interval`` seconds for ``--seconds`` seconds. Each repeat must end either with weights bitwise equal to
+``--interval`` seconds for ``--seconds`` seconds or until ``--kills`` workers were killed, whichever comes first. Each repeat must end either with weights bitwise equal to
 the serial executor's or with one line (a round that ran out of retries, a worker slot that failed to
 start 3 times in a row), within ``--limit`` seconds. Prints one JSON line per repeat.
 
     .venv/bin/python experiments/faults/kill_loop.py --repeats 5 --seconds 45
     .venv/bin/python experiments/faults/kill_loop.py --executor ray --repeats 5 --seconds 45
+    .venv/bin/python experiments/faults/kill_loop.py --repeats 1 --kills 5 --interval 0.5 --rounds 20   # the test's size
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ def build(executor, rounds: int) -> Server:  # type: ignore[no-untyped-def]
     )
 
 
-def kill_loop(executor: Executor, stop: threading.Event, interval: float, seconds: float, seed: int, kills: list[int]) -> None:
-    """Every ``interval`` s, SIGKILL a random live worker (one being started included)."""
+def kill_loop(executor: Executor, stop: threading.Event, interval: float, seconds: float, seed: int, kills: list[int],
+              max_kills: int | None = None) -> None:
+    """Every ``interval`` s, SIGKILL a random live worker (one being started included), for ``seconds`` or until
+    ``max_kills`` were killed."""
     rng, deadline = random.Random(seed), time.monotonic() + seconds
-    while not stop.wait(interval) and time.monotonic() < deadline:
+    while not stop.wait(interval) and time.monotonic() < deadline and (max_kills is None or len(kills) < max_kills):
         pids = _ray_workers() if isinstance(executor, RayExecutor) else _process_workers(executor)
         if pids:
             pid = rng.choice(sorted(set(pids)))
@@ -101,13 +104,15 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def one_repeat(kind: str, rounds: int, interval: float, seconds: float, seed: int, reference: torch.Tensor) -> dict:
+def one_repeat(kind: str, rounds: int, interval: float, seconds: float, seed: int, reference: torch.Tensor,
+               max_kills: int | None = None) -> dict:
     if kind == "ray":
         executor: Executor = RayExecutor(workers=2, max_retries=10, start_timeout_s=60)
     else:
         executor = ProcessExecutor(devices="cpu", workers=2, max_retries=10, start_timeout_s=60)
     server, stop, kills = build(executor, rounds), threading.Event(), []
-    killer = threading.Thread(target=kill_loop, args=(executor, stop, interval, seconds, seed, kills), daemon=True)
+    killer = threading.Thread(target=kill_loop, args=(executor, stop, interval, seconds, seed, kills, max_kills),
+                              daemon=True)
     start = time.perf_counter()
     killer.start()
     try:
@@ -126,6 +131,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=45.0)
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--kills", type=int, default=None, help="stop killing after this many kills (default: no limit)")
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--executor", choices=("process", "ray"), default="process")
     args = parser.parse_args()
@@ -136,7 +142,8 @@ def main() -> None:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     for seed in range(args.repeats):
-        print(json.dumps(one_repeat(args.executor, args.rounds, args.interval, args.seconds, seed, reference)), flush=True)
+        line = one_repeat(args.executor, args.rounds, args.interval, args.seconds, seed, reference, args.kills)
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from fedsim.types import ClientFailure, ClientUpdate, FitTask
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fault_clients  # noqa: E402  (workers import it by the same name: spawn copies sys.path)
+from own_processes import live_tagged, new_tag, tagged_environment  # noqa: E402
 
 ROUNDS, PER_ROUND = 3, 4
 
@@ -288,17 +289,15 @@ def test_client_class_defined_in_a_script_works(tmp_path: Path) -> None:
 
 
 def test_script_without_main_guard_gets_a_clear_message(tmp_path: Path) -> None:
-    from test_worker_kill_loop import _orphaned_workers
-
-    before = _orphaned_workers()
+    tag = new_tag()
     script = tmp_path / "unguarded.py"
     script.write_text(SCRIPT + "\nmain()\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env=tagged_environment(tag))
     assert done.returncode != 0
     assert 'if __name__ == "__main__":' in done.stderr
     assert done.stderr.count("fedsim: a worker process was started while your script was being imported") <= 2
-    time.sleep(1.0)
-    assert not _orphaned_workers() - before, "no worker outlives the script"
+    _wait_for(lambda: not live_tagged(tag), timeout=10)  # "no worker outlives the script" (only the script's own)
 
 
 def test_class_from_an_interactive_session_goes_by_value() -> None:
@@ -341,9 +340,16 @@ def _first_sampled_client() -> int:
 
 
 def test_no_shared_memory_files_left(tmp_path: Path) -> None:
-    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    """torch names a shared-memory file torch_<pid of its creator>_...: only this process's and its workers' count
+    (another program on the machine may be creating its own meanwhile)."""
+    def ours(pids: set[int]) -> set[str]:
+        names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
+        return {name for name in names if name.startswith(tuple(f"torch_{pid}_" for pid in pids))}
+
+    before = ours({os.getpid()})
     run(ProcessExecutor(devices="cpu", workers=2), run_dir=tmp_path)
-    after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    assert not {f for f in after - before if "torch" in f}, after - before
+    pids = {os.getpid(), *worker_pids(tmp_path)}
+    assert len(pids) == 3, pids
+    assert not ours(pids) - before, ours(pids) - before
 
 
