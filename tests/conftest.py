@@ -1,2 +1,58 @@
 """Suite-wide settings. Its folder (``tests/``) is on ``sys.path`` for every test, so the shared helpers
-(``cli_runner``, ``vision_files``, ...) import by name from any subfolder."""
+(``cli_runner``, ``own_processes``, ``vision_files``, ...) import by name from any subfolder.
+
+* ``RAY_ADDRESS=local``: a test's ``ray.init()`` without an address starts a Ray of its own, never joins a cluster
+  that another program on the machine started with ``ray start`` (Ray's default is to join the newest one named in
+  /tmp/ray/ray_current_cluster). Subprocesses inherit it.
+* ``local_ray``: one local Ray for the Ray tests that can share it.
+* The ``slow`` marker (pyproject.toml) keeps ``pytest -m "not slow"`` a quick inner loop. A test that is not marked
+  and took longer than :data:`UNMARKED_LIMIT_S` (set-up, call and tear-down together) is named at the end of the
+  run, so that the tiers stay honest as tests change.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+os.environ["RAY_ADDRESS"] = "local"
+
+UNMARKED_LIMIT_S = 5.0
+_unmarked_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "slow" not in report.keywords:
+        _unmarked_durations[report.nodeid] = _unmarked_durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    over = sorted(((s, n) for n, s in _unmarked_durations.items() if s > UNMARKED_LIMIT_S), reverse=True)
+    if over:
+        terminalreporter.section("tests over the inner loop's limit")
+        terminalreporter.write_line(f"not marked slow and over {UNMARKED_LIMIT_S:g} s (mark them @pytest.mark.slow, "
+                                    f"or make them cheaper; CONTRIBUTING.md):")
+        for seconds, nodeid in over:
+            terminalreporter.write_line(f"  {seconds:6.1f} s  {nodeid}")
+
+
+@pytest.fixture(scope="session")
+def _ray_shut_down_at_the_end() -> Iterator[None]:
+    yield
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()
+
+
+@pytest.fixture()
+def local_ray(_ray_shut_down_at_the_end: None) -> Any:
+    """One local Ray (2 CPUs) for every test that asks for it, started by the first (it takes seconds) and shut down
+    at the end of the session; executors join it (``address=None`` reuses an initialised Ray), so none of them owns
+    it. A test that needs Ray not running (a cluster of its own) shuts it down; the next one starts it again."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    return ray

@@ -39,8 +39,7 @@ def _run(executor, kind: str, caplog: pytest.LogCaptureFixture) -> tuple[list[st
 
 
 @pytest.mark.parametrize("kind", ["shape", "list"])
-def test_the_same_rejection_under_serial_process_and_ray(kind: str, caplog: pytest.LogCaptureFixture) -> None:
-    import ray
+def test_the_same_rejection_under_serial_process_and_ray(kind: str, caplog: pytest.LogCaptureFixture, local_ray) -> None:  # type: ignore[no-untyped-def]
     from ray import cloudpickle
 
     serial_reasons, serial = _run(SerialExecutor(), kind, caplog)
@@ -48,11 +47,7 @@ def test_the_same_rejection_under_serial_process_and_ray(kind: str, caplog: pyte
     assert len(serial_reasons) == 2 and all(f"client {VICTIM}: {expected}" in r for r in serial_reasons), serial_reasons
     process_reasons, process = _run(ProcessExecutor(devices="cpu", workers=2, max_retries=0), kind, caplog)
     cloudpickle.register_pickle_by_value(fault_clients)  # Ray workers do not share this test's sys.path
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    try:
-        ray_reasons, on_ray = _run(RayExecutor(workers=2, max_retries=0), kind, caplog)
-    finally:
-        ray.shutdown()
+    ray_reasons, on_ray = _run(RayExecutor(workers=2, max_retries=0), kind, caplog)
     assert process_reasons == serial_reasons == ray_reasons
     for history in (process, on_ray):
         assert [r["client/num_rejected"] for r in history] == [1.0, 1.0]

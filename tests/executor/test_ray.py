@@ -1,7 +1,7 @@
 """RayExecutor: same answers as the serial reference, faults handled, Ray left as it was found.
 
-One local Ray instance serves the whole module (it takes seconds to start); every executor joins it,
-so none of them owns it and the module's fixture shuts it down at the end.
+One local Ray instance serves the whole suite (it takes seconds to start; tests/conftest.py's ``local_ray``);
+every executor joins it, so none of them owns it.
 """
 
 from __future__ import annotations
@@ -35,12 +35,9 @@ from test_process import PER_ROUND, ROUNDS, _data, _first_sampled_client, run, s
 cloudpickle.register_pickle_by_value(fault_clients)  # Ray workers do not share this test's sys.path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():  # type: ignore[no-untyped-def]
-    """One local Ray for the module; executors join it (address=None reuses an initialised Ray)."""
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    yield
-    ray.shutdown()
+@pytest.fixture(autouse=True)
+def _on_local_ray(local_ray) -> None:  # type: ignore[no-untyped-def]
+    """Every test here runs on the suite's local Ray (tests/conftest.py)."""
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -32,7 +32,10 @@ cloudpickle.register_pickle_by_value(fault_clients)
 def two_nodes():  # type: ignore[no-untyped-def]
     """A head node and a second node with one CPU each, so that two one-CPU actors land one per node."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray.is_initialized():  # the suite's local Ray (tests/conftest.py); the next test that needs it starts it again
+        ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    _unadvertise(cluster)
     try:
         second = cluster.add_node(num_cpus=1)
         ray.init(address=cluster.address, log_to_driver=False)
@@ -41,6 +44,16 @@ def two_nodes():  # type: ignore[no-untyped-def]
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _unadvertise(cluster: Cluster) -> None:
+    """Cluster() writes its address to /tmp/ray/ray_current_cluster, where any ``ray.init()`` on the machine without
+    an address (another test run's, a user's) would find and join it: take it back at once (only if it is ours)."""
+    from ray._common.utils import get_ray_address_file  # Ray's own name for that file (private)
+
+    advertised = Path(get_ray_address_file(None))
+    if advertised.exists() and advertised.read_text().strip() == cluster.address:
+        advertised.unlink()
 
 
 def _remove_when_marked(cluster: Cluster, node, marker: Path, removed: list[float]) -> None:  # type: ignore[no-untyped-def]

@@ -71,18 +71,13 @@ def test_process_workers_give_the_serial_counts_bitwise(workers: int, serial_cou
     assert torch.equal(result.params, serial_counts.params)
 
 
-def test_ray_gives_the_serial_counts_bitwise(serial_counts: RunResult) -> None:
-    import ray
+def test_ray_gives_the_serial_counts_bitwise(serial_counts: RunResult, local_ray) -> None:  # type: ignore[no-untyped-def]
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(stateful_clients)  # Ray workers do not share this test's sys.path
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    try:
-        result = build(RayExecutor(workers=2)).run()
-        with pytest.raises(ClientMisuseError, match=r"SelfCountingClient changed self\.count"):
-            build(RayExecutor(workers=2), stateful_clients.SelfCountingClient, rounds=2).run()
-    finally:
-        ray.shutdown()
+    result = build(RayExecutor(workers=2)).run()
+    with pytest.raises(ClientMisuseError, match=r"SelfCountingClient changed self\.count"):
+        build(RayExecutor(workers=2), stateful_clients.SelfCountingClient, rounds=2).run()
     assert rows(result) == rows(serial_counts)
     assert torch.equal(result.params, serial_counts.params)
 
