@@ -123,10 +123,15 @@ def _captured_fds() -> Iterator[dict[str, str]]:
 @contextlib.contextmanager
 def _logging_restored() -> Iterator[None]:
     """Hydra configures the root logger for the run (a console handler, a ``run.log`` file handler) and fedsim
-    its ``fedsim`` logger; both come back as they were, the run's handlers closed."""
+    its ``fedsim`` logger; both come back as they were, the run's handlers closed. Hydra's ``dictConfig`` also
+    closes every handler the process has made so far (``logging.config._clearExistingHandlers``), which a fresh
+    process has none of: they are out of its sight for the call (absl's handler, say, closes the stream it was
+    made with, which under pytest is pytest's capture file)."""
     loggers = [logging.getLogger(), logging.getLogger("fedsim")]
     saved = [(logger, list(logger.handlers), logger.level, logger.propagate, logger.disabled) for logger in loggers]
     was_disabled = {name: logger.disabled for name, logger in logging.root.manager.loggerDict.items() if isinstance(logger, logging.Logger)}
+    existing, named = list(logging._handlerList), dict(logging._handlers)  # type: ignore[attr-defined]
+    del logging._handlerList[:]  # type: ignore[attr-defined]
     try:
         yield
     finally:
@@ -140,3 +145,6 @@ def _logging_restored() -> Iterator[None]:
         for name, logger in logging.root.manager.loggerDict.items():  # Hydra's dictConfig may disable loggers
             if isinstance(logger, logging.Logger):
                 logger.disabled = was_disabled.get(name, False)
+        logging._handlerList[:0] = existing  # type: ignore[attr-defined]
+        for name, handler in named.items():
+            logging._handlers.setdefault(name, handler)  # type: ignore[attr-defined]

@@ -6,11 +6,9 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import subprocess
 import sys
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from cli_runner import run_cli
 
 from fedsim.context import RunContext
 from fedsim.params import ParamLayout
@@ -53,7 +52,6 @@ USER_PKG = Path(__file__).resolve().parent / "user_pkg"
 GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "logger", "tracker", "evaluate_clients", "clock", "compression",
           "dp", "attack", "experiment")
 SYNTHETIC = "fedsim.data.synthetic.synthetic"
-TIMEOUT_S = 300  # a guard against hangs, not a speed assertion
 
 # --- tiny real-format files for the torchvision datasets --------------------------------------------
 
@@ -384,9 +382,8 @@ def test_wrong_type_is_rejected_at_composition() -> None:
 
 # --- (b) the command line ----------------------------------------------------------------------------------
 #
-# Every command-line case runs once, up to four at a time, in a module fixture (each is a fresh Python
-# process that imports torch: running them side by side keeps this file fast on a 2-core machine).
-# The tests below then look at one case each.
+# Every command-line case runs once, one after another in this process (tests/cli_runner.py), in a module
+# fixture; the tests below then look at one case each.
 
 
 @dataclass(frozen=True)
@@ -399,19 +396,10 @@ class CliRun:
         return [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("FEDSIM_DATA_ROOT", "HYDRA_FULL_ERROR")}
-    env.update(extra)
-    return env
-
-
-def _cli(args: list[str], cwd: Path, env: dict[str, str]) -> CliRun:
+def _cli(args: list[str], cwd: Path, pythonpath: list[Path]) -> CliRun:
     cwd.mkdir(parents=True, exist_ok=True)
     run_dir = cwd / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "fedsim", *args, f"hydra.run.dir={run_dir}"],
-        cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=TIMEOUT_S,
-    )
+    proc = run_cli([*args, f"hydra.run.dir={run_dir}"], cwd=cwd, pythonpath=pythonpath)
     return CliRun(proc, cwd, run_dir)
 
 
@@ -443,19 +431,16 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CliRun]:
     vision_files.write_mnist(mnist_root, n_train=64, n_test=32)
     empty.mkdir()
     mnist = ["strategy=fedavg", "model=cnn", "data=mnist"]
-    user_path = os.pathsep.join(p for p in (str(USER_PKG), os.environ.get("PYTHONPATH", "")) if p)
-    cases: dict[str, tuple[list[str], dict[str, str]]] = {
-        "default": (["num_rounds=3"], {}),
-        "unknown_strategy": (["strategy=nonexistent"], {}),
-        "missing_mnist": ([*mnist, f"data.root={empty}"], {}),
-        "tiny_mnist": ([*mnist, f"data.root={mnist_root}", "partition.num_clients=4", "clients_per_round=2", "num_rounds=2"], {}),
+    cases: dict[str, tuple[list[str], list[Path]]] = {  # case -> (arguments, folders on the path)
+        "default": (["num_rounds=3"], []),
+        "unknown_strategy": (["strategy=nonexistent"], []),
+        "missing_mnist": ([*mnist, f"data.root={empty}"], []),
+        "tiny_mnist": ([*mnist, f"data.root={mnist_root}", "partition.num_clients=4", "clients_per_round=2", "num_rounds=2"], []),
         "user_strategy": (["strategy._target_=my_strategy.KeepGlobal", f"+strategy.marker={base / 'marker.log'}",
-                           "+data.max_size=60", "num_rounds=3", "clients_per_round=5"], {"PYTHONPATH": user_path}),
-        **{name: (BAD_CONFIGS[name][0], {}) for name in CLI_BAD_CONFIGS},
+                           "+data.max_size=60", "num_rounds=3", "clients_per_round=5"], [USER_PKG]),
+        **{name: (BAD_CONFIGS[name][0], []) for name in CLI_BAD_CONFIGS},
     }
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {name: pool.submit(_cli, args, base / name, env) for name, (args, env) in cases.items()}
-        runs = {name: future.result() for name, future in futures.items()}
+    runs = {name: _cli(args, base / name, pythonpath) for name, (args, pythonpath) in cases.items()}
     runs["marker"] = CliRun(runs["user_strategy"].proc, base, base / "marker.log")
     return runs
 

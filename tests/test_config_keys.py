@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 from hydra.errors import HydraException
 
 from fedsim.config import ConfigError, RunSchema
@@ -51,8 +50,7 @@ def test_hydras_refusal_of_an_override_becomes_one_line(overrides: list[str], li
 
 
 def test_the_command_line_says_it_in_one_line_with_status_2(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "fedsim", "num_round=3", f"hydra.run.dir={tmp_path / 'run'}"],
-                          capture_output=True, text=True, timeout=120)
+    done = run_cli(["num_round=3", f"hydra.run.dir={tmp_path / 'run'}"])
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "fedsim: error: unknown setting num_round; did you mean num_rounds? (a typo? `+num_round=...` would add a key "

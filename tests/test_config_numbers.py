@@ -56,14 +56,12 @@ def test_a_user_class_is_checked_by_its_own_signature(tmp_path, monkeypatch) -> 
 
 
 def test_checkpoints_existing_as_a_file_is_one_line_before_any_work(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import subprocess
-    import sys
+    from cli_runner import run_cli
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "checkpoints").write_text("not a directory")
-    done = subprocess.run([sys.executable, "-m", "fedsim", "num_rounds=1", f"hydra.run.dir={run_dir}"],
-                          capture_output=True, text=True, timeout=300)
+    done = run_cli(["num_rounds=1", f"hydra.run.dir={run_dir}"])
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0] == (f"fedsim: error: {run_dir / 'checkpoints'} exists and is not a directory; "

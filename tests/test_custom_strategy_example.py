@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from cli_runner import run_cli
 from torch import nn
 
 from fedsim.strategy import FedAvg
@@ -29,7 +28,6 @@ sys.path.insert(0, str(EXAMPLE))
 
 from my_strategies import AdaptiveClippedFedAvg, ClippedFedAvg, L1FedAvg, L1TowardsGlobal  # noqa: E402
 
-TIMEOUT_S = 300
 PROCESS = ["executor=process", "executor.devices=cpu", "executor.workers=2"]
 CLIPPED = ["strategy._target_=my_strategies.ClippedFedAvg", "+strategy.max_norm=1e-6"]
 L1 = ["strategy._target_=my_strategies.L1FedAvg", "+strategy.lam=0.1"]
@@ -118,10 +116,8 @@ def test_l1_functional_term_equals_loss_term() -> None:
 
 
 def _run(args: list[str], run_dir: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
-    env = {k: v for k, v in os.environ.items() if k not in ("FEDSIM_DATA_ROOT", "HYDRA_FULL_ERROR")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in ("experiments/custom_strategy", env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "fedsim", *args, "num_rounds=3", "logger=quiet", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    """``PYTHONPATH=experiments/custom_strategy python -m fedsim ARGS`` from the repository root, in this process."""
+    proc = run_cli([*args, "num_rounds=3", "logger=quiet", f"hydra.run.dir={run_dir}"], cwd=ROOT, pythonpath=[EXAMPLE])
     return proc, run_dir
 
 
@@ -137,9 +133,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, A
         "l1_process": L1 + PROCESS,
         "l1_vmap": L1 + ["executor=vmap"],
     }
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time: a 2-core machine
-        done = {name: pool.submit(_run, args, base / name) for name, args in cases.items()}
-        results = {name: future.result() for name, future in done.items()}
+    results = {name: _run(args, base / name) for name, args in cases.items()}
     records = {}
     for name, (proc, run_dir) in results.items():
         assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedsim.early_stop import EarlyStop
@@ -106,7 +106,7 @@ def test_hparams_in_the_runs_own_event_files(run_dir: Path) -> None:
 
 
 def _fedsim(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fedsim", *args], capture_output=True, text=True, timeout=120)
+    return run_cli(args)
 
 
 def test_a_sweep_shows_what_was_swept_and_quiet_prints_no_round_lines(tmp_path: Path) -> None:

@@ -10,16 +10,15 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from cli_runner import run_cli
 from torch import nn
 
 from fedsim.checkpoint import read_verified
@@ -42,7 +41,6 @@ sys.path.insert(0, str(EXAMPLE))
 
 from ditto import DittoClient  # noqa: E402
 
-TIMEOUT_S = 300
 DITTO = ["client._target_=ditto.DittoClient", "+client.lam=0.1"]
 PROCESS = ["executor=process", "executor.devices=cpu", "executor.workers=2"]
 
@@ -161,10 +159,8 @@ def test_server_hands_each_client_its_committed_personal_model() -> None:
 
 
 def _run(args: list[str], run_dir: Path, rounds: int = 3) -> tuple[subprocess.CompletedProcess[str], Path]:
-    env = {k: v for k, v in os.environ.items() if k not in ("FEDSIM_DATA_ROOT", "HYDRA_FULL_ERROR")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in ("experiments/ditto", env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "fedsim", *args, f"num_rounds={rounds}", "logger=quiet", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    """``PYTHONPATH=experiments/ditto python -m fedsim ARGS`` from the repository root, in this process."""
+    proc = run_cli([*args, f"num_rounds={rounds}", "logger=quiet", f"hydra.run.dir={run_dir}"], cwd=ROOT, pythonpath=[EXAMPLE])
     return proc, run_dir
 
 
@@ -172,9 +168,7 @@ def _run(args: list[str], run_dir: Path, rounds: int = 3) -> tuple[subprocess.Co
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[dict[str, Any]], Path]]:
     base = tmp_path_factory.mktemp("ditto")
     cases = {"fedavg": [], "ditto": DITTO, "ditto_process": DITTO + PROCESS}
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time: a 2-core machine
-        done = {name: pool.submit(_run, args, base / name) for name, args in cases.items()}
-        results = {name: future.result() for name, future in done.items()}
+    results = {name: _run(args, base / name) for name, args in cases.items()}
     records = {}
     for name, (proc, run_dir) in results.items():
         assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"

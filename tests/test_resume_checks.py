@@ -4,12 +4,11 @@ a strategy state that does not fit is one line, and resuming a finished run chan
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run_cli
 
 from fedsim.checkpoint import CheckpointError, load_latest, save_checkpoint
 from fedsim.run import compose, run_config
@@ -62,8 +61,7 @@ def test_another_strategy_is_refused_and_a_state_that_does_not_fit_is_one_line(f
 def test_resuming_a_finished_run_says_so_and_changes_nothing(finished: Path) -> None:
     before = {p.name: p.read_bytes() for p in (finished / "summary.json", finished / "metrics.jsonl")}
     checkpoints = sorted(p.name for p in (finished / "checkpoints").glob("*.ckpt"))
-    done = subprocess.run([sys.executable, "-m", "fedsim", *BASE, "resume=true", f"hydra.run.dir={finished}"],
-                          capture_output=True, text=True, timeout=300)
+    done = run_cli([*BASE, "resume=true", f"hydra.run.dir={finished}"])
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("fedsim: nothing to do: the run in ")
     assert "finished all 3 rounds; to train longer, resume with a larger num_rounds" in done.stderr
@@ -72,8 +70,7 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(finished: Path) -> 
 
 
 def test_a_refused_resume_from_the_command_line_is_one_line_and_exit_2(finished: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "fedsim", *BASE, "resume=true", "client.epochs=2", f"hydra.run.dir={finished}"],
-                          capture_output=True, text=True, timeout=300)
+    done = run_cli([*BASE, "resume=true", "client.epochs=2", f"hydra.run.dir={finished}"])
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fedsim: error: resume from ") and "client.epochs (1 -> 2)" in lines[0]

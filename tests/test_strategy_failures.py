@@ -9,8 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ sys.path.insert(0, str(TESTS))  # failing_strategies
 sys.path.insert(0, str(TESTS / "executor"))  # fault_clients
 
 import fault_clients  # noqa: E402
+from cli_runner import run_cli  # noqa: E402
 from failing_strategies import BadReturnFedAvg, FlakyFedAdam, NaNFedAvg  # noqa: E402
 
 from fedsim.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest  # noqa: E402
@@ -188,11 +187,8 @@ def test_without_checkpoints_an_error_writes_none(tmp_path: Path) -> None:
 
 
 def test_the_command_line_prints_one_line_exits_1_and_writes_the_summary(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)}
-    done = subprocess.run(
-        [sys.executable, "-m", "fedsim", *BASE, "strategy._target_=failing_strategies.NaNFedAvg", "+strategy.nan_round=2",
-         f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300, env=env,
-    )
+    done = run_cli([*BASE, "strategy._target_=failing_strategies.NaNFedAvg", "+strategy.nan_round=2", f"hydra.run.dir={tmp_path}"],
+                   pythonpath=[TESTS])
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip() == ("fedsim: error: round 2: NaNFedAvg.aggregate returned 5 non-finite values (NaN or inf); "
                                    "the model of round 1 is kept")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 import vision_files  # noqa: E402
+from cli_runner import run_cli  # noqa: E402
 
 from fedsim.checkpoint import load_latest  # noqa: E402
 from fedsim.state import ClientStateStore  # noqa: E402
@@ -57,12 +57,8 @@ def test_fedper_runs_on_the_cnn_from_the_command_line(tmp_path: Path) -> None:
     root = tmp_path / "mnist"
     vision_files.write_mnist(root, n_train=64, n_test=32)
     run_dir = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "fedsim", "model=cnn", "data=mnist", f"data.root={root}", "partition.num_clients=4",
-         "clients_per_round=2", "num_rounds=3", "strategy._target_=fedsim.strategy.FedPer", "logger.progress=false",
-         f"hydra.run.dir={run_dir}"],
-        capture_output=True, text=True, timeout=300,
-    )
+    done = run_cli(["model=cnn", "data=mnist", f"data.root={root}", "partition.num_clients=4", "clients_per_round=2", "num_rounds=3",
+                    "strategy._target_=fedsim.strategy.FedPer", "logger.progress=false", f"hydra.run.dir={run_dir}"])
     assert done.returncode == 0, done.stderr
     final = load_latest(run_dir / "checkpoints")[1]["params"]
     torch.manual_seed(init_seed(0))  # the run's initial global model (seed=0)
@@ -78,11 +74,7 @@ def test_fedper_runs_on_the_cnn_from_the_command_line(tmp_path: Path) -> None:
 
 
 def test_vmap_refuses_fedper_in_one_line_before_any_work(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "fedsim", "model=mlp", "strategy=fedper", "executor=vmap", "num_rounds=2",
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        capture_output=True, text=True, timeout=300,
-    )
+    done = run_cli(["model=mlp", "strategy=fedper", "executor=vmap", "num_rounds=2", f"hydra.run.dir={tmp_path / 'run'}"])
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fedsim: error: executor=vmap cannot run"), done.stderr
