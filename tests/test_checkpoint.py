@@ -9,12 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
+from cli_runner import run_cli
 from fedsim.checkpoint import MAGIC, CheckpointError, list_checkpoints, load_checkpoint, load_latest, save_checkpoint
 
 MEASURED = ("time/", "system/")  # wall-clock and memory readings differ between any two runs
@@ -86,12 +86,16 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one_usable(tmp_pat
 
 # --- end to end through the CLI ----------------------------------------------------------------
 
-ROUNDS = 30
+ROUNDS = 15  # the latest kill comes after round 11: a few rounds are left to resume
+
+
+def _args(run_dir: Path, *overrides: str) -> list[str]:
+    return [f"num_rounds={ROUNDS}", "checkpoint_every=1", "logger.progress=false", f"hydra.run.dir={run_dir}", *overrides]
 
 
 def _cli(run_dir: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "fedsim", f"num_rounds={ROUNDS}", "checkpoint_every=1", "logger.progress=false",
-            f"hydra.run.dir={run_dir}", *overrides]
+    """The command line of a run in its own process: for the runs that a signal stops."""
+    return [sys.executable, "-m", "fedsim", *_args(run_dir, *overrides)]
 
 
 def _final_params(run_dir: Path) -> torch.Tensor:
@@ -114,13 +118,11 @@ def _wait_for_rounds(run_dir: Path, rounds: int, proc: subprocess.Popen, timeout
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each strategy's run without interruption; two at a time (each run is single-threaded)."""
+    """Each strategy's run without interruption (in this process: nothing stops it)."""
     runs = {strategy: tmp_path_factory.mktemp(f"full-{strategy}") for strategy in ("fedavg", "ditto", "fedadam", "fedbuff", "private")}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        done = [pool.submit(subprocess.run, _cli(run_dir, *_settings(strategy)), check=True, capture_output=True, timeout=300)
-                for strategy, run_dir in runs.items()]
-        for job in done:
-            job.result()
+    for strategy, run_dir in runs.items():
+        done = run_cli(_args(run_dir, *_settings(strategy)))
+        assert done.returncode == 0, done.stderr
     return runs
 
 
@@ -153,7 +155,7 @@ def test_sigkilled_run_resumes_bitwise(strategy: str, kill_after: int, tmp_path:
     finally:
         proc.kill()
     assert len(_metrics(tmp_path)) < ROUNDS
-    done = subprocess.run(_cli(tmp_path, *_settings(strategy), "resume=true"), capture_output=True, text=True, timeout=300)
+    done = run_cli(_args(tmp_path, *_settings(strategy), "resume=true"))
     assert done.returncode == 0, done.stderr
     full = uninterrupted[strategy]
     assert torch.equal(_final_params(tmp_path), _final_params(full))
@@ -168,8 +170,8 @@ def test_sigkilled_run_resumes_bitwise(strategy: str, kill_after: int, tmp_path:
 def test_resume_auto_starts_fresh_then_continues_a_killed_run_bitwise(tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
     """The same command twice, as a requeued SLURM job runs it: the first starts (no checkpoint yet), is killed,
     the second continues from the newest checkpoint and ends bitwise equal to an undisturbed run."""
-    command = _cli(tmp_path, "strategy=fedavg", "resume=auto")
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    command = _args(tmp_path, "strategy=fedavg", "resume=auto")
+    proc = subprocess.Popen([sys.executable, "-m", "fedsim", *command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_rounds(tmp_path, 3, proc)
         proc.send_signal(signal.SIGKILL)
@@ -177,11 +179,11 @@ def test_resume_auto_starts_fresh_then_continues_a_killed_run_bitwise(tmp_path: 
     finally:
         proc.kill()
     assert 3 <= len(_metrics(tmp_path)) < ROUNDS
-    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    again = run_cli(command)
     assert again.returncode == 0, again.stderr
     assert torch.equal(_final_params(tmp_path), _final_params(uninterrupted["fedavg"]))
     assert _metrics(tmp_path) == _metrics(uninterrupted["fedavg"])
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    finished = run_cli(command)
     assert finished.returncode == 0 and "nothing to do" in finished.stderr
 
 
@@ -204,17 +206,16 @@ def test_sigint_stops_at_a_safe_point_and_resume_finishes(tmp_path: Path, uninte
     assert "resume=" in err
     stopped_at = len(_metrics(tmp_path))
     assert load_latest(tmp_path / "checkpoints")[1]["round"] == stopped_at < ROUNDS
-    done = subprocess.run(_cli(tmp_path, *_settings("ditto"), f"resume={tmp_path}"), capture_output=True, text=True, timeout=300)
+    done = run_cli(_args(tmp_path, *_settings("ditto"), f"resume={tmp_path}"))
     assert done.returncode == 0, done.stderr
     assert torch.equal(_final_params(tmp_path), _final_params(uninterrupted["ditto"]))
 
 
 def test_resume_errors_are_one_line(tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
-    nothing = subprocess.run(_cli(tmp_path, "resume=true"), capture_output=True, text=True, timeout=120)
+    nothing = run_cli(_args(tmp_path, "resume=true"))
     assert nothing.returncode == 2 and nothing.stderr.strip().startswith("fedsim: error: no checkpoint")
     assert len(nothing.stderr.strip().splitlines()) == 1
-    other = subprocess.run(_cli(tmp_path / "b", "strategy=ditto", "clients_per_round=5", f"resume={uninterrupted['ditto']}"),
-                           capture_output=True, text=True, timeout=120)
+    other = run_cli(_args(tmp_path / "b", "strategy=ditto", "clients_per_round=5", f"resume={uninterrupted['ditto']}"))
     assert other.returncode == 2 and "belongs to another run setup" in other.stderr
 
 

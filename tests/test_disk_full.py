@@ -13,13 +13,13 @@ import logging
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from cli_runner import run_cli
 from fedsim.checkpoint import list_checkpoints, load_checkpoint, load_latest, save_checkpoint
 from fedsim.errors import RunWriteError
 from fedsim.storage import LogFileErrors
@@ -73,8 +73,8 @@ def remount(where: Path, options: str) -> None:
 
 
 def cli(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fedsim", *BASE, *overrides, f"hydra.run.dir={run_dir}"],
-                          capture_output=True, text=True, timeout=120)
+    """``fedsim`` with these overrides, in this process (tests/cli_runner.py): the same lines and exit status."""
+    return run_cli([*BASE, *overrides, f"hydra.run.dir={run_dir}"])
 
 
 def error_line(stderr: str) -> str:

@@ -1,6 +1,7 @@
 """fedsim under the Hydra sweepers and launchers researchers use: a job that fails leaves the others running,
 ``python -m fedsim`` returns its objective to Optuna, and the submitit launcher runs jobs (its local executor).
-Every sweep is a real command line in a fresh process."""
+Every sweep is a real command line: in this process (tests/cli_runner.py), except submitit's, whose launcher is
+the subject and runs from a fresh process as a user's would."""
 
 from __future__ import annotations
 
@@ -13,14 +14,19 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_runner import run_cli
+from fedsim import report
 from fedsim.objective import objective_value
 
 FAST = ["num_rounds=2", "data.num_devices=10", "clients_per_round=3", "logger=quiet"]
 
 
+def _args(sweep_dir: Path, *overrides: str) -> list[str]:
+    return ["-m", *FAST, *overrides, f"hydra.sweep.dir={sweep_dir}"]
+
+
 def _sweep(sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fedsim", "-m", *FAST, *overrides, f"hydra.sweep.dir={sweep_dir}"],
-                          capture_output=True, text=True, timeout=300)
+    return run_cli(_args(sweep_dir, *overrides))
 
 
 def _summaries(sweep_dir: Path) -> dict[str, dict]:
@@ -36,7 +42,7 @@ def test_objective_reduces_a_metric_over_the_rounds() -> None:
     assert math.isnan(objective_value(history, "fit/nothing", "final"))
 
 
-def test_a_failing_job_is_recorded_and_the_others_run(tmp_path: Path) -> None:
+def test_a_failing_job_is_recorded_and_the_others_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     done = _sweep(tmp_path, "client.optimizer.lr=0.05,-1,0.1")
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (
@@ -46,9 +52,9 @@ def test_a_failing_job_is_recorded_and_the_others_run(tmp_path: Path) -> None:
     summaries = _summaries(tmp_path)
     assert [summaries[job]["finished"] for job in ("0", "1", "2")] == [True, False, True]
     assert summaries["1"]["stop_reason"] == "error: client.optimizer.lr must be > 0 (got -1); e.g. client.optimizer.lr=0.01"
-    report = subprocess.run([sys.executable, "-m", "fedsim.report", str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert report.returncode == 0, report.stderr
-    assert "client.optimizer.lr must be > 0 (got -1)" in report.stdout
+    capsys.readouterr()
+    assert report.main([str(tmp_path)]) == 0
+    assert "client.optimizer.lr must be > 0 (got -1)" in capsys.readouterr().out
 
 
 def test_optuna_sweeper_gets_the_objective_of_every_trial(tmp_path: Path) -> None:
@@ -64,7 +70,8 @@ def test_optuna_sweeper_gets_the_objective_of_every_trial(tmp_path: Path) -> Non
 
 def test_submitit_local_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> None:
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the test extra installs hydra-submitit-launcher")
-    done = _sweep(tmp_path, "hydra/launcher=submitit_local", "client.optimizer.lr=0.05,0.1", "resume=auto")
+    done = subprocess.run([sys.executable, "-m", "fedsim", *_args(tmp_path, "hydra/launcher=submitit_local",
+                          "client.optimizer.lr=0.05,0.1", "resume=auto")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     summaries = _summaries(tmp_path)
     assert sorted(summaries) == ["0", "1"] and all(s["finished"] and s["rounds"] == 2 for s in summaries.values())

@@ -11,12 +11,12 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
+from cli_runner import run_cli
 from fedsim.checkpoint import list_checkpoints, load_latest
 from fedsim.state import ClientStateStore
 from fedsim.state_values import states_equal
@@ -26,10 +26,10 @@ MEASURED = ("time/", "system/")  # wall-clock and memory readings differ between
 HERE = Path(__file__).parent
 
 
-def _cli(run_dir: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "fedsim", f"num_rounds={ROUNDS}", "checkpoint_every=1", "keep_checkpoints=4",
-            "clients_per_round=5", "client._target_=stateful_clients.PersonalClient", "strategy=scaffold",
-            "logger.progress=false", f"hydra.run.dir={run_dir}", *overrides]
+def _args(run_dir: Path, *overrides: str) -> list[str]:
+    return [f"num_rounds={ROUNDS}", "checkpoint_every=1", "keep_checkpoints=4", "clients_per_round=5",
+            "client._target_=stateful_clients.PersonalClient", "strategy=scaffold", "logger.progress=false",
+            f"hydra.run.dir={run_dir}", *overrides]
 
 
 def _env() -> dict[str, str]:
@@ -58,7 +58,8 @@ def _final_entry_bytes(run_dir: Path) -> dict[str, bytes]:
 
 
 def _run(run_dir: Path, *overrides: str) -> None:
-    done = subprocess.run(_cli(run_dir, *overrides), env=_env(), capture_output=True, text=True, timeout=300)
+    """A run nothing stops, in this process (tests/cli_runner.py)."""
+    done = run_cli(_args(run_dir, *overrides), pythonpath=[HERE])
     assert done.returncode == 0, done.stderr
 
 
@@ -71,7 +72,8 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _kill_at_random_round(run_dir: Path, seed: int) -> int:
     kill_after = random.Random(seed).randint(5, 9)
-    proc = subprocess.Popen(_cli(run_dir), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "fedsim", *_args(run_dir)], env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
         path = run_dir / "metrics.jsonl"
@@ -104,10 +106,8 @@ def test_resume_from_the_newest_and_from_an_older_checkpoint(tmp_path: Path, uni
     shutil.copytree(killed, older)
 
     oldest = list_checkpoints(older / "checkpoints")[0]
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two single-threaded runs side by side
-        newest_run = pool.submit(_run, killed, "resume=true")  # the newest good checkpoint
-        oldest_run = pool.submit(_run, older, f"resume={oldest}")  # rounds after it ran once: their states must not leak in
-        newest_run.result(), oldest_run.result()
+    _run(killed, "resume=true")  # the newest good checkpoint
+    _run(older, f"resume={oldest}")  # rounds after it ran once: their states must not leak in
     _assert_same_run(killed, uninterrupted)
     _assert_same_run(older, uninterrupted)
     names = [p.name for p in list_checkpoints(older / "checkpoints")]
