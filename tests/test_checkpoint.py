@@ -145,6 +145,7 @@ FEDBUFF_COMPRESSED = ["clock.always_online=false", "clock.period_h=0.005", "cloc
 PRIVATE_COMPRESSED = ["dp=adaptive", "attack=alie", "compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}, {name: qsgd, bits: 4}]", "compression.downlink=[fp16]"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("strategy", "kill_after"), [("fedavg", 2), ("ditto", 3), ("fedadam", 11), ("fedbuff", 4), ("private", 5)])
 def test_sigkilled_run_resumes_bitwise(strategy: str, kill_after: int, tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
     proc = subprocess.Popen(_cli(tmp_path, *_settings(strategy)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -167,6 +168,7 @@ def test_sigkilled_run_resumes_bitwise(strategy: str, kill_after: int, tmp_path:
         assert len(files) == ROUNDS and [p.read_text() for p in files] == [(tmp_path / "client_eval" / p.name).read_text() for p in files]
 
 
+@pytest.mark.slow
 def test_resume_auto_starts_fresh_then_continues_a_killed_run_bitwise(tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
     """The same command twice, as a requeued SLURM job runs it: the first starts (no checkpoint yet), is killed,
     the second continues from the newest checkpoint and ends bitwise equal to an undisturbed run."""
@@ -196,6 +198,7 @@ def _assert_one_value_per_round(run_dir: Path) -> None:
         assert steps == list(range(1, ROUNDS + 1)), (tag, steps)
 
 
+@pytest.mark.slow
 def test_sigint_stops_at_a_safe_point_and_resume_finishes(tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
     proc = subprocess.Popen(_cli(tmp_path, *_settings("ditto"), "checkpoint_every=0"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -211,6 +214,7 @@ def test_sigint_stops_at_a_safe_point_and_resume_finishes(tmp_path: Path, uninte
     assert torch.equal(_final_params(tmp_path), _final_params(uninterrupted["ditto"]))
 
 
+@pytest.mark.slow
 def test_resume_errors_are_one_line(tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
     nothing = run_cli(_args(tmp_path, "resume=true"))
     assert nothing.returncode == 2 and nothing.stderr.strip().startswith("fedsim: error: no checkpoint")

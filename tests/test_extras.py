@@ -46,6 +46,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess
         return {name: (future.result(), base / name / "run") for name, future in futures.items()}
 
 
+@pytest.mark.slow  # four fresh interpreters that import torch
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_missing_extra_stops_the_run_in_one_line_before_any_work(case: str, runs: dict) -> None:
     proc, run_dir = runs[case]

@@ -8,9 +8,12 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_non_editable_install_finds_its_configs(tmp_path: Path) -> None:
     prefix = tmp_path / "prefix"
     # --ignore-installed: without it pip first uninstalls the fedsim this interpreter already has (the

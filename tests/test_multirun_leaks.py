@@ -42,6 +42,7 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str
     return {name: [json.loads(line) for line in (root / f"{name}.jsonl").read_text().splitlines()] for name in SWEEPS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", list(SWEEPS))
 def test_every_job_completes_and_leaves_no_fedsim_object_alive(samples: dict[str, list[dict[str, Any]]], executor: str) -> None:
     records = samples[executor]
@@ -51,12 +52,14 @@ def test_every_job_completes_and_leaves_no_fedsim_object_alive(samples: dict[str
         assert record["sigint"] == record["sigint_before"], f"job {job}: SIGINT still goes to {record['sigint']}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", list(SWEEPS))
 def test_open_fds_are_back_to_the_same_count_after_every_job(samples: dict[str, list[dict[str, Any]]], executor: str) -> None:
     fds = [r["fds"] for r in samples[executor]]
     assert fds == [fds[0]] * len(fds), f"open fds after each job: {fds}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", list(SWEEPS))
 def test_no_worker_process_outlives_its_job(samples: dict[str, list[dict[str, Any]]], executor: str) -> None:
     forkservers = set()

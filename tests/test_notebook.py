@@ -17,6 +17,7 @@ def _stdout(cell) -> str:  # type: ignore[no-untyped-def]
     return "".join(output.get("text", "") for output in cell.get("outputs", []) if output.get("output_type") == "stream")
 
 
+@pytest.mark.slow
 def test_tutorial_notebook_runs_process_workers_and_matches_serial(tmp_path: Path) -> None:
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})

@@ -68,6 +68,7 @@ def seed_stats(root: Path, strategy: str, alpha: str, key: str) -> tuple[float, 
     return statistics.fmean(values), statistics.stdev(values)
 
 
+@pytest.mark.slow
 def test_each_job_has_its_own_dir_events_metrics_and_summary(real: dict[str, Any]) -> None:
     assert real["procs"]["grid"].returncode == 0, real["outputs"]["grid"][-3000:]
     root = real["cwd"] / "grid"
@@ -85,6 +86,7 @@ def test_each_job_has_its_own_dir_events_metrics_and_summary(real: dict[str, Any
         assert f"strategy={strategy}" in overrides and f"partition.alpha={alpha}" in overrides and f"seed={seed}" in overrides
 
 
+@pytest.mark.slow
 def test_report_table_has_the_four_configurations_with_mean_and_std_over_seeds(real: dict[str, Any]) -> None:
     rep, root = real["report"], real["cwd"] / "grid"
     assert rep.returncode == 0, rep.stderr[-3000:]
@@ -98,6 +100,7 @@ def test_report_table_has_the_four_configurations_with_mean_and_std_over_seeds(r
         assert re.fullmatch(rf"partition\.alpha={alpha},strategy={strategy}\s+2/2\s+2\s+{cells}\s+\d+\.\d", line), line
 
 
+@pytest.mark.slow
 def test_report_csv_has_one_row_per_configuration(real: dict[str, Any]) -> None:
     root = real["cwd"] / "grid"
     with open(root / "report.csv", newline="") as f:
@@ -114,6 +117,7 @@ def test_report_csv_has_one_row_per_configuration(real: dict[str, Any]) -> None:
         assert float(row["wall_time_s_mean"]) == pytest.approx(seed_stats(root, strategy, alpha, "wall_time_s")[0])
 
 
+@pytest.mark.slow
 def test_report_png_is_a_real_image(real: dict[str, Any]) -> None:
     png = real["cwd"] / "grid" / "accuracy.png"
     assert png.read_bytes()[:8] == PNG_MAGIC
@@ -121,6 +125,7 @@ def test_report_png_is_a_real_image(real: dict[str, Any]) -> None:
     assert pixels.shape[0] > 100 and pixels.shape[1] > 100 and pixels.std() > 0  # drawn, not blank
 
 
+@pytest.mark.slow
 def test_report_tables_and_plots_a_per_client_statistic(real: dict[str, Any], tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """``--metric eval_personal/accuracy_worst10``: a column (mean ± std over seeds of the final value; only Ditto has
@@ -146,6 +151,7 @@ def _final(run_dir: Path, name: str) -> float | None:
     return records[-1].get(name)
 
 
+@pytest.mark.slow
 def test_process_sweep_leaves_no_worker_behind(real: dict[str, Any]) -> None:
     assert real["procs"]["process"].returncode == 0, real["outputs"]["process"][-3000:]
     logs = sorted((real["cwd"] / "process").glob("*/workers/worker-*.log"))

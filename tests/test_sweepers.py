@@ -68,6 +68,7 @@ def test_optuna_sweeper_gets_the_objective_of_every_trial(tmp_path: Path) -> Non
     assert results["best_value"] == max(finals)
 
 
+@pytest.mark.slow
 def test_submitit_local_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> None:
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the test extra installs hydra-submitit-launcher")
     done = subprocess.run([sys.executable, "-m", "fedsim", *_args(tmp_path, "hydra/launcher=submitit_local",

@@ -38,6 +38,7 @@ def _run(executor, kind: str, caplog: pytest.LogCaptureFixture) -> tuple[list[st
     return reasons, result.history
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["shape", "list"])
 def test_the_same_rejection_under_serial_process_and_ray(kind: str, caplog: pytest.LogCaptureFixture, local_ray) -> None:  # type: ignore[no-untyped-def]
     from ray import cloudpickle

@@ -280,6 +280,7 @@ def main():
 """
 
 
+@pytest.mark.slow
 def test_client_class_defined_in_a_script_works(tmp_path: Path) -> None:
     script = tmp_path / "my_experiment.py"
     script.write_text(SCRIPT + '\nif __name__ == "__main__":\n    main()\n')
@@ -300,6 +301,7 @@ def test_script_without_main_guard_gets_a_clear_message(tmp_path: Path) -> None:
     _wait_for(lambda: not live_tagged(tag), timeout=10)  # "no worker outlives the script" (only the script's own)
 
 
+@pytest.mark.slow
 def test_class_from_an_interactive_session_goes_by_value() -> None:
     """``python -c`` has no file a worker could import ``MyClient`` from: the class travels by value."""
     code = SCRIPT + "\nmain()\n"

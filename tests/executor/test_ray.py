@@ -33,6 +33,7 @@ import fault_clients  # noqa: E402
 from test_process import PER_ROUND, ROUNDS, _data, _first_sampled_client, run, serial_reference, worker_pids  # noqa: E402
 
 cloudpickle.register_pickle_by_value(fault_clients)  # Ray workers do not share this test's sys.path
+pytestmark = pytest.mark.slow  # every test here starts Ray actors (a few seconds each)
 
 
 @pytest.fixture(autouse=True)

@@ -66,6 +66,7 @@ def _remove_when_marked(cluster: Cluster, node, marker: Path, removed: list[floa
         removed.append(time.monotonic())
 
 
+@pytest.mark.slow
 def test_node_lost_mid_round_reruns_its_tasks_on_the_survivor(two_nodes, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
     cluster, second = two_nodes
     marker, nodes_log, removed = tmp_path / "marked", tmp_path / "nodes.log", []

@@ -35,6 +35,7 @@ KILL_LOOP = Path(__file__).parents[2] / "experiments" / "faults" / "kill_loop.py
 TASKS = [FitTask(0, 1, 10), FitTask(1, 1, 11), FitTask(2, 1, 12)]
 
 
+@pytest.mark.slow
 def test_killing_a_ray_worker_every_second_never_hangs() -> None:
     """The kill loop of experiments/faults under Ray: three kills, one every half second, of a 20-round run; runs
     before this module's Ray starts. The script's Ray (its daemons and workers carry the test's tag in their
@@ -68,6 +69,7 @@ def _fit(executor, factory) -> list:  # type: ignore[no-untyped-def]
         return executor.fit(params, TASKS)
 
 
+@pytest.mark.slow
 def test_actor_killed_while_starting_is_started_again(local_ray, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     marker = tmp_path / "starts"
     factory = functools.partial(fault_clients.mlp_that_kills_its_worker, str(marker), 2)
@@ -77,6 +79,7 @@ def test_actor_killed_while_starting_is_started_again(local_ray, tmp_path: Path)
     assert [torch.equal(a.params, b.params) for a, b in zip(results, reference)] == [True] * len(TASKS)
 
 
+@pytest.mark.slow
 def test_actor_killed_at_every_start_stops_with_one_line(local_ray, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     marker = tmp_path / "starts"
     factory = functools.partial(fault_clients.mlp_that_kills_its_worker, str(marker), 1000)
@@ -89,6 +92,7 @@ def test_actor_killed_at_every_start_stops_with_one_line(local_ray, tmp_path: Pa
     assert marker.read_text() == str(MAX_FAILED_STARTS)
 
 
+@pytest.mark.slow
 def test_actor_whose_constructor_raises_stops_at_once(local_ray, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(WorkerStartupError) as raised:
         _fit(RayExecutor(workers=2), fault_clients.mlp_that_cannot_import)

@@ -10,11 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from own_processes import live_tagged, new_tag, tagged_environment
 
 SCRIPT = Path(__file__).parents[2] / "experiments" / "faults" / "kill_loop.py"
 
 
+@pytest.mark.slow
 def test_killing_a_worker_every_second_never_hangs() -> None:
     """Five kills, one every half second, of a 20-round run: the run ends bitwise equal to serial or with one line,
     and none of the processes it started (tagged through their environment) outlives it."""
@@ -36,6 +39,7 @@ def test_killing_a_worker_every_second_never_hangs() -> None:
     assert not live_tagged(tag), "no worker outlives the run"
 
 
+@pytest.mark.slow
 def test_a_worker_killed_while_reading_its_start_message_is_started_again(tmp_path: Path) -> None:
     """Before: the ~190 KB start payload went through multiprocessing's spawn pipe, of which the parent holds
     both ends; a worker killed while reading it left the parent blocked in write() for good."""

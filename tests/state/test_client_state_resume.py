@@ -97,6 +97,7 @@ def _assert_same_run(resumed: Path, full: Path) -> None:
     assert _final_entry_bytes(resumed) == _final_entry_bytes(full)  # the personal states, byte for byte
 
 
+@pytest.mark.slow
 def test_resume_from_the_newest_and_from_an_older_checkpoint(tmp_path: Path, uninterrupted: Path) -> None:
     killed = tmp_path / "killed"
     _kill_at_random_round(killed, seed=int(time.time()))
@@ -114,6 +115,7 @@ def test_resume_from_the_newest_and_from_an_older_checkpoint(tmp_path: Path, uni
     assert names == [p.name for p in list_checkpoints(uninterrupted / "checkpoints")]  # no stale later checkpoint kept
 
 
+@pytest.mark.slow
 def test_resume_from_another_run_directory_copies_the_states_it_needs(tmp_path: Path, uninterrupted: Path) -> None:
     source = tmp_path / "source"
     _kill_at_random_round(source, seed=int(time.time()) + 1)

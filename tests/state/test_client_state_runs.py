@@ -71,6 +71,7 @@ def test_process_workers_give_the_serial_counts_bitwise(workers: int, serial_cou
     assert torch.equal(result.params, serial_counts.params)
 
 
+@pytest.mark.slow
 def test_ray_gives_the_serial_counts_bitwise(serial_counts: RunResult, local_ray) -> None:  # type: ignore[no-untyped-def]
     from ray import cloudpickle
 
