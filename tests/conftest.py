@@ -5,6 +5,9 @@
   that another program on the machine started with ``ray start`` (Ray's default is to join the newest one named in
   /tmp/ray/ray_current_cluster). Subprocesses inherit it.
 * ``local_ray``: one local Ray for the Ray tests that can share it.
+* Under ``pytest -n N --dist loadfile`` (``.ci/run``), a file's tests run in one worker, and the files in
+  :data:`RAY_FILES` all in the same one: two Rays at once (each with its daemons and pre-started workers) on two
+  cores made every Ray test several times slower than one Ray after another.
 * The ``slow`` marker (pyproject.toml) keeps ``pytest -m "not slow"`` a quick inner loop. A test that is not marked
   and took longer than :data:`UNMARKED_LIMIT_S` (set-up, call and tear-down together) is named at the end of the
   run, so that the tiers stay honest as tests change.
@@ -22,6 +25,12 @@ import pytest
 os.environ["RAY_ADDRESS"] = "local"
 
 UNMARKED_LIMIT_S = 5.0
+# the test files that start Ray (through ``local_ray``, a cluster or a script of their own); a test that asks for
+# ``local_ray`` from another file stops the collection, so the list stays complete
+RAY_FILES = frozenset({
+    "tests/executor/test_ray.py", "tests/executor/test_ray_faults.py", "tests/executor/test_ray_cluster.py",
+    "tests/executor/test_malformed_updates.py", "tests/state/test_client_state_runs.py",
+})
 _unmarked_durations: dict[str, float] = {}
 
 
@@ -56,3 +65,30 @@ def local_ray(_ray_shut_down_at_the_end: None) -> Any:
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     return ray
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    strays = sorted({item.nodeid.split("::")[0] for item in items if "local_ray" in getattr(item, "fixturenames", ())}
+                    - RAY_FILES)
+    if strays:
+        raise pytest.UsageError(f"{', '.join(strays)} start Ray: add them to RAY_FILES in tests/conftest.py")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` with the files of :data:`RAY_FILES` as one unit of work (one worker, one Ray at a time),
+    handed out first. It overrides two methods of pytest-xdist's ``LoadFileScheduling`` (3.x)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class RayFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "ray" if scope in RAY_FILES else scope
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if "ray" in self.workqueue:  # the longest unit first, the many short files fill the other worker
+                self.workqueue.move_to_end("ray", last=False)
+            super()._assign_work_unit(node)
+
+    return RayFilesTogether(config, log)
