@@ -6,8 +6,10 @@
   /tmp/ray/ray_current_cluster). Subprocesses inherit it.
 * ``local_ray``: one local Ray for the Ray tests that can share it.
 * Under ``pytest -n N --dist loadfile`` (``.ci/run``), a file's tests run in one worker, and the files in
-  :data:`RAY_FILES` all in the same one: two Rays at once (each with its daemons and pre-started workers) on two
-  cores made every Ray test several times slower than one Ray after another.
+  :data:`RAY_FILES` all in the same one, so that one suite runs one Ray at a time: each Ray brings daemons and
+  pre-started workers, and with four at once on two cores (``-n 4``) a Ray test that takes 10 s took 100 s. With
+  two workers the whole suite took about as long either way (6:22 apart, 6:35 together); together keeps the
+  Ray tests' timeouts far from the limit when a second copy of the suite runs on the same machine.
 * The ``slow`` marker (pyproject.toml) keeps ``pytest -m "not slow"`` a quick inner loop. A test that is not marked
   and took longer than :data:`UNMARKED_LIMIT_S` (set-up, call and tear-down together) is named at the end of the
   run, so that the tiers stay honest as tests change.
