@@ -332,7 +332,8 @@ REFERENCE_EXPERIMENTS = {  # the published setting each preset must keep: (clien
 }
 
 
-@pytest.mark.parametrize("option", sorted(REFERENCE_EXPERIMENTS))
+@pytest.mark.parametrize("option", [pytest.param(option, marks=pytest.mark.slow) if option == "cifar100_resnet" else option
+                                    for option in sorted(REFERENCE_EXPERIMENTS)])  # the ResNet: over 5 s
 def test_reference_experiments_train_one_round_on_tiny_files(option: str, tmp_path: Path) -> None:
     base = compose([f"experiment={option}"])
     setting = (base.clients_per_round, base.client.epochs, base.client.batch_size, base.client.optimizer.lr)

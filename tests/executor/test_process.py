@@ -289,6 +289,7 @@ def test_client_class_defined_in_a_script_works(tmp_path: Path) -> None:
     assert "accuracy" in done.stdout
 
 
+@pytest.mark.slow
 def test_script_without_main_guard_gets_a_clear_message(tmp_path: Path) -> None:
     tag = new_tag()
     script = tmp_path / "unguarded.py"
@@ -310,6 +311,7 @@ def test_class_from_an_interactive_session_goes_by_value() -> None:
     assert "accuracy" in done.stdout
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_cli_and_leaves_no_worker(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "fedsim", "executor=process", "executor.devices=cpu", "executor.workers=2",
            "num_rounds=100000", "logger=quiet", f"hydra.run.dir={tmp_path}"]
