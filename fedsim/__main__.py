@@ -1,4 +1,4 @@
-"""``python -m fedsim`` and the ``fedsim`` command: run the Hydra-configured experiment (see fedsim/cli.py)."""
+"""``python -m fedsim`` and the ``fedsim`` command: run the Hydra-configured experiment (see fedsim/cli/command.py)."""
 
 import sys
 
@@ -6,10 +6,10 @@ import sys
 def main() -> None:
     """Start the process workers' forkserver first when the command line asks for them (its imports then overlap
     with this process's own), then hand over to the command line proper."""
-    from fedsim.forkserver import start_early
+    from fedsim.executor.forkserver import start_early
 
     start_early(sys.argv[1:])
-    from fedsim.cli import main as cli_main
+    from fedsim.cli.command import main as cli_main
 
     cli_main()
 

@@ -1,253 +1,27 @@
-"""Composition root: turns a Hydra config into a Server and runs it. The only place that calls instantiate.
+"""The Python API of a configured run (docs/python-api.md), kept at this path for researchers' scripts: the
+implementation lives in :mod:`fedsim.cli.run`."""
 
-From the command line: ``python -m fedsim [overrides]`` (or the ``fedsim`` console script; see :mod:`fedsim.cli`).
-From Python: ``run_config(compose(["strategy=fedavg", "num_rounds=5"]), run_dir="out")``.
-"""
+from fedsim.cli.config import ConfigError
+from fedsim.cli.run import (
+    build_attack,
+    build_clock,
+    build_compression,
+    build_data,
+    build_model_factory,
+    build_privacy,
+    build_server,
+    compose,
+    run_config,
+)
 
-from __future__ import annotations
-
-import functools
-import logging
-import sys
-import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
-
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
-import numpy as np
-from omegaconf import DictConfig, OmegaConf
-
-from fedsim.checkpoint import check_writable, list_checkpoints
-from fedsim.config import ConfigError, register_schema, to_yaml, validate
-from fedsim.early_stop import EarlyStop
-from fedsim.executor.base import Executor
-from fedsim.strategy.base import Strategy
-from fedsim.data.federated import FederatedData, federate, make_clients
-from fedsim.resume_check import computation_settings
-from fedsim.seeding import partition_seed
-from fedsim.client_eval import ClientEvaluation
-from fedsim.server import RunResult, Server
-from fedsim.sim.clock import SyncClock
-from fedsim.comm.names import codec_from
-from fedsim.comm.pipeline import Compression
-from fedsim.privacy.central import CentralDP
-from fedsim.attacks.base import Attack
-from fedsim.stragglers import Stragglers
-from fedsim.run_dir_guard import removing_new_files
-from fedsim.run_summary import flat_hparams, record_error, record_summary
-from fedsim.trackers import make_logger
-
-
-def _config_dir() -> str:
-    """``conf/`` of the checkout this module runs from, else the copy a non-editable install put under
-    ``<prefix>/share/fedsim/conf`` (setup.cfg's data_files; the prefix of this interpreter, or the one
-    the package was installed into with ``--prefix`` / ``--user``)."""
-    package = Path(__file__).resolve().parent
-    candidates = [
-        package.parent / "conf",
-        Path(sys.prefix) / "share" / "fedsim" / "conf",
-        package.parents[3] / "share" / "fedsim" / "conf" if len(package.parents) > 3 else package,
-    ]
-    found = next((c for c in candidates if (c / "config.yaml").exists()), candidates[0])
-    return str(found)
-
-
-CONFIG_DIR = _config_dir()
-log = logging.getLogger("fedsim")
-register_schema()
-
-
-def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
-    """Compose ``conf/config.yaml`` with command-line style overrides, without running anything."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=list(overrides))
-
-
-def _instantiate(node: DictConfig) -> Any:
-    """``hydra.utils.instantiate``, but a component's own error surfaces as itself (one clear line),
-    not wrapped in Hydra's InstantiationException."""
-    try:
-        return instantiate(node)
-    except InstantiationException as error:
-        if isinstance(error.__cause__, (ValueError, FileNotFoundError)):
-            raise error.__cause__ from None
-        raise
-
-
-def _instantiate_a(node: DictConfig, kind: type, group: str, base: str) -> Any:
-    """:func:`_instantiate`, refusing in one line a ``_target_`` that builds something other than ``kind``."""
-    built = _instantiate(node)
-    if not isinstance(built, kind):
-        raise ConfigError(f"{group}._target_={node.get('_target_')} builds a {type(built).__name__}, not a {base}; "
-                          f"point it at a subclass of {base}")
-    return built
-
-
-def build_data(cfg: DictConfig) -> FederatedData:
-    """Load the dataset and partition it over clients."""
-    split = _instantiate(cfg.data)
-    partition = _instantiate(cfg.partition)
-    return federate(split, partition, client_test_fraction=cfg.client_test_fraction, seed=partition_seed(cfg.seed))
-
-
-def build_model_factory(cfg: DictConfig, data: FederatedData) -> Callable[[], Any]:
-    """The model's constructor with ``input_shape`` and ``num_classes`` taken from the data (the option file
-    must make a ``_partial_`` node, or the call would miss them)."""
-    if cfg.model.get("_partial_") is not True:
-        raise ConfigError(f"model: the option for {cfg.model.get('_target_')} needs `_partial_: true` (fedsim passes "
-                          "input_shape and num_classes from the data); add `_partial_: true` to the model's option file")
-    return functools.partial(_instantiate(cfg.model), input_shape=data.train.input_shape, num_classes=data.train.num_classes)
-
-
-def build_compression(cfg: DictConfig) -> Compression:
-    """The codecs of ``cfg.compression`` (entries: names, names with arguments, or ``_target_`` dicts; see
-    :mod:`fedsim.comm.names`)."""
-    node = cfg.compression
-
-    def chain(direction: str) -> list[Any]:
-        entries = node.get(direction) or []
-        if not OmegaConf.is_list(entries) and not isinstance(entries, list):
-            raise ConfigError(f"compression.{direction} must be a list of codecs, e.g. [topk, fp16] (got {entries!r})")
-        plain = OmegaConf.to_container(entries, resolve=True) if OmegaConf.is_list(entries) else entries
-        return [codec_from(e, f"compression.{direction}[{i}]", lambda d: _instantiate(OmegaConf.create(d)))
-                for i, e in enumerate(plain)]
-
-    return Compression(uplink=chain("uplink"), downlink=chain("downlink"), error_feedback=bool(node.get("error_feedback", False)))
-
-
-def build_privacy(cfg: DictConfig) -> CentralDP | None:
-    """DP-FedAvg as ``cfg.dp`` configures it, or None (``dp=none``)."""
-    if cfg.dp.get("_target_") is None:
-        return None
-    return _instantiate_a(cfg.dp, CentralDP, "dp", "fedsim.privacy.CentralDP")
-
-
-def build_attack(cfg: DictConfig) -> Attack | None:
-    """The attack of ``cfg.attack``, or None (``attack=none``)."""
-    if cfg.attack.get("_target_") is None:
-        return None
-    return _instantiate_a(cfg.attack, Attack, "attack", "fedsim.attacks.Attack")
-
-
-def build_clock(cfg: DictConfig, num_clients: int) -> SyncClock | None:
-    """The simulated clock of ``cfg.clock`` for ``num_clients`` clients, or None (``clock=none``)."""
-    if cfg.clock.get("_target_") is None:
-        return None
-    if cfg.clock.get("_partial_") is not True:
-        raise ConfigError("clock: the option needs `_partial_: true` (fedsim passes num_clients and seed)")
-    clock = _instantiate(cfg.clock)(num_clients=num_clients, seed=cfg.seed)
-    if not isinstance(clock, SyncClock):
-        raise ConfigError(f"clock._target_={cfg.clock._target_} builds a {type(clock).__name__}, not a fedsim.sim.clock.SyncClock")
-    return clock
-
-
-def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
-    """Validate ``cfg`` and build every component; raises ``ConfigError``/``ValueError``/``FileNotFoundError``
-    with a one-line message before any training starts, and then leaves no file of the run behind
-    (:mod:`fedsim.run_dir_guard`)."""
-    validate(cfg)
-    with removing_new_files(run_dir) as on_failure:  # files are created from here on, and later checks may still refuse
-        if run_dir is not None:
-            check_writable(run_dir)
-        data, parts = _components(cfg, run_dir)
-        logger = make_logger(cfg, run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress,
-                             client_rows_in_memory=False)
-        on_failure.append(logger.close)
-        logger.log_label_distribution(label_counts(data))
-        server = Server(logger=logger, **parts)
-        server.settings = computation_settings(flat_hparams(cfg))
-        resume = resume_target(cfg.resume, run_dir)
-        if resume is not None:
-            server.resume(resume, allow_changes=list(cfg.resume_allow_changes or []))
-        else:
-            logger.log_config(to_yaml(cfg))
-    return server
-
-
-def _components(cfg: DictConfig, run_dir: str | Path | None) -> tuple[FederatedData, dict[str, Any]]:
-    """The data, and every :class:`Server` argument but the logger, built from ``cfg`` (none of them writes a file)."""
-    executor = _instantiate_a(cfg.executor, Executor, "executor", "fedsim.executor.Executor")  # first: see process.py
-    data = build_data(cfg)
-    clients = make_clients(data, _instantiate(cfg.client))
-    return data, dict(
-        model_factory=build_model_factory(cfg, data),
-        clients=clients,
-        train_data=data.train,
-        test_data=data.test,
-        strategy=_instantiate_a(cfg.strategy, Strategy, "strategy", "fedsim.strategy.Strategy"),
-        executor=executor,
-        num_rounds=cfg.num_rounds,
-        clients_per_round=cfg.clients_per_round,
-        seed=cfg.seed,
-        eval_every=cfg.eval_every,
-        eval_device=cfg.eval_device,
-        min_success_fraction=cfg.min_success_fraction,
-        stragglers=Stragglers(fraction=cfg.stragglers.fraction, epochs=cfg.stragglers.epochs, seed=cfg.seed),
-        checkpoint_dir=Path(run_dir) / "checkpoints" if run_dir is not None else None,
-        checkpoint_every=cfg.checkpoint_every,
-        keep_checkpoints=cfg.keep_checkpoints,
-        early_stop=EarlyStop(cfg.early_stop.target_accuracy, cfg.early_stop.patience),
-        state_store=cfg.state_store,
-        threads=cfg.server_threads,
-        client_eval=ClientEvaluation(cfg.evaluate_clients.who, cfg.evaluate_clients.size, cfg.evaluate_clients.every),
-        clock=build_clock(cfg, len(clients)),
-        compression=build_compression(cfg),
-        privacy=build_privacy(cfg),
-        attack=build_attack(cfg),
-    )
-
-
-def resume_target(resume: Any, run_dir: str | Path | None) -> str | Path | None:
-    """What to resume from: ``run_dir`` for ``resume=true``; for ``resume=auto`` that too if it holds a checkpoint,
-    else nothing (a fresh start: a requeued job that had not checkpointed yet); a path as given."""
-    if resume in (None, False):
-        return None
-    if resume is True or resume == "auto":
-        if run_dir is None:
-            raise ConfigError(f"resume={str(resume).lower()} needs a run directory; pass resume=<checkpoint or run directory>")
-        if resume == "auto" and not list_checkpoints(Path(run_dir) / "checkpoints"):
-            log.info("resume=auto: no checkpoint in %s yet; starting the run from round 1", run_dir)
-            return None
-        return run_dir
-    return resume
-
-
-def label_counts(data: FederatedData, max_clients: int = 200) -> np.ndarray:
-    """Examples per class of the first ``max_clients`` clients' training parts (clients × classes)."""
-    labels = data.train.labels
-    return np.stack([
-        np.bincount(labels[idx], minlength=data.train.num_classes) for idx in data.client_train[:max_clients]
-    ]) if data.num_clients else np.zeros((0, data.train.num_classes))
-
-
-def run_config(cfg: DictConfig, run_dir: str | Path | None = None) -> RunResult:
-    """Build and run one configuration; writes ``summary.json`` into ``run_dir`` when given."""
-    start = time.perf_counter()
-    server = build_server(cfg, run_dir)
-    if server.finished:
-        log.info("resume: the run had finished all %d rounds; nothing to do (summary.json unchanged)", server.num_rounds)
-        return server.run()
-    try:
-        result = server.run()
-    except Exception as error:  # summary.json says so (finished: false); the last good checkpoint stays
-        record_error(server, cfg, run_dir, time.perf_counter() - start, error)
-        raise
-    summary = record_summary(server, result, cfg, run_dir, time.perf_counter() - start)
-    log.info("final test accuracy %.4f after %d rounds (%.1f s)", summary["final_accuracy"] or float("nan"), summary["rounds"],
-             summary["wall_time_s"])
-    return result
 
 
 def main() -> None:
-    """Console-script entry point (``fedsim``): the command line of :mod:`fedsim.cli`."""
-    from fedsim.cli import main as cli_main  # here: fedsim.cli imports this module
+    """The ``fedsim`` command line (:func:`fedsim.cli.main`), as this module's ``main`` always was."""
+    from fedsim.cli.command import main as cli_main
 
     cli_main()
 
 
-__all__ = ["ConfigError", "build_server", "compose", "main", "run_config"]
+__all__ = ["ConfigError", "main", "build_attack", "build_clock", "build_compression", "build_data", "build_model_factory",
+           "build_privacy", "build_server", "compose", "run_config"]

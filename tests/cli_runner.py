@@ -35,7 +35,7 @@ def run_cli(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
     :data:`DROPPED_ENV` unset; ``pythonpath``: folders importable for the call (also given to worker processes
     through ``PYTHONPATH``, as a subprocess's would be). Returns what ``subprocess.run(..., capture_output=True,
     text=True)`` would: ``returncode`` (0 when the command returned normally), ``stdout`` and ``stderr``."""
-    from fedsim.cli import main
+    from fedsim.cli.command import main
 
     changes: dict[str, str | None] = {name: None for name in DROPPED_ENV}
     changes.update(env or {})

@@ -10,7 +10,7 @@ import torch
 
 from fedsim.strategy import FedAvg
 from fedsim.strategy.server_opt import FedOpt
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 class NaNFedAvg(FedAvg):

@@ -1,4 +1,4 @@
-"""fedsim.adapters: user objects with train(state_dict) run as clients, the same under every executor."""
+"""fedsim.client.adapters: user objects with train(state_dict) run as clients, the same under every executor."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.adapters import StateDictClient, accepted_extras, from_user_objects, no_shared_data
+from fedsim.client.adapters import StateDictClient, accepted_extras, from_user_objects, no_shared_data
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.executor.base import Workload
-from fedsim.logging import RunLogger
-from fedsim.params import flatten
-from fedsim.server import RoundFailedError, RunResult, Server
+from fedsim.observe.run_logger import RunLogger
+from fedsim.core.params import flatten
+from fedsim.server.server import RoundFailedError, RunResult, Server
 from fedsim.strategy import FedAvg, FedProx
-from fedsim.types import ClientFailure, ClientUpdate, FitTask
+from fedsim.core.types import ClientFailure, ClientUpdate, FitTask
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import user_objects  # noqa: E402  (workers import it by the same name: spawn copies sys.path)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cli_runner import run_cli
-from fedsim.checkpoint import MAGIC, CheckpointError, list_checkpoints, load_checkpoint, load_latest, save_checkpoint
+from fedsim.core.checkpoint import MAGIC, CheckpointError, list_checkpoints, load_checkpoint, load_latest, save_checkpoint
 
 MEASURED = ("time/", "system/")  # wall-clock and memory readings differ between any two runs
 
@@ -66,7 +66,7 @@ def test_a_tampered_checkpoint_is_refused(tmp_path: Path) -> None:
 
 KILL_DURING_WRITE = """
 import os, signal, sys, torch
-from fedsim.checkpoint import save_checkpoint
+from fedsim.core.checkpoint import save_checkpoint
 save_checkpoint(sys.argv[1], 1, {"round": 1, "params": torch.ones(1000)})
 os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)  # die in the middle of the next write
 save_checkpoint(sys.argv[1], 2, {"round": 2, "params": torch.zeros(1000)})
@@ -229,14 +229,14 @@ def test_resume_errors_are_one_line(tmp_path: Path, uninterrupted: dict[str, Pat
 def _small_server(run_dir: Path, num_rounds: int, rows_in_memory: bool = True):  # noqa: ANN202 - a Server
     import functools
 
-    from fedsim.client import Client
-    from fedsim.data.federated import federate, make_clients
+    from fedsim.client.base import Client
+    from fedsim.client.federation import federate, make_clients
     from fedsim.data.partition import natural
     from fedsim.data.synthetic import synthetic
     from fedsim.executor import SerialExecutor
-    from fedsim.logging import RunLogger
+    from fedsim.observe.run_logger import RunLogger
     from fedsim.models import LogisticRegression
-    from fedsim.server import Server
+    from fedsim.server.server import Server
     from fedsim.strategy import FedAvg
 
     data = federate(synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)

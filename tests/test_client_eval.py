@@ -1,4 +1,4 @@
-"""Every-client evaluation (fedsim.client_eval, fedsim.executor.eval_task): who is scored and when, known answers of
+"""Every-client evaluation (fedsim.client.evaluation, fedsim.executor.eval_task): who is scored and when, known answers of
 the distribution, the per-client file and TensorBoard histograms, and the same scores under every executor."""
 
 from __future__ import annotations
@@ -12,20 +12,20 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import fedsim.client_eval as client_eval
+import fedsim.client.evaluation as client_eval
 from fedsim.client import Client, evaluate_indices
-from fedsim.client_eval import ClientEvaluation, eval_tasks, spread, summary
-from fedsim.data.federated import federate, make_clients
+from fedsim.client.evaluation import ClientEvaluation, eval_tasks, spread, summary
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
 from fedsim.executor.base import Executor, Workload
-from fedsim.logging import RunLogger
+from fedsim.observe.run_logger import RunLogger
 from fedsim.models import MLP2NN, LogisticRegression
-from fedsim.seeding import sampling_rng
-from fedsim.server import Server
+from fedsim.core.seeding import sampling_rng
+from fedsim.server.server import Server
 from fedsim.strategy import FedAvg, FedPer, Strategy
-from fedsim.types import ClientScore
+from fedsim.core.types import ClientScore
 
 
 def _data(fraction: float = 0.25):  # type: ignore[no-untyped-def]

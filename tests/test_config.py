@@ -18,8 +18,8 @@ import pytest
 import torch
 from cli_runner import run_cli
 
-from fedsim.context import RunContext
-from fedsim.params import ParamLayout
+from fedsim.strategy.context import RunContext
+from fedsim.core.params import ParamLayout
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -31,21 +31,21 @@ import leaf_files  # noqa: E402
 import tff_files  # noqa: E402
 import vision_files  # noqa: E402
 
-from fedsim.client import Client  # noqa: E402
-from fedsim.config import ConfigError  # noqa: E402
+from fedsim.client.base import Client  # noqa: E402
+from fedsim.cli.config import ConfigError  # noqa: E402
 from fedsim.data.tensor_data import DataSplit, TensorData  # noqa: E402
 from fedsim.executor import Executor, SerialExecutor, Workload  # noqa: E402
-from fedsim.logging import RunLogger  # noqa: E402
+from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.models import LogisticRegression  # noqa: E402
-from fedsim.root_data import root_trainer  # noqa: E402
-from fedsim.run import CONFIG_DIR, build_server, compose, run_config  # noqa: E402
-from fedsim.server import RunResult, Server  # noqa: E402
+from fedsim.strategy.root_data import root_trainer  # noqa: E402
+from fedsim.cli.run import CONFIG_DIR, build_server, compose, run_config  # noqa: E402
+from fedsim.server.server import RunResult, Server  # noqa: E402
 from fedsim.sim.clock import SyncClock  # noqa: E402
 from fedsim.comm import Compression  # noqa: E402
 from fedsim.strategy import Strategy  # noqa: E402
-from fedsim.tensorboard_log import tensorboard_tag  # noqa: E402
-from fedsim.types import ClientUpdate, FitTask  # noqa: E402
-from fedsim.client_eval import ClientEvaluation  # noqa: E402
+from fedsim.observe.tensorboard_log import tensorboard_tag  # noqa: E402
+from fedsim.core.types import ClientUpdate, FitTask  # noqa: E402
+from fedsim.client.evaluation import ClientEvaluation  # noqa: E402
 
 CONF = Path(CONFIG_DIR)
 USER_PKG = Path(__file__).resolve().parent / "user_pkg"
@@ -235,7 +235,7 @@ def _check_evaluate_clients(cfg: DictConfig, option: str) -> None:
 
 
 def _check_tracker(cfg: DictConfig, option: str) -> None:
-    from fedsim.trackers import TrackedLogger, make_logger
+    from fedsim.observe.trackers import TrackedLogger, make_logger
 
     logger = make_logger(cfg, None, tensorboard=False, progress=False)
     assert isinstance(logger, TrackedLogger) == (option != "none")
@@ -250,14 +250,14 @@ def _check_clock(cfg: DictConfig, option: str) -> None:
 
 
 def _check_compression(cfg: DictConfig, option: str) -> None:
-    from fedsim.run import build_compression
+    from fedsim.cli.run import build_compression
 
     compression = build_compression(cfg)
     assert isinstance(compression, Compression) and compression.lossless == (option == "none")
 
 
 def _check_dp(cfg: DictConfig, option: str) -> None:
-    from fedsim.run import build_privacy
+    from fedsim.cli.run import build_privacy
 
     dp = build_privacy(cfg)
     assert (dp is None) == (option == "none")
@@ -267,7 +267,7 @@ def _check_dp(cfg: DictConfig, option: str) -> None:
 
 def _check_attack(cfg: DictConfig, option: str) -> None:
     from fedsim.attacks import Attack
-    from fedsim.run import build_attack
+    from fedsim.cli.run import build_attack
 
     attack = build_attack(cfg)
     assert (attack is None) == (option == "none")

@@ -8,10 +8,10 @@ import pytest
 from cli_runner import run_cli
 from hydra.errors import HydraException
 
-from fedsim.config import ConfigError, RunSchema
-from fedsim.config_keys import check_keys
-from fedsim.override_errors import override_error_line
-from fedsim.run import CONFIG_DIR, build_server, compose
+from fedsim.cli.config import ConfigError, RunSchema
+from fedsim.cli.config_keys import check_keys
+from fedsim.cli.override_errors import override_error_line
+from fedsim.cli.run import CONFIG_DIR, build_server, compose
 
 GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "experiment")
 OPTIONS = [(group, path.stem) for group in GROUPS for path in sorted((Path(CONFIG_DIR) / group).glob("*.yaml"))]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fedsim.config import ConfigError, validate
-from fedsim.run import compose
+from fedsim.cli.config import ConfigError, validate
+from fedsim.cli.run import compose
 
 CASES = [  # (overrides, the one line's start)
     (["client.optimizer.lr=abc"], "client.optimizer.lr must be a number (got 'abc')"),
@@ -41,7 +41,7 @@ def test_good_numbers_pass(overrides: list[str]) -> None:
 
 def test_a_user_class_is_checked_by_its_own_signature(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "my_clients.py").write_text(
-        "from fedsim.client import Client\n\n"
+        "from fedsim.client.base import Client\n\n"
         "class Tempered(Client):\n"
         "    def __init__(self, *args, temperature: float = 1.0, rounds: int = 3, **kwargs):\n"
         "        super().__init__(*args, **kwargs)\n"

@@ -17,19 +17,19 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fedsim import report
-from fedsim.client import Client
-from fedsim.data.federated import federate, make_clients
+from fedsim.report import command as report
+from fedsim.client.base import Client
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.executor.base import Executor
-from fedsim.logging import RunLogger
+from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression
-from fedsim.round_metrics import client_row, strategy_client_values, strategy_scalars, train_metrics
-from fedsim.server import Server
+from fedsim.server.round_metrics import client_row, strategy_client_values, strategy_scalars, train_metrics
+from fedsim.server.server import Server
 from fedsim.strategy import FedAvg, Strategy
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 ROUNDS, PER_ROUND = 3, 4
 
@@ -138,7 +138,7 @@ def test_bad_strategy_client_values_raise_naming_strategy_client_and_key(per_cli
 
 
 def test_a_bad_client_value_stops_the_run_with_one_line_naming_the_strategy(tmp_path: Path) -> None:
-    from fedsim.errors import StrategyError
+    from fedsim.core.errors import StrategyError
 
     class Bad(FedAvg):
         def client_metrics(self, round_num: int) -> dict[int, dict[str, float]]:

@@ -20,7 +20,7 @@ from cli_runner import run_cli
 from torch import nn
 
 from fedsim.strategy import FedAvg
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "experiments" / "custom_strategy"

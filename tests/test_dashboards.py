@@ -12,8 +12,8 @@ import pytest
 from cli_runner import run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fedsim.early_stop import EarlyStop
-from fedsim.run import compose, run_config
+from fedsim.server.early_stop import EarlyStop
+from fedsim.cli.run import compose, run_config
 
 ROUNDS = 4
 
@@ -56,7 +56,7 @@ def test_scalars_grouped_with_the_test_metrics_first(run_dir: Path) -> None:
 
 
 def test_a_counter_is_shown_from_its_first_non_zero_value(tmp_path: Path) -> None:
-    from fedsim.logging import RunLogger
+    from fedsim.observe.run_logger import RunLogger
 
     with RunLogger(tmp_path, progress=False) as logger:
         for round_num, failed in enumerate([0.0, 0.0, 2.0, 0.0], start=1):

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from cli_runner import run_cli
-from fedsim.checkpoint import list_checkpoints, load_checkpoint, load_latest, save_checkpoint
-from fedsim.errors import RunWriteError
-from fedsim.storage import LogFileErrors
-from fedsim.run import compose, run_config
+from fedsim.core.checkpoint import list_checkpoints, load_checkpoint, load_latest, save_checkpoint
+from fedsim.core.errors import RunWriteError
+from fedsim.core.storage import LogFileErrors
+from fedsim.cli.run import compose, run_config
 
 BASE = ["num_rounds=2", "clients_per_round=3", "logger.progress=false", "logger.tensorboard=false", "+data.max_size=60"]
 PAGE = 4096  # tmpfs allocates whole pages; check_writable's probe is one page

@@ -21,18 +21,18 @@ import torch
 from cli_runner import run_cli
 from torch import nn
 
-from fedsim.checkpoint import read_verified
-from fedsim.client import Client
-from fedsim.data.federated import federate, make_clients
+from fedsim.core.checkpoint import read_verified
+from fedsim.client.base import Client
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import SerialExecutor
 from fedsim.executor import client_guard
 from fedsim.models import LogisticRegression
-from fedsim.params import flatten, load_flat
-from fedsim.seeding import task_seed
-from fedsim.server import Server
+from fedsim.core.params import flatten, load_flat
+from fedsim.core.seeding import task_seed
+from fedsim.server.server import Server
 from fedsim.strategy import FedAvg
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,14 +7,14 @@ import functools
 import pytest
 import torch
 
-from fedsim.client import Client
-from fedsim.data.federated import federate, make_clients
+from fedsim.client.base import Client
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
-from fedsim.evaluation import DeviceEvaluator, eval_device
+from fedsim.server.central_eval import DeviceEvaluator, eval_device
 from fedsim.executor import SerialExecutor
 from fedsim.models import LogisticRegression
-from fedsim.server import Server
+from fedsim.server.server import Server
 from fedsim.strategy import FedAvg
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.config import ConfigError
-from fedsim.extras import MissingExtraError, missing_text, require
+from fedsim.cli.config import ConfigError
+from fedsim.core.extras import MissingExtraError, missing_text, require
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -34,6 +34,6 @@ def test_non_editable_install_finds_its_configs(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "final test accuracy" in proc.stdout and (run_dir / "summary.json").exists()
-    where = subprocess.run([sys.executable, "-c", "import fedsim.run as r; print(r.CONFIG_DIR)"],
+    where = subprocess.run([sys.executable, "-c", "import fedsim.cli.run as r; print(r.CONFIG_DIR)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert Path(where.stdout.strip()) == prefix / "share" / "fedsim" / "conf", where.stderr[-2000:]

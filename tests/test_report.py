@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fedsim import report, report_plot
+from fedsim.report import command as report
+from fedsim.report import plot as report_plot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -225,7 +226,7 @@ def hydra_job(root: Path, num: int, overrides: list[str], accs: list[float], *, 
               error: str | None = None) -> Path:
     """A job dir as a Hydra multirun of fedsim leaves it: ``<num>_<sorted overrides>`` with ``.hydra/overrides.yaml``
     (command-line order), ``.hydra/config.yaml``, metrics.jsonl (none before the first round) and summary.json
-    as ``fedsim.run_summary.record_summary`` writes it (``error``: ``finished`` false, ``stop_reason`` ``error: ...``)."""
+    as ``fedsim.cli.run_summary.record_summary`` writes it (``error``: ``finished`` false, ``stop_reason`` ``error: ...``)."""
     run_dir = root / f"{num}_{','.join(sorted(o for o in overrides))}"
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides, default_flow_style=False))

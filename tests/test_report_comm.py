@@ -1,5 +1,5 @@
 """Accuracy against megabytes sent (issue #19): ``fedsim.report --x comm_mb`` and the "MB to target" column, on real
-runs (``fedsim.run.run_config``) read back from their ``metrics.jsonl``; runs written before fedsim counted bytes."""
+runs (``fedsim.cli.run.run_config``) read back from their ``metrics.jsonl``; runs written before fedsim counted bytes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from fedsim import report, report_plot
+from fedsim.report import command as report
+from fedsim.report import plot as report_plot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # the default experiment: logistic regression on Synthetic(1,1), 60 features, 10 classes: 610 float32 weights;
@@ -33,7 +34,7 @@ def _records(run_dir: Path) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three real 3-round runs: fp16 updates with seeds 0 and 1, float32 with seed 0."""
-    from fedsim.run import compose, run_config
+    from fedsim.cli.run import compose, run_config
 
     root = tmp_path_factory.mktemp("comm") / "sweep"
     for compression, seed in RUNS:
@@ -114,7 +115,7 @@ def test_seeds_that_miss_the_target_are_counted_not_averaged(sweep: Path, tmp_pa
 
 
 def test_clocked_runs_get_sim_s_then_mb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from fedsim.run import compose, run_config
+    from fedsim.cli.run import compose, run_config
 
     run_dir = tmp_path / "sweep" / "0_compression=qsgd,seed=0"
     run_config(compose(["num_rounds=2", "logger=quiet", "compression=qsgd", "clock=sampled", "data.num_devices=10",

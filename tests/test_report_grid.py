@@ -1,5 +1,5 @@
-"""``python -m fedsim.report SWEEP --grid ROWS COLS`` (fedsim.report_grid) on real runs: each written by
-``fedsim.run.run_config`` into a sweep-like directory with ``.hydra/overrides.yaml`` as Hydra writes it; the cells
+"""``python -m fedsim.report SWEEP --grid ROWS COLS`` (fedsim.report.grid) on real runs: each written by
+``fedsim.cli.run.run_config`` into a sweep-like directory with ``.hydra/overrides.yaml`` as Hydra writes it; the cells
 must be the mean ± std over seeds of the final values in the runs' own ``metrics.jsonl``."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fedsim import report, report_grid
+from fedsim.report import command as report
+from fedsim.report import grid as report_grid
 
 COMMON = ["num_rounds=2", "logger=quiet", "data.num_devices=10", "clients_per_round=5"]
 STRATEGIES = ["fedavg", "median"]
@@ -24,7 +25,7 @@ SEEDS = [0, 1]
 def write_job(root: Path, num: int, overrides: list[str]) -> Path:
     """Run ``overrides`` with fedsim into ``<root>/<num>_<overrides without seed... as Hydra names them>`` and write
     ``.hydra/overrides.yaml`` as Hydra does (the overrides in command-line order, a YAML list)."""
-    from fedsim.run import compose, run_config
+    from fedsim.cli.run import compose, run_config
 
     run_dir = root / f"{num}_{','.join(sorted(overrides))}"
     run_config(compose(overrides), run_dir=run_dir)

@@ -15,9 +15,10 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fedsim import report, report_plot
-from fedsim.logging import RunLogger
-from fedsim.tensorboard_log import add_sim_time_scalars, after_existing_files, sim_time_scalars
+from fedsim.report import command as report
+from fedsim.report import plot as report_plot
+from fedsim.observe.run_logger import RunLogger
+from fedsim.observe.tensorboard_log import add_sim_time_scalars, after_existing_files, sim_time_scalars
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -150,7 +151,7 @@ def test_x_sim_time_without_any_clock_says_so_once(sweep: Path, capsys: pytest.C
 
 
 def test_real_clocked_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from fedsim.run import compose, run_config
+    from fedsim.cli.run import compose, run_config
 
     root = tmp_path / "sweep"
     for seed in (0, 1):

@@ -10,8 +10,8 @@ import pytest
 import torch
 from cli_runner import run_cli
 
-from fedsim.checkpoint import CheckpointError, load_latest, save_checkpoint
-from fedsim.run import compose, run_config
+from fedsim.core.checkpoint import CheckpointError, load_latest, save_checkpoint
+from fedsim.cli.run import compose, run_config
 
 BASE = ["num_rounds=3", "clients_per_round=4", "logger.progress=false", "logger.tensorboard=false", "+data.max_size=60"]
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.checkpoint import CheckpointError
-from fedsim.run import build_server, compose, run_config
-from fedsim.run_dir_guard import removing_new_files
+from fedsim.core.checkpoint import CheckpointError
+from fedsim.cli.run import build_server, compose, run_config
+from fedsim.cli.run_dir_guard import removing_new_files
 
 BASE = ["num_rounds=2", "clients_per_round=4", "logger.progress=false", "+data.max_size=60"]
 

@@ -15,19 +15,19 @@ import pytest
 import torch
 from torch import nn
 
-from fedsim.client import Client
-from fedsim.data.federated import FederatedData, federate, make_clients
+from fedsim.client.base import Client
+from fedsim.client.federation import FederatedData, federate, make_clients
 from fedsim.data.partition import iid, natural
 from fedsim.data.synthetic import synthetic
 from fedsim.data.tensor_data import DataSplit, TensorData
 from fedsim.executor import SerialExecutor
-from fedsim.logging import RunLogger
+from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression
-from fedsim.params import flatten
-from fedsim.seeding import sampling_rng
-from fedsim.server import RoundFailedError, RunResult, Server
+from fedsim.core.params import flatten
+from fedsim.core.seeding import sampling_rng
+from fedsim.server.server import RoundFailedError, RunResult, Server
 from fedsim.strategy import FedAvg, Strategy
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 @functools.lru_cache(maxsize=None)

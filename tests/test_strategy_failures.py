@@ -24,17 +24,17 @@ import fault_clients  # noqa: E402
 from cli_runner import run_cli  # noqa: E402
 from failing_strategies import BadReturnFedAvg, FlakyFedAdam, NaNFedAvg  # noqa: E402
 
-from fedsim.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest  # noqa: E402
-from fedsim.client import Client  # noqa: E402
-from fedsim.data.federated import federate, make_clients  # noqa: E402
+from fedsim.core.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest  # noqa: E402
+from fedsim.client.base import Client  # noqa: E402
+from fedsim.client.federation import federate, make_clients  # noqa: E402
 from fedsim.data.partition import natural  # noqa: E402
 from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.executor import SerialExecutor  # noqa: E402
-from fedsim.logging import RunLogger  # noqa: E402
+from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.models import LogisticRegression  # noqa: E402
-from fedsim.report_runs import load_run  # noqa: E402
-from fedsim.run import compose, run_config  # noqa: E402
-from fedsim.server import RoundFailedError, Server, StrategyError  # noqa: E402
+from fedsim.report.runs import load_run  # noqa: E402
+from fedsim.cli.run import compose, run_config  # noqa: E402
+from fedsim.server.server import RoundFailedError, Server, StrategyError  # noqa: E402
 from fedsim.strategy import FedAvg, Krum, Strategy, TrimmedMean  # noqa: E402
 
 

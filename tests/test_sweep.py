@@ -130,7 +130,7 @@ def test_report_tables_and_plots_a_per_client_statistic(real: dict[str, Any], tm
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """``--metric eval_personal/accuracy_worst10``: a column (mean ± std over seeds of the final value; only Ditto has
     personal models) and a plot of it."""
-    from fedsim import report
+    from fedsim.report import command as report
 
     root, name = real["cwd"] / "grid", "eval_personal/accuracy_worst10"
     assert report.main([str(root), "--out", str(tmp_path), "--metric", name]) == 0

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from cli_runner import run_cli
-from fedsim import report
-from fedsim.objective import objective_value
+from fedsim.report import command as report
+from fedsim.cli.objective import objective_value
 
 FAST = ["num_rounds=2", "data.num_devices=10", "clients_per_round=3", "logger=quiet"]
 

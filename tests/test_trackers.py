@@ -15,18 +15,18 @@ from typing import Any
 import pytest
 import torch
 
-from fedsim.client import Client
-from fedsim.data.federated import FederatedData, federate, make_clients
+from fedsim.client.base import Client
+from fedsim.client.federation import FederatedData, federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import SerialExecutor
-from fedsim.extras import MissingExtraError
-from fedsim.logging import RunLogger
+from fedsim.core.extras import MissingExtraError
+from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression
-from fedsim.run import compose
-from fedsim.server import Server
+from fedsim.cli.run import compose
+from fedsim.server.server import Server
 from fedsim.strategy import FedAvg
-from fedsim.trackers import MLflowTracker, TrackedLogger, Tracker, WandbTracker, make_logger
+from fedsim.observe.trackers import MLflowTracker, TrackedLogger, Tracker, WandbTracker, make_logger
 
 CONFIG = {"seed": 0, "client": {"optimizer": {"lr": 0.05}}, "strategy": {"_target_": "fedsim.strategy.FedAvg"},
           "resume_allow_changes": [], "note": "x" * 7000}
@@ -39,7 +39,7 @@ def _federation() -> FederatedData:
 
 
 def _run(logger: RunLogger) -> list[dict[str, Any]]:
-    """A 3-round FedAvg run as ``fedsim.run`` drives it (config, rounds, summary); fedsim's own history."""
+    """A 3-round FedAvg run as ``fedsim.cli.run`` drives it (config, rounds, summary); fedsim's own history."""
     data = _federation()
     factory = functools.partial(Client, epochs=1, batch_size=10, optimizer=functools.partial(torch.optim.SGD, lr=0.05))
     server = Server(

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.client import Client
-from fedsim.data.federated import federate, make_clients
+from fedsim.client.base import Client
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import SerialExecutor
-from fedsim.logging import RunLogger
+from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression
-from fedsim.server import Server
+from fedsim.server.server import Server
 from fedsim.strategy import FedAvg
-from fedsim.types import ClientUpdate
-from fedsim.updates import rejection_reason
+from fedsim.core.types import ClientUpdate
+from fedsim.core.update_checks import rejection_reason
 
 
 def _update(params: torch.Tensor, n: int = 3) -> ClientUpdate:

@@ -42,11 +42,11 @@ import harness  # noqa: E402
 import workload  # noqa: E402
 
 from fedsim import Client, FedAvg, Server  # noqa: E402
-from fedsim.comm.exchange import Exchange  # noqa: E402
+from fedsim.server.exchange import Exchange  # noqa: E402
 from fedsim.comm.pipeline import Compression  # noqa: E402
 from fedsim.executor import SerialExecutor, Workload  # noqa: E402
 from fedsim.run import build_compression, compose  # noqa: E402
-from fedsim.threads import torch_threads  # noqa: E402
+from fedsim.core.threads import torch_threads  # noqa: E402
 from fedsim.types import ClientUpdate  # noqa: E402
 
 SETTINGS: dict[str, list[str]] = {  # contender: the overrides a run would be given

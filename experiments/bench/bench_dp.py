@@ -36,7 +36,7 @@ from fedsim import Client, FedAvg, Server  # noqa: E402
 from fedsim.executor import SerialExecutor, Workload  # noqa: E402
 from fedsim.privacy import CentralDP  # noqa: E402
 from fedsim.privacy.sampling import poisson_sample  # noqa: E402
-from fedsim.threads import torch_threads  # noqa: E402
+from fedsim.core.threads import torch_threads  # noqa: E402
 
 SETTINGS: dict[str, CentralDP | None] = {
     "plain": None,

@@ -14,7 +14,7 @@ process everywhere. Contenders (per model), one timed call per round, start-up e
 * ``server_process_w2`` / ``server_vmap``  the whole ``Server.evaluate_clients`` (``evaluate_clients=all``):
                    building the tasks, ``evaluate``, ``summary`` (no run dir, so no CSV file)
 * ``<executor>_ept<N>``  (``--examples-per-task N,...``) ``process_w2``/``vmap`` on tasks built with
-                   ``fedsim.client_eval.EXAMPLES_PER_TASK = N`` (monkeypatched here, where tasks are built)
+                   ``fedsim.client.evaluation.EXAMPLES_PER_TASK = N`` (monkeypatched here, where tasks are built)
 
 Ratios: medians over ``central``'s (goals: ``vmap`` within 2x, ``process_w2`` 3x). Checks: every executor's per-client
 scores equal ``serial``'s bitwise, servers' metrics equal their ``summary``, ``central``'s per-client means (max diff).
@@ -42,10 +42,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402  (timing, reporting, --load)
 
-import fedsim.client_eval as client_eval  # noqa: E402
+import fedsim.client.evaluation as client_eval  # noqa: E402
 from fedsim import FedAvg, Server  # noqa: E402
 from fedsim.client import Client, evaluate_indices, example_losses  # noqa: E402
-from fedsim.data.federated import federate, make_clients  # noqa: E402
+from fedsim.client.federation import federate, make_clients  # noqa: E402
 from fedsim.data.partition import natural  # noqa: E402
 from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor, Workload  # noqa: E402

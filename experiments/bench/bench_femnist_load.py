@@ -120,7 +120,7 @@ def _status_kb(key: str) -> int:
 def child(path: str, spec: dict[str, Any]) -> dict[str, Any]:
     """Load, federate and make clients along ``path``; times and memory as a dict (printed as JSON)."""
     from fedsim.client import Client
-    from fedsim.data.federated import federate, make_clients
+    from fedsim.client.federation import federate, make_clients
     from fedsim.data.partition import natural
     from fedsim.data.tensor_data import DataSplit
     from fedsim.data.tff import femnist_tff

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from fedsim import Workload
-from fedsim.data.federated import federate, make_clients
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor, pool

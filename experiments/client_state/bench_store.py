@@ -26,7 +26,7 @@ import torch
 from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import SerialExecutor
-from fedsim.logging import RunLogger
+from fedsim.observe.run_logger import RunLogger
 from fedsim.models import MLP2NN
 from fedsim.server import Server
 from fedsim.strategy import FedAvg

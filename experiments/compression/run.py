@@ -31,7 +31,7 @@ from hydra.utils import instantiate
 
 from fedsim.params import flatten
 from fedsim.run import build_compression, compose, run_config
-from fedsim.server_setup import initial_model
+from fedsim.server.setup import initial_model
 
 SETTING = [
     "data=synthetic", "partition=auto", "model=mlp", "strategy=fedavg", "clients_per_round=10", "client.epochs=1",

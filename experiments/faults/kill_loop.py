@@ -26,12 +26,12 @@ import time
 import torch
 
 from fedsim.client import Client
-from fedsim.data.federated import federate, make_clients
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import Executor, ProcessExecutor, RayExecutor, SerialExecutor
 from fedsim.executor.pool import WorkerStartupError
-from fedsim.logging import RunLogger
+from fedsim.observe.run_logger import RunLogger
 from fedsim.models import MLP2NN
 from fedsim.server import RoundFailedError, Server
 

@@ -9,8 +9,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from fedsim.report_grid import settings
-from fedsim.report_runs import load_runs
+from fedsim.report.grid import settings
+from fedsim.report.runs import load_runs
 
 
 def main(root: Path) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from fedsim.seeding import attack_rng
+from fedsim.core.seeding import attack_rng
 
 
 class Attack(ABC):
@@ -51,6 +51,6 @@ class Attack(ABC):
 
 def client_generator(seed: int, round_num: int, client_id: int) -> torch.Generator:
     """The generator of one malicious client's draws in one round."""
-    from fedsim.seeding import attack_seed
+    from fedsim.core.seeding import attack_seed
 
     return torch.Generator().manual_seed(attack_seed(seed, round_num, client_id))

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from fedsim.attacks.base import Attack
-from fedsim.client import Client
+from fedsim.client.base import Client
 from fedsim.data.tensor_data import TensorData
-from fedsim.seeding import attack_seed
+from fedsim.core.seeding import attack_seed
 
 
 class DataAttack(Attack):

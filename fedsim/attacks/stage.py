@@ -12,10 +12,10 @@ import torch
 
 from fedsim.attacks.base import Attack
 from fedsim.attacks.data_poisoning import Backdoor, DataAttack
-from fedsim.client import Client
+from fedsim.client.base import Client
 from fedsim.data.tensor_data import TensorData
-from fedsim.types import ClientUpdate, TaskResult
-from fedsim.updates import rejection_reason
+from fedsim.core.types import ClientUpdate, TaskResult
+from fedsim.core.update_checks import rejection_reason
 
 
 def attack_stage(attack: Attack | None, num_clients: int, seed: int, run_dir: Path | None) -> "AttackStage | None":
@@ -63,7 +63,7 @@ class AttackStage:
             return
         fixed = None if self.attack.per_round else sorted(self.malicious(0))
         text = json.dumps({"attack": repr(self.attack), "per_round": self.attack.per_round, "clients": fixed}, indent=1)
-        from fedsim.checkpoint import write_text_atomic
+        from fedsim.core.checkpoint import write_text_atomic
 
         write_text_atomic(Path(run_dir) / "malicious.json", text + "\n")
 

@@ -11,7 +11,7 @@ update, like all client state).
 
 Encodings are pure functions of the update, the residual and a generator seeded from (seed, round, client,
 direction), so they are the same wherever the task ran. The server applies them when a result arrives
-(:mod:`fedsim.comm.exchange`), before the update checks and aggregation.
+(:mod:`fedsim.server.exchange`), before the update checks and aggregation.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ https://www.cs.toronto.edu/~kriz/cifar.html (``cifar-100-python.tar.gz``). Expec
 
 torchvision accepts the files only when their md5 matches the official release; ``verify_checksums=False``
 reads files that merely exist (re-packed copies, test fixtures). Missing or unusable files raise
-:class:`~fedsim.errors.DatasetNotFoundError` with a one-line message.
+:class:`~fedsim.core.errors.DatasetNotFoundError` with a one-line message.
 """
 
 from __future__ import annotations

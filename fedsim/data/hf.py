@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 from fedsim.data.tensor_data import DataSplit, TensorData
-from fedsim.errors import DatasetNotFoundError
-from fedsim.extras import require
+from fedsim.core.errors import DatasetNotFoundError
+from fedsim.core.extras import require
 
 NEEDED_BY = "a Hugging Face dataset (data=hf, femnist_hf, shakespeare_hf)"
 _SAVED_MARKERS = ("dataset_dict.json", "dataset_info.json", "state.json")
@@ -147,7 +147,7 @@ def _owners(ds: Any, column: str, where: str) -> np.ndarray:
 
 
 def _missing(where: str, hub_id: str | None) -> FileNotFoundError:
-    """The one-line :class:`~fedsim.errors.DatasetNotFoundError` for a missing ``path``."""
+    """The one-line :class:`~fedsim.core.errors.DatasetNotFoundError` for a missing ``path``."""
     hub = hub_id or "<owner>/<name>"
     return DatasetNotFoundError(
         f"data: no Hugging Face dataset at {where} (data.path); on a machine with internet run "

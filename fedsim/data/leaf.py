@@ -40,7 +40,7 @@ import torch
 from fedsim.data import text
 from fedsim.data.leaf_images import read_images
 from fedsim.data.tensor_data import DataSplit, TensorData
-from fedsim.errors import DatasetNotFoundError
+from fedsim.core.errors import DatasetNotFoundError
 
 LEAF_REPO = "https://github.com/TalwalkarLab/leaf"
 PREPROCESS = {

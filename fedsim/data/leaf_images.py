@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from fedsim.errors import DatasetNotFoundError
+from fedsim.core.errors import DatasetNotFoundError
 
 CHUNK = 512
 """Images decoded per task (one uint8 buffer of this many images per thread)."""

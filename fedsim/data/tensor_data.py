@@ -79,9 +79,7 @@ class DataSplit:
         client_ids: ArrayLike | None = None,
         test_client_ids: ArrayLike | None = None,
     ) -> DataSplit:
-        """Your own arrays (numpy or torch) as a split; see :func:`fedsim.data.arrays.split_from_arrays`."""
-        from fedsim.data.arrays import split_from_arrays
-
+        """Your own arrays (numpy or torch) as a split; see :func:`split_from_arrays`."""
         return split_from_arrays(
             x_train, y_train, x_test, y_test,
             num_classes=num_classes, client_ids=client_ids, test_client_ids=test_client_ids,
@@ -92,9 +90,7 @@ class DataSplit:
         cls, x: ArrayLike, y: ArrayLike, *, client_ids: ArrayLike, test_mask: ArrayLike, num_classes: int | None = None
     ) -> DataSplit:
         """One pool of rows, each with its owner and whether it is in the owner's test part; no copy of the
-        training rows. See :func:`fedsim.data.arrays.split_from_pool`."""
-        from fedsim.data.arrays import split_from_pool
-
+        training rows. See :func:`split_from_pool`."""
         return split_from_pool(x, y, client_ids=client_ids, test_mask=test_mask, num_classes=num_classes)
 
     def __post_init__(self) -> None:
@@ -108,3 +104,121 @@ class DataSplit:
             )
         if self.train.groups is None:
             raise ValueError("DataSplit: local_test needs train.groups (the owner of every row)")
+
+
+def _features(x: ArrayLike, name: str) -> torch.Tensor:
+    """``x`` as float32 (no copy when it already is) or, for integer arrays, int64 token ids."""
+    t = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
+    if t.ndim < 2:
+        raise ValueError(f"data: {name} must have one row per example and at least one feature column (got shape {tuple(t.shape)})")
+    if t.is_floating_point():
+        return t.to(torch.float32)
+    if t.dtype == torch.bool or t.is_complex():
+        raise ValueError(f"data: {name} must hold numbers (float features or integer token ids), got {t.dtype}")
+    return t.to(torch.int64)
+
+
+def _labels(y: ArrayLike, name: str) -> torch.Tensor:
+    """``y`` as a 1-D int64 tensor; refuses fractional or negative labels."""
+    arr = y.numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
+    if arr.ndim != 1:
+        raise ValueError(f"data: {name} must be 1-D, one class index per example (got shape {arr.shape})")
+    if arr.dtype.kind == "f" and not np.array_equal(arr, np.round(arr)):
+        raise ValueError(f"data: {name} must hold integer class indices (found fractional values)")
+    if arr.dtype.kind not in "iuf" and arr.size:
+        raise ValueError(f"data: {name} must hold integer class indices, got dtype {arr.dtype}; map labels to 0..C-1 first")
+    out = torch.from_numpy(np.ascontiguousarray(arr)).to(torch.int64)
+    if out.numel() and int(out.min()) < 0:
+        raise ValueError(f"data: {name} has a negative label ({int(out.min())}); labels must be 0..num_classes-1")
+    return out
+
+
+def _num_classes(y_train: torch.Tensor, y_test: torch.Tensor, num_classes: int | None) -> int:
+    """``num_classes`` checked against the labels, or the largest label + 1 when not given."""
+    largest = max((int(t.max()) for t in (y_train, y_test) if t.numel()), default=-1)
+    if num_classes is None:
+        return largest + 1
+    if largest >= num_classes:
+        raise ValueError(f"data: a label is {largest} but num_classes is {num_classes}; labels must be 0..num_classes-1")
+    return int(num_classes)
+
+
+def _owners(ids: ArrayLike | None, rows: int, name: str) -> np.ndarray | None:
+    """A 1-D owner array with one entry per row (or ``None``)."""
+    if ids is None:
+        return None
+    arr = ids.numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
+    if arr.shape != (rows,):
+        raise ValueError(f"data: {name} must have one entry per example ({rows}), got shape {arr.shape}")
+    return arr
+
+
+def split_from_arrays(
+    x_train: ArrayLike,
+    y_train: ArrayLike,
+    x_test: ArrayLike,
+    y_test: ArrayLike,
+    *,
+    num_classes: int | None = None,
+    client_ids: ArrayLike | None = None,
+    test_client_ids: ArrayLike | None = None,
+) -> DataSplit:
+    """A :class:`DataSplit` from arrays: ``client_ids`` names the owner of every training row (what
+    ``partition=natural`` makes one client of); with ``test_client_ids`` as well, every owner also tests on
+    its own test rows (:attr:`DataSplit.local_test`; the two parts are then copied into one pool, with the
+    centralized test set a view of its tail). ``num_classes`` defaults to the largest label + 1."""
+    xs = _features(x_train, "x_train"), _features(x_test, "x_test")
+    ys = _labels(y_train, "y_train"), _labels(y_test, "y_test")
+    for x, y, part in zip(xs, ys, ("train", "test")):
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"data: x_{part} has {x.shape[0]} rows but y_{part} has {y.shape[0]}; give one label per row")
+    if xs[0].shape[1:] != xs[1].shape[1:] or xs[0].dtype != xs[1].dtype:
+        raise ValueError(f"data: x_train rows are {tuple(xs[0].shape[1:])} {xs[0].dtype} but x_test rows are "
+                         f"{tuple(xs[1].shape[1:])} {xs[1].dtype}; both must have the same shape and kind")
+    classes = _num_classes(ys[0], ys[1], num_classes)
+    owners = _owners(client_ids, len(ys[0]), "client_ids")
+    test_owners = _owners(test_client_ids, len(ys[1]), "test_client_ids")
+    if test_owners is None:
+        return DataSplit(TensorData(xs[0], ys[0], classes, owners), TensorData(xs[1], ys[1], classes))
+    if owners is None:
+        raise ValueError("data: test_client_ids needs client_ids too (the owner of every training row)")
+    return _pooled(xs, ys, classes, owners, test_owners)
+
+
+def _pooled(
+    xs: tuple[torch.Tensor, torch.Tensor], ys: tuple[torch.Tensor, torch.Tensor], classes: int,
+    owners: np.ndarray, test_owners: np.ndarray,
+) -> DataSplit:
+    """Train rows then test rows in one pool; the test set is a view of the tail (see :class:`DataSplit`)."""
+    n_train = len(ys[0])
+    x, y = torch.cat(xs), torch.cat(ys)
+    groups = np.concatenate([owners, test_owners])
+    mask = np.zeros(len(y), dtype=bool)
+    mask[n_train:] = True
+    test = TensorData(x[n_train:], y[n_train:], classes, groups[n_train:])
+    return DataSplit(TensorData(x, y, classes, groups), test, local_test=mask)
+
+
+def split_from_pool(
+    x: ArrayLike, y: ArrayLike, *, client_ids: ArrayLike, test_mask: ArrayLike, num_classes: int | None = None
+) -> DataSplit:
+    """A :class:`DataSplit` from ONE pool of rows that each belong to an owner (``client_ids``) and are either in
+    that owner's training or its test part (``test_mask`` true): :meth:`DataSplit.from_arrays` with
+    ``test_client_ids`` without its copy. Float32 features are used as they are; the centralized test set is a view
+    when the test rows are the pool's last rows, else a copy of the test rows only."""
+    features, labels = _features(x, "x"), _labels(y, "y")
+    if features.shape[0] != labels.shape[0]:
+        raise ValueError(f"data: x has {features.shape[0]} rows but y has {labels.shape[0]}; give one label per row")
+    owners = _owners(client_ids, len(labels), "client_ids")
+    mask = _owners(test_mask, len(labels), "test_mask")
+    if mask.dtype != np.bool_:
+        raise ValueError(f"data: test_mask must be boolean (true: the row is in its owner's test part), got {mask.dtype}")
+    classes = _num_classes(labels, labels[:0], num_classes)
+    test_rows = np.flatnonzero(mask)
+    if test_rows.size and test_rows[0] == len(mask) - test_rows.size:  # the tail: a view
+        cut = int(test_rows[0])
+        test = TensorData(features[cut:], labels[cut:], classes, owners[cut:])
+    else:
+        index = torch.from_numpy(test_rows)
+        test = TensorData(features[index], labels[index], classes, owners[test_rows])
+    return DataSplit(TensorData(features, labels, classes, owners), test, local_test=mask)

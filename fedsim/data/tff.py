@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 from fedsim.data.tensor_data import DataSplit, TensorData
-from fedsim.errors import DatasetNotFoundError
-from fedsim.extras import require
+from fedsim.core.errors import DatasetNotFoundError
+from fedsim.core.extras import require
 
 TFF_SOURCES = {
     False: ("fed_emnist", "https://storage.googleapis.com/tff-datasets-public/fed_emnist.tar.bz2"),
@@ -50,12 +50,12 @@ IMAGE_SHAPE = (28, 28)
 
 _NAME = "data=femnist_tff"
 def _h5py() -> Any:
-    """The h5py module, or a one-line :class:`~fedsim.extras.MissingExtraError` saying how to install it."""
+    """The h5py module, or a one-line :class:`~fedsim.core.extras.MissingExtraError` saying how to install it."""
     return require("h5py", _NAME, "tff")
 
 
 def _paths(root: str | Path, only_digits: bool) -> tuple[str, str]:
-    """The train and test file paths; a one-line :class:`~fedsim.errors.DatasetNotFoundError` naming any
+    """The train and test file paths; a one-line :class:`~fedsim.core.errors.DatasetNotFoundError` naming any
     that is missing."""
     stem, url = TFF_SOURCES[bool(only_digits)]
     base = os.path.expanduser(str(root))
@@ -70,7 +70,7 @@ def _paths(root: str | Path, only_digits: bool) -> tuple[str, str]:
 
 
 def _unreadable(path: str, only_digits: bool, err: BaseException) -> FileNotFoundError:
-    """The one-line :class:`~fedsim.errors.DatasetNotFoundError` for a file that is not readable HDF5."""
+    """The one-line :class:`~fedsim.core.errors.DatasetNotFoundError` for a file that is not readable HDF5."""
     _, url = TFF_SOURCES[bool(only_digits)]
     detail = " ".join(str(err).split())[:200]
     return DatasetNotFoundError(f"{_NAME}: cannot read {path} as HDF5 (truncated or corrupt: {detail}); "
@@ -145,7 +145,7 @@ def femnist_tff(*, root: str | Path, only_digits: bool = False) -> DataSplit:
     """FEMNIST by writer from ``root/fed_emnist[_digitsonly]_{train,test}.h5``; see the module docstring.
 
     ``num_classes`` is 62, or 10 with ``only_digits``. Missing files raise a one-line
-    :class:`~fedsim.errors.DatasetNotFoundError` naming the file and the archive to download;
+    :class:`~fedsim.core.errors.DatasetNotFoundError` naming the file and the archive to download;
     unreadable ones the same, naming the file; files in another layout a one-line ``ValueError``.
     """
     h5py = _h5py()

@@ -46,7 +46,7 @@ from torchvision import datasets
 from torchvision.datasets.utils import check_integrity
 
 from fedsim.data.tensor_data import DataSplit, TensorData
-from fedsim.errors import DatasetNotFoundError  # noqa: F401 (defined there, without torchvision; re-exported)
+from fedsim.core.errors import DatasetNotFoundError  # noqa: F401 (defined there, without torchvision; re-exported)
 
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)

@@ -1,7 +1,7 @@
 """Executor: "run these fit tasks on these global weights, give me their results".
 
 Every executor returns one result per task, sorted by client id, where a result is a
-:class:`~fedsim.types.ClientUpdate` or a :class:`~fedsim.types.ClientFailure`. The serial executor
+:class:`~fedsim.core.types.ClientUpdate` or a :class:`~fedsim.core.types.ClientFailure`. The serial executor
 is the reference: every other executor must give the same answers.
 """
 
@@ -19,13 +19,13 @@ from types import TracebackType
 import torch
 from torch import nn
 
-from fedsim.client import Client
+from fedsim.client.base import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import client_guard
-from fedsim.params import load_flat, restore_fixed_state
-from fedsim.state_values import copy_state, state_problem
-from fedsim.strategy.base import LocalTraining
-from fedsim.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
+from fedsim.core.params import load_flat, restore_fixed_state
+from fedsim.core.state_values import copy_state, state_problem
+from fedsim.client.local_training import LocalTraining
+from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 
 MAX_FAILED_STARTS = 5  # failed starts of one worker slot in a row (killed while starting) before the run stops
 
@@ -89,7 +89,7 @@ def run_task(
     of the task's state; what that copy holds afterwards comes back as the update's new state.
     An exception inside client code becomes a :class:`ClientFailure` with the full traceback; a client
     that changed its own attributes, or left a state a checkpoint cannot hold, a fatal one. ``fixed``: the
-    model's non-float state as built (:func:`~fedsim.params.fixed_state`), restored before the task.
+    model's non-float state as built (:func:`~fedsim.core.params.fixed_state`), restored before the task.
     """
     try:
         if fixed:

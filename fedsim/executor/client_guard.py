@@ -18,7 +18,7 @@ import copy
 import pickle
 from typing import Any
 
-from fedsim.client import Client
+from fedsim.client.base import Client
 
 _UNPICKLABLE = object()
 _SCRATCH = "\0task_attributes"  # the snapshot's entry for the declared task attributes

@@ -1,10 +1,10 @@
-"""Running one :class:`~fedsim.types.EvalTask` on a worker: a group of clients scored on their local test splits.
+"""Running one :class:`~fedsim.core.types.EvalTask` on a worker: a group of clients scored on their local test splits.
 
 The global model scores the whole group in one pass over the concatenation of its clients' test examples (in the
 group's order, in batches of :data:`EVAL_BATCH` rows), which costs about what one centralized pass over the same
 examples costs; each client's loss is its examples' losses summed in float64. A group is formed from the task
 alone, so the rows, their batches and the sums are the same under every executor: results agree bit for bit
-(with the same ``threads``). Clients whose class overrides :meth:`~fedsim.client.Client.evaluate` (or a group
+(with the same ``threads``). Clients whose class overrides :meth:`~fedsim.client.base.Client.evaluate` (or a group
 of mixed classes) are scored one by one with their own ``evaluate``.
 
 With personal models (the strategy's client half overrides
@@ -24,11 +24,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.client import Client, example_losses
+from fedsim.client.base import Client
+from fedsim.client.scoring import example_losses
 from fedsim.data.tensor_data import TensorData
-from fedsim.params import load_flat, restore_fixed_state
-from fedsim.strategy.base import LocalTraining, personalises
-from fedsim.types import ClientFailure, ClientScore, EvalResult, EvalTask
+from fedsim.core.params import load_flat, restore_fixed_state
+from fedsim.client.local_training import LocalTraining, personalises
+from fedsim.core.types import ClientFailure, ClientScore, EvalResult, EvalTask
 
 EVAL_BATCH = 1024  # rows per forward pass when scoring a group
 
@@ -62,7 +63,7 @@ def _load(model: nn.Module, params: torch.Tensor, fixed: dict[str, torch.Tensor]
 
 def _group_scores(model: nn.Module, members: list[Client], data: TensorData) -> list[ClientScore]:
     """Every member's score with the model as loaded: one concatenated pass when they share the built-in
-    evaluation, else each client's own :meth:`~fedsim.client.Client.evaluate`."""
+    evaluation, else each client's own :meth:`~fedsim.client.base.Client.evaluate`."""
     if not _shared_evaluation(members):
         return [_own_score(model, client, data) for client in members]
     sizes = [int(c.test_indices.size) for c in members]

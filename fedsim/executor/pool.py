@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsim.errors import WorkerStartupError
+from fedsim.core.errors import WorkerStartupError
 from fedsim.executor import by_value
 from fedsim.executor.base import Workload
 from fedsim.executor.worker import WorkerSpec, worker_main
-from fedsim.types import ClientUpdate, EvalTask, FitTask, TaskResult
+from fedsim.core.types import ClientUpdate, EvalTask, FitTask, TaskResult
 
 NO_MAIN_GUARD = (
     "fedsim: a worker process was started while your script was being imported by another worker: "

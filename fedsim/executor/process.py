@@ -18,12 +18,12 @@ from multiprocessing.connection import wait
 
 import torch
 
-from fedsim.forkserver import worker_context
+from fedsim.executor.forkserver import worker_context
 from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
 from fedsim.executor.placement import physical_cores, plan_workers, resolve_devices
 from fedsim.executor.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker, small_message
-from fedsim.params import flatten
-from fedsim.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
+from fedsim.core.params import flatten
+from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
 

@@ -19,9 +19,9 @@ import torch
 
 from fedsim.executor.base import Workload, run_task
 from fedsim.executor.eval_task import run_eval_task
-from fedsim.params import fixed_state
+from fedsim.core.params import fixed_state
 from fedsim.executor.worker_log import log_result, redirect_output, tagged
-from fedsim.types import ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
+from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 
 
 def to_array(flat: torch.Tensor) -> np.ndarray:
@@ -51,7 +51,7 @@ class RayWorker:
         self.device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")  # Ray sets CUDA_VISIBLE_DEVICES
         with torch.random.fork_rng(devices=[]):
             self.model = workload.model_factory().to(self.device)
-        self.fixed = fixed_state(self.model)  # before the warm-up step (see fedsim.params)
+        self.fixed = fixed_state(self.model)  # before the warm-up step (see fedsim.core.params)
         data = workload.train_data
         self.data = data if self.device.type == "cpu" else replace(data, x=data.x.to(self.device), y=data.y.to(self.device))
         self._round_ref: Any = None
@@ -74,7 +74,7 @@ class RayWorker:
 
     def fit(self, global_ref: list[Any], task: FitTask | EvalTask) -> tuple[TaskResult | EvalResult, np.ndarray | None]:
         """Train ``task``; returns the result without its weights, and the weights as an array. An
-        :class:`~fedsim.types.EvalTask` is scored instead (its result carries no weights).
+        :class:`~fedsim.core.types.EvalTask` is scored instead (its result carries no weights).
 
         ``global_ref`` is ``[ObjectRef]`` (wrapped so that Ray does not resolve it per call): the
         actor fetches the round's global weights once, on its first task of the round."""

@@ -32,12 +32,12 @@ from typing import Any
 import torch
 
 from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
-from fedsim.errors import WorkerStartupError
+from fedsim.core.errors import WorkerStartupError
 from fedsim.executor.placement import physical_cores
 from fedsim.executor.ray_actor import RayWorker, to_array, to_tensor
 from fedsim.executor.ray_reasons import death_reason, kill_quietly, start_failure
-from fedsim.extras import missing_text, require
-from fedsim.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
+from fedsim.core.extras import missing_text, require
+from fedsim.core.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
 

@@ -8,9 +8,9 @@ import torch
 
 from fedsim.executor.base import Executor, Workload, run_task
 from fedsim.executor.eval_task import run_eval_task
-from fedsim.params import fixed_state
-from fedsim.threads import torch_threads
-from fedsim.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
+from fedsim.core.params import fixed_state
+from fedsim.core.threads import torch_threads
+from fedsim.core.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
 
 
 class SerialExecutor(Executor):

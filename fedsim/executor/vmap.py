@@ -3,7 +3,7 @@
 In cross-device FL most clients are small (a few local steps of a small model); trained one after
 another they leave a GPU, and even a CPU, mostly idle. This executor stacks up to ``chunk_size``
 clients' parameters and trains them in one vectorised pass (see :mod:`fedsim.executor.vmap_train`),
-with the built-in local loop of :meth:`fedsim.client.Client.fit`: same batch order, epochs, batch
+with the built-in local loop of :meth:`fedsim.client.base.Client.fit`: same batch order, epochs, batch
 sizes and optimizer (SGD with or without momentum, or Adam) as the serial executor, so results match
 it up to float rounding (not bitwise: batched kernels sum in a different order). ``client=dpsgd``
 clients train with DP-SGD's loop instead (Poisson batches, clipped per-example gradients, each task's
@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from fedsim.client import Client
+from fedsim.client.base import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
 from fedsim.executor.eval_task import run_eval_task
@@ -35,12 +35,12 @@ from fedsim.executor.vmap_dpsgd import PRIVATE_LOOP
 from fedsim.executor.vmap_optim import VmapUnsupportedError
 from fedsim.executor.vmap_plan import ClientPlan, plan_task
 from fedsim.executor.vmap_train import EAGER_TAIL, ChunkModel, train_chunk
-from fedsim.params import ParamLayout, flatten
+from fedsim.core.params import ParamLayout, flatten
 from fedsim.privacy.local import DPSGDClient
-from fedsim.strategy.base import LocalTraining
-from fedsim.state_values import copy_state
-from fedsim.threads import torch_threads
-from fedsim.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
+from fedsim.client.local_training import LocalTraining
+from fedsim.core.state_values import copy_state
+from fedsim.core.threads import torch_threads
+from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
 

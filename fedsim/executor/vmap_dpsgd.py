@@ -31,10 +31,10 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
-from fedsim.client import Client
+from fedsim.client.base import Client
 from fedsim.privacy.local import DPSGDClient
-from fedsim.seeding import dpsgd_noise_seed
-from fedsim.strategy.base import LocalTraining
+from fedsim.core.seeding import dpsgd_noise_seed
+from fedsim.client.local_training import LocalTraining
 
 Tensors = dict[str, torch.Tensor]
 Clipped = tuple[Tensors, torch.Tensor]  # the sums of the clipped example gradients (n, *shape), the losses (n, width)

@@ -1,5 +1,5 @@
 """A task of ``executor=vmap``, unrolled before training (:class:`ClientPlan`): every local step's dataset rows, drawn
-from the task's generator exactly as :meth:`fedsim.client.Client.fit` (or DP-SGD's Poisson sampling) draws them, and
+from the task's generator exactly as :meth:`fedsim.client.base.Client.fit` (or DP-SGD's Poisson sampling) draws them, and
 the client's optimizer; :mod:`fedsim.executor.vmap_train` then trains a chunk of plans at once."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.client import Client
+from fedsim.client.base import Client
 from fedsim.executor import vmap_dpsgd, vmap_optim
 from fedsim.executor.vmap_optim import OptimizerSpec
-from fedsim.strategy.base import LocalTraining
-from fedsim.types import FitTask
+from fedsim.client.local_training import LocalTraining
+from fedsim.core.types import FitTask
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Training K clients in one vectorised pass: the local loop of :meth:`fedsim.client.Client.fit`, written with
+"""Training K clients in one vectorised pass: the local loop of :meth:`fedsim.client.base.Client.fit`, written with
 ``torch.func`` (``functional_call``, ``vmap``, ``grad_and_value``) over stacked per-client parameters.
 
 Each client keeps its own batch order (drawn from its task's generator exactly as ``Client.fit`` draws it),
@@ -20,15 +20,15 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedsim.client import Client
+from fedsim.client.base import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import vmap_dpsgd, vmap_optim
 from fedsim.executor.vmap_optim import OptimizerSpec, Tensors
 from fedsim.executor.vmap_plan import ClientPlan
-from fedsim.params import ParamLayout, load_flat
-from fedsim.state_values import copy_state
-from fedsim.strategy.base import LocalTraining, hook_before_step
-from fedsim.types import ClientUpdate
+from fedsim.core.params import ParamLayout, load_flat
+from fedsim.core.state_values import copy_state
+from fedsim.client.local_training import LocalTraining, hook_before_step
+from fedsim.core.types import ClientUpdate
 
 
 # When this few clients are left in a chunk, the rest of their steps run one client at a time with the

@@ -22,9 +22,9 @@ import torch
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import run_task
 from fedsim.executor.eval_task import run_eval_task
-from fedsim.params import fixed_state
+from fedsim.core.params import fixed_state
 from fedsim.executor.worker_log import log_result, redirect_output, tagged
-from fedsim.types import ClientUpdate, EvalTask
+from fedsim.core.types import ClientUpdate, EvalTask
 
 _PR_SET_PDEATHSIG = 1
 

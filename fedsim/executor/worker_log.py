@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from fedsim.types import ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
+from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 
 
 class _TaskTag(logging.Filter):

@@ -19,14 +19,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from fedsim.extras import require
+from fedsim.core.extras import require
 
 NEEDED_BY = "the privacy accountant (dp=central, dp=adaptive, client=dpsgd)"  # Google's dp-accounting
 
 
 def accounting_library() -> Any:
     """Google's ``dp_accounting``; DP's settings call it when they are built, so that without the library a run
-    stops in one line (:class:`~fedsim.extras.MissingExtraError`) before any file of the run is written."""
+    stops in one line (:class:`~fedsim.core.extras.MissingExtraError`) before any file of the run is written."""
     return require("dp_accounting", NEEDED_BY, "dp", package="dp-accounting")
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from fedsim.privacy.accountant import accounting_library
-from fedsim.seeding import dp_seed
+from fedsim.core.seeding import dp_seed
 
 
 class CentralDP:

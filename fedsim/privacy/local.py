@@ -26,14 +26,14 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedsim.client import Client
+from fedsim.client.base import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.privacy.accountant import accounting_library
-from fedsim.seeding import dpsgd_noise_seed
+from fedsim.core.seeding import dpsgd_noise_seed
 
 
 class DPSGDClient(Client):
-    """A :class:`~fedsim.client.Client` whose local steps are DP-SGD (see the module docstring); ``batch_size`` is
+    """A :class:`~fedsim.client.base.Client` whose local steps are DP-SGD (see the module docstring); ``batch_size`` is
     unused (the expected batch is ``sampling_rate`` × the client's examples); ``delta`` is the δ at which the server
     reports each client's ε (:class:`LocalLedger`)."""
 
@@ -60,7 +60,7 @@ class DPSGDClient(Client):
 
     def _train(self, model: nn.Module, data: TensorData, config: dict[str, Any], generator: torch.Generator,
                round_num: int, local: Any) -> Any:
-        """The local epochs, with the noise drawn from its own stream (:func:`fedsim.seeding.dpsgd_noise_seed` of
+        """The local epochs, with the noise drawn from its own stream (:func:`fedsim.core.seeding.dpsgd_noise_seed` of
         the task seed), the batches from the task's generator."""
         self._noise = torch.Generator().manual_seed(dpsgd_noise_seed(generator.initial_seed()))
         update = super()._train(model, data, config, generator, round_num, local)

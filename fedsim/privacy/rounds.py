@@ -18,7 +18,7 @@ from fedsim.privacy.accountant import PrivacyLedger
 from fedsim.privacy.central import CentralDP
 from fedsim.privacy.sampling import poisson_sample
 from fedsim.strategy.base import Strategy
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 MEAN_OF_UPDATES = ("FedAvg", "FedProx", "FedOpt")  # strategies whose server step is a function of the mean update
 

@@ -23,7 +23,7 @@ Mbit/s, downlinks of tens), σ = 1 in log space for each (so the middle 95 % of 
 online a quarter of the day on average. None is taken from the papers above; set them for the system you
 model, or use a trace.
 
-Every draw is a pure function of ``(seed, client)`` (one generator per client, as in :mod:`fedsim.stragglers`):
+Every draw is a pure function of ``(seed, client)`` (one generator per client, as in :mod:`fedsim.server.stragglers`):
 drawing for more clients never changes the first ones, and ``always_online`` changes no speed or bandwidth.
 """
 

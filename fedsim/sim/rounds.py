@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fedsim.client import Client
+from fedsim.client.base import Client
 from fedsim.comm.messages import message_nbytes
 from fedsim.sim.clock import RoundSchedule, SyncClock
 from fedsim.strategy.base import Strategy

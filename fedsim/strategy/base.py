@@ -11,138 +11,23 @@ One method is required, :meth:`Strategy.aggregate`. The other hooks have sensibl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedsim.context import RunContext
-from fedsim.types import ClientUpdate
+from fedsim.client.local_training import LocalTraining, gradients, hook_before_step, personalises
+from fedsim.strategy.context import RunContext
+from fedsim.core.types import ClientUpdate
 
-if TYPE_CHECKING:
-    from fedsim.task_trainer import TaskTrainer
-
-
-class LocalTraining:
-    """The client half of an algorithm that changes local training (e.g. FedProx's proximal term).
-
-    One instance is sent to every worker once per run (it must pickle) and is used there by
-    :meth:`fedsim.client.Client.fit`: :meth:`begin` when a task starts (the model then holds the
-    global weights), then for every batch either :meth:`loss_term` (added to the loss; autograd
-    differentiates it) or :meth:`before_step` (adds a known gradient directly; cheaper). Per-round
-    values (such as μ) come from the task's ``config``.
-    """
-
-    def begin(self, model: nn.Module, config: dict[str, Any]) -> None:
-        """Called once per task, before the first step."""
-
-    def begin_task(self, model: nn.Module, config: dict[str, Any], state: dict[str, Any]) -> None:
-        """Called once per task, before the first step, with the client's state (see :mod:`fedsim.state`): a
-        private copy that this client half may read (and change: what it holds at the end of the task becomes
-        the client's new state if the server accepts the update). The default calls :meth:`begin`; override
-        this instead when the client half reads per-client values kept across rounds. Under ``executor=vmap``
-        :meth:`functional_term` with :meth:`vectorised_inputs` stands in for it."""
-        self.begin(model, config)
-
-    def end_task(self, model: nn.Module, config: dict[str, Any], state: dict[str, Any]) -> None:
-        """Called once per task after the last step (``model`` holds the trained weights): write what the
-        client keeps into ``state`` (e.g. FedPer's personal layers). ``executor=vmap`` has no model per
-        client and refuses a client half that overrides this; prefer :meth:`update_state` where you can."""
-
-    def before_training(self, trainer: "TaskTrainer", state: dict[str, Any]) -> None:
-        """Called once per task after :meth:`begin_task`, before the local epochs, with a
-        :class:`~fedsim.task_trainer.TaskTrainer`: what this client half needs to train or measure beyond the
-        standard local epochs (FedRep's head epochs, q-FFL's loss of the global model). Scalars it puts in
-        ``trainer.metrics`` go into the update's metrics. ``executor=vmap`` refuses a client half that
-        overrides it."""
-
-    def after_training(self, trainer: "TaskTrainer", state: dict[str, Any]) -> None:
-        """Called once per task after the local epochs, once the update's weights are taken and before
-        :meth:`end_task`: the model may be retrained freely here (Ditto's personal model). As
-        :meth:`before_training`, refused by ``executor=vmap``."""
-
-    def personalise(self, model: nn.Module, state: dict[str, Any]) -> bool:
-        """For evaluation: put this client's personal parts, as ``state`` holds them, into ``model`` (which
-        holds the global weights), and return True; return False when the client has none (it never trained:
-        its personal model is the global one). Called by every executor for every client that is
-        evaluated; overriding it is what makes an algorithm report ``eval_personal/`` metrics next to
-        ``eval_global/`` (see docs/personalisation.md). The default has nothing personal."""
-        return False
-
-    def update_state(
-        self, state: dict[str, Any], config: dict[str, Any], global_params: torch.Tensor, update: ClientUpdate
-    ) -> None:
-        """After the task, on every executor (vmap included): change ``state`` from the task's ``config``, the
-        global weights it started from and the ``update`` it produced (trained weights, ``local_steps``,
-        ``lr``), e.g. SCAFFOLD's control variate. A pure function of those; the default does nothing."""
-
-    def vectorised_inputs(self, config: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
-        """What :meth:`functional_term` receives as ``numbers`` under ``executor=vmap`` (numeric entries, and
-        numpy arrays as long as the flat weights), from the task's config and the client's state. The
-        default is the config itself; override it when the term depends on the client's state."""
-        return config
-
-    def loss_term(self, model: nn.Module) -> torch.Tensor | None:
-        """An extra term for the batch loss, or ``None``. Its value is part of the reported training loss."""
-        return None
-
-    def before_step(self, model: nn.Module) -> None:
-        """Called before every optimizer step, once the batch's gradients are in ``p.grad``: add a term's
-        closed-form gradient to them in place (use :func:`gradients` to get them).
-
-        For a term whose gradient is known this is much cheaper than :meth:`loss_term`, whose autograd
-        graph is built and walked on every step (FedProx's proximal term on the MNIST 2NN: a step costs
-        1.42× FedAvg's this way, 2.10× as a loss term; see docs/performance.md). The term's value is then
-        not part of the reported training loss. It runs inside ``optimizer.step()`` (a step pre-hook), so
-        an overridden :meth:`~fedsim.client.Client.train_step` gets it too; gradients an optimizer
-        computes inside its own ``closure`` (L-BFGS) do not.
-        """
-
-    def functional_term(
-        self, params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor], numbers: dict[str, Any]
-    ) -> torch.Tensor | None:
-        """The term as a pure function, for ``executor=vmap`` (which calls it per client under
-        ``torch.func.vmap`` instead of :meth:`begin`, :meth:`loss_term` and :meth:`before_step`): a term
-        whose gradient is what :meth:`before_step` adds, or the value of :meth:`loss_term`. vmap reports
-        its value in the training loss only when the class overrides :meth:`loss_term`, as ``Client.fit`` does.
-
-        ``params``: the client's trained parameters by name; ``anchor``: the global weights the task
-        started from; ``numbers``: the numeric entries of the task's config as 0-d tensors (e.g. μ), and
-        its numpy-array entries as long as the flat weights (e.g. SCAFFOLD's correction) split into
-        ``{parameter name: tensor shaped like the parameter}``; an array empty for every client is left out.
-        The default says that this client half has no vectorised form, and ``executor=vmap`` refuses it
-        at start-up; a client half that adds no term (the base class) needs none.
-        """
-        raise NotImplementedError(f"{type(self).__name__} has no functional_term(); executor=vmap cannot run it")
-
-
-def personalises(local: LocalTraining | None) -> bool:
-    """Whether ``local`` overrides :meth:`LocalTraining.personalise` (the algorithm has personal models)."""
-    return local is not None and type(local).personalise is not LocalTraining.personalise
-
-
-def gradients(model: nn.Module) -> tuple[list[nn.Parameter], list[torch.Tensor]]:
-    """The model's trained parameters and their ``.grad`` tensors, in the same order, for
-    :meth:`LocalTraining.before_step`; a parameter that got no gradient this step gets a zero one."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    return params, [p.grad for p in params]  # type: ignore[misc]
-
-
-def hook_before_step(local: LocalTraining | None, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Make ``optimizer.step()`` call ``local.before_step(model)`` first, if ``local`` overrides it."""
-    if local is not None and type(local).before_step is not LocalTraining.before_step:
-        optimizer.register_step_pre_hook(lambda _optimizer, _args, _kwargs: local.before_step(model))
 
 
 class Strategy:
     """Base class for aggregation strategies. Subclass it and implement :meth:`aggregate`.
 
     ``keeps_stragglers``: whether updates of simulated stragglers (clients told to do fewer local
-    epochs, see :mod:`fedsim.stragglers`) reach :meth:`aggregate`; the server drops them otherwise.
+    epochs, see :mod:`fedsim.server.stragglers`) reach :meth:`aggregate`; the server drops them otherwise.
     """
 
     keeps_stragglers: bool = True
@@ -200,3 +85,6 @@ class Strategy:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+__all__ = ["LocalTraining", "Strategy", "gradients", "hook_before_step", "personalises"]  # the client half: fedsim.client.local_training

@@ -15,7 +15,7 @@ own buffer's mean, so fewer than B/2 corrupted buffers (median), or at most ⌊�
 coordinate outside the range of the honest buffers' means. The paper's workers send gradients without a staleness
 weight, hence ``staleness_exponent=0`` by default; FedBuff's s(τ) = (1 + τ)^-exponent is available.
 
-The event loop (:mod:`fedsim.sim.buffered`) is FedBuff's: a server step waits until :meth:`BASGD.buffer_full`.
+The event loop (:mod:`fedsim.server.buffered`) is FedBuff's: a server step waits until :meth:`BASGD.buffer_full`.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import torch
 
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.functional import coordinate_median, pairwise_squared_distances
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 _COLUMNS_PER_CHUNK = 1 << 16  # coordinates sorted at once in the aggregation step (bounds its memory)
 

@@ -22,7 +22,7 @@ import torch
 
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.norm_bounding import clip_factor, in_client_order, positive_number
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 class CenteredClipping(Strategy):

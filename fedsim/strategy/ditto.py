@@ -28,11 +28,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.params import flatten, load_flat
+from fedsim.core.params import flatten, load_flat
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.strategy.functional import weighted_average
-from fedsim.task_trainer import TaskTrainer
-from fedsim.types import ClientUpdate
+from fedsim.client.task_trainer import TaskTrainer
+from fedsim.core.types import ClientUpdate
 
 STATE_KEY = "ditto_personal"  # v_k, flat, in the client's state
 

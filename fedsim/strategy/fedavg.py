@@ -13,7 +13,7 @@ import torch
 
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.functional import weighted_average
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 class FedAvg(Strategy):

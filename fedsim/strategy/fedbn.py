@@ -19,7 +19,7 @@ local is refused before any work.
 
 Non-float buffers (BatchNorm's ``num_batches_tracked``) are not in the flat vector nor in the client state:
 every executor puts back, before each task, the value they had when the model was built (see
-:mod:`fedsim.params`). BatchNorm with a ``momentum`` (the default, 0.1) does not read that counter, so a
+:mod:`fedsim.core.params`). BatchNorm with a ``momentum`` (the default, 0.1) does not read that counter, so a
 client's running statistics carry over from task to task as they would in one long training. With
 ``momentum=None`` (a cumulative average weighted by the counter) the counter restarts at every task and
 the first batch of each task replaces the client's kept statistics instead of joining their average.
@@ -38,11 +38,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.context import RunContext
-from fedsim.params import ParamLayout
+from fedsim.strategy.context import RunContext
+from fedsim.core.params import ParamLayout
 from fedsim.strategy.base import LocalTraining, Strategy
 from fedsim.strategy.functional import weighted_average
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 STATE_KEY = "fedbn_norm_layers"
 _RUNNING_STATS = ("running_mean", "running_var")

@@ -12,7 +12,7 @@ and a new client starts whenever one finishes, so ``concurrency`` keep training.
 asynchronous FedAvg, one server step per client update (the paper's FedAsync-style baseline, without mixing).
 
 The event loop (who trains when, in what order the updates arrive) runs on fedsim's simulated clock
-(:mod:`fedsim.sim.buffered`), so it is deterministic. One server step is one "round" of fedsim's metrics and
+(:mod:`fedsim.server.buffered`), so it is deterministic. One server step is one "round" of fedsim's metrics and
 checkpoints. ``staleness_exponent`` generalises the paper's 1/2 (0: no staleness weighting).
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from fedsim.strategy.base import Strategy
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 class FedBuff(Strategy):
@@ -63,4 +63,4 @@ class FedBuff(Strategy):
         return (global_params.double() + self.server_lr * total / len(deltas)).to(global_params.dtype)
 
     def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
-        raise RuntimeError("FedBuff aggregates asynchronously (fedsim.sim.buffered); the synchronous round does not call it")
+        raise RuntimeError("FedBuff aggregates asynchronously (fedsim.server.buffered); the synchronous round does not call it")

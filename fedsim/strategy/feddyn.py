@@ -10,7 +10,7 @@ ICLR 2021. Algorithm 1, with m clients in the federation and P_t those that repo
 
 As in the paper, the server averages the participating clients uniformly, not by example counts n_k. Both
 halves live here. g_k is the client's state (``state["feddyn_linear"]``, a flat tensor; see
-:mod:`fedsim.state`), changed by :meth:`DynamicRegulariser.update_state` from the weights the task returned,
+:mod:`fedsim.client.state`), changed by :meth:`DynamicRegulariser.update_state` from the weights the task returned,
 so it works under every executor. The minimisation is the client's local epochs: the term's gradient
 −g_k + α (θ − θ^{t−1}) is added to every step's gradients (under ``executor=vmap``: the term itself); the
 state update is the first-order condition of an exact minimiser, so with a few SGD epochs, momentum or an
@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.context import RunContext
+from fedsim.strategy.context import RunContext
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 STATE_KEY = "feddyn_linear"  # g_k, in the client's state
 ALPHA_KEY = "feddyn_alpha"  # α, in the task's config

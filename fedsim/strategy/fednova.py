@@ -14,7 +14,7 @@ than τ_eff counts for less, a straggler with fewer for more. With equal τ_k (a
 and this is exactly FedAvg's Σ_k p_k w_k (up to float32 rounding of a float64 sum).
 
 Only the server half exists: it reads τ_k from ``update.metrics["local_steps"]``, which
-:meth:`fedsim.client.Client.fit` reports. This class implements the paper's a_k for vanilla SGD only. With
+:meth:`fedsim.client.base.Client.fit` reports. This class implements the paper's a_k for vanilla SGD only. With
 momentum ρ the paper's ‖a_k‖₁ is [τ_k − ρ(1 − ρ^τ_k)/(1 − ρ)] / (1 − ρ), with a proximal term μ (FedProx)
 [1 − (1 − ημ)^τ_k] / (ημ); here τ_k is used whatever the client optimiser, so with momentum, a proximal term
 or an adaptive optimiser the normalisation is only an approximation.
@@ -28,11 +28,11 @@ from collections.abc import Sequence
 import torch
 
 from fedsim.strategy.base import Strategy
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 def local_steps(update: ClientUpdate) -> float:
-    """τ_k of one client, from the metric that :meth:`fedsim.client.Client.fit` reports; > 0 unless the
+    """τ_k of one client, from the metric that :meth:`fedsim.client.base.Client.fit` reports; > 0 unless the
     client holds no examples (weight 0: it is not read)."""
     try:
         steps = float(update.metrics["local_steps"])

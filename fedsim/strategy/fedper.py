@@ -14,7 +14,7 @@ last layer personal (the entries that share the last entry's module prefix), as 
 do with the classifier. The strategy finds the entries in the parameter layout it is told about at
 :meth:`setup`, so it works from the command line with ``strategy._target_=`` alone.
 The centralized ``eval/`` metrics evaluate the global model, whose personal layers are the initial ones:
-judge FedPer by its clients' personal models, ``eval_personal/...`` (see :mod:`fedsim.client_eval`).
+judge FedPer by its clients' personal models, ``eval_personal/...`` (see :mod:`fedsim.client.evaluation`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.context import RunContext
+from fedsim.strategy.context import RunContext
 from fedsim.strategy.base import LocalTraining, Strategy
 from fedsim.strategy.functional import weighted_average
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 STATE_KEY = "fedper_personal_layers"
 

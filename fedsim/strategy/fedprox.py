@@ -15,7 +15,7 @@ from torch import nn
 
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.strategy.functional import weighted_average
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 class ProximalTerm(LocalTraining):

@@ -26,11 +26,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.context import RunContext
+from fedsim.strategy.context import RunContext
 from fedsim.strategy.base import LocalTraining, Strategy
 from fedsim.strategy.fedper import FedPer, PersonalLayers
-from fedsim.task_trainer import TaskTrainer
-from fedsim.types import ClientUpdate
+from fedsim.client.task_trainer import TaskTrainer
+from fedsim.core.types import ClientUpdate
 
 
 class HeadThenBody(LocalTraining):

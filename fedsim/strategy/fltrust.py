@@ -2,7 +2,7 @@
 
 Cao, Fang, Liu, Gong. "FLTrust: Byzantine-robust Federated Learning via Trust Bootstrapping." NDSS 2021.
 
-Every round the server trains the global model w on its root dataset itself (:mod:`fedsim.root_data`), which gives
+Every round the server trains the global model w on its root dataset itself (:mod:`fedsim.strategy.root_data`), which gives
 the root update Δ₀. With Δᵢ = wᵢ − w client i's change::
 
     TSᵢ = ReLU(cos(Δᵢ, Δ₀))                     trust score: 0 for a change pointing away from Δ₀
@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedsim.context import RunContext, root_size_setting
+from fedsim.strategy.context import RunContext, root_size_setting
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.norm_bounding import in_client_order, positive_number
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 if TYPE_CHECKING:
-    from fedsim.root_data import RootTrainer
+    from fedsim.strategy.root_data import RootTrainer
 
 
 def trust_scores(deltas: Sequence[torch.Tensor], root: torch.Tensor) -> list[float]:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from fedsim.strategy.base import Strategy
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 def clip_factor(norm: float, bound: float) -> float:

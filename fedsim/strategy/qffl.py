@@ -20,7 +20,7 @@ rate); with per-client learning rates each client model is weighted by its own L
 Choices made here:
 
 * ``lipschitz=None`` takes L_k = 1 / ``update.metrics["lr"]`` per client (the learning rate that
-  :meth:`fedsim.client.Client.fit` reports), as the paper's code does; a number uses that L for every client.
+  :meth:`fedsim.client.base.Client.fit` reports), as the paper's code does; a number uses that L for every client.
 * A zero loss with 0 < q < 1 would make F^{q−1} infinite. The term q F_k^{q−1} ‖Δw_k‖² is then taken as 0: it
   estimates q F^{q−1} ‖∇F‖², and for a non-negative L-smooth loss ‖∇F‖² ≤ 2 L F, so the term is at most
   2 q L F^q, which goes to 0 with F (and Δ_k = 0^q Δw_k = 0 as well: such a client has nothing to correct).
@@ -44,12 +44,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fedsim.context import RunContext
+from fedsim.strategy.context import RunContext
 from fedsim.strategy.base import LocalTraining, Strategy
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 if TYPE_CHECKING:
-    from fedsim.task_trainer import TaskTrainer
+    from fedsim.client.task_trainer import TaskTrainer
 
 START_LOSS = "qffl_start_loss"
 """The update metric holding F_k(w^t): the global model's mean loss on the client's training data."""

@@ -17,7 +17,7 @@ import torch
 
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.functional import coordinate_median, krum_select, trim_count, trimmed_mean, weighted_average
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 def _stack(updates: Sequence[ClientUpdate]) -> torch.Tensor:

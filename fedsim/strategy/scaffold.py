@@ -8,7 +8,7 @@ Federated Learning." ICML 2020. Algorithm 1 with option II for the client contro
     server:    x ← x + η_g · mean_i (y_i − x);   c ← c + (|S| / N) · mean_i (c_i⁺ − c_i)
 
 Both halves live here. The client's c_i is its client state (``state["scaffold_control"]``, a flat tensor;
-see :mod:`fedsim.state`): the server ships it with the task, and c_i⁺ comes back with the update and is
+see :mod:`fedsim.client.state`): the server ships it with the task, and c_i⁺ comes back with the update and is
 committed only if the update is accepted. c travels in the task's config. The correction c − c_i is added to
 every step's gradients before the optimizer step (under ``executor=vmap``: as the linear term ⟨c − c_i, y⟩,
 whose gradient it is). Since c_i⁺ − c_i = (x − y_i) / (K η_l) − c, the server updates c from the returned
@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.context import RunContext
+from fedsim.strategy.context import RunContext
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 STATE_KEY = "scaffold_control"  # c_i, in the client's state
 CONFIG_KEY = "scaffold_control"  # c, in the task's config (an empty array while c = 0)
@@ -106,7 +106,7 @@ class ControlCorrection(LocalTraining):
 
 
 def steps_times_lr(update: ClientUpdate) -> float:
-    """K · η_l of one client, from the metrics that :meth:`fedsim.client.Client.fit` reports."""
+    """K · η_l of one client, from the metrics that :meth:`fedsim.client.base.Client.fit` reports."""
     try:
         value = float(update.metrics["local_steps"]) * float(update.metrics["lr"])
     except KeyError as missing:

@@ -20,7 +20,7 @@ import torch
 
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.functional import weighted_average
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 OPTIMIZERS = ("sgdm", "adam", "yogi", "adagrad")
 

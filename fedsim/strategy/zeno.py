@@ -6,7 +6,7 @@ With w the global weights and Δᵢ = wᵢ − w client i's change, Zeno's stoch
 
     scoreᵢ = f_r(w) − f_r(w + Δᵢ) − ρ·‖Δᵢ‖²
 
-where f_r is the loss on the server's data (fedsim's root dataset, :mod:`fedsim.root_data`). The n − b updates with
+where f_r is the loss on the server's data (fedsim's root dataset, :mod:`fedsim.strategy.root_data`). The n − b updates with
 the highest scores are kept and their changes averaged, unweighted as in the paper: w ← w + mean(kept Δᵢ).
 
 The paper's workers send gradients u and the score uses w − γ·u; a client's change Δᵢ plays the part of −γ·u here,
@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedsim.context import RunContext, root_size_setting
+from fedsim.strategy.context import RunContext, root_size_setting
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.norm_bounding import in_client_order
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 if TYPE_CHECKING:
-    from fedsim.root_data import RootTrainer
+    from fedsim.strategy.root_data import RootTrainer
 
 
 def zeno_keep(scores: Sequence[float], b: int) -> list[int]:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.run import build_server, compose, run_config
-from fedsim.types import ClientUpdate
+from fedsim.cli.run import build_server, compose, run_config
+from fedsim.core.types import ClientUpdate
 
 SHORT = ["num_rounds=4", "logger=quiet", "clients_per_round=8", "eval_every=2", "model=mlp"]
 ALIE = [*SHORT, "attack=alie", "attack.fraction=0.3", "strategy=krum", "strategy.f=2", "strategy.m=2"]

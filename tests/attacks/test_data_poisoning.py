@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from fedsim.attacks import Backdoor, LabelFlip
-from fedsim.client import Client
+from fedsim.client.base import Client
 from fedsim.data.tensor_data import TensorData
-from fedsim.run import build_server, compose
+from fedsim.cli.run import build_server, compose
 
 
 def _gen() -> torch.Generator:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from fedsim.comm import QSGD, BFloat16, Chain, Compression, Float16, RandomMask, TopK
-from fedsim.comm.exchange import RESIDUAL, Exchange
-from fedsim.types import ClientUpdate
+from fedsim.server.exchange import RESIDUAL, Exchange
+from fedsim.core.types import ClientUpdate
 
 
 def _gen(seed: int = 0) -> torch.Generator:

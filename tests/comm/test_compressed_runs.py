@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.comm.exchange import RESIDUAL
-from fedsim.config import ConfigError
+from fedsim.server.exchange import RESIDUAL
+from fedsim.cli.config import ConfigError
 from fedsim.executor.serial import SerialExecutor
-from fedsim.run import build_server, compose
+from fedsim.cli.run import build_server, compose
 
 SHORT = ["num_rounds=4", "logger=quiet", "clients_per_round=5", "eval_every=2", "model=mlp"]
 # everything at once: top-k (10 %) then 4-bit QSGD on the uplink with error feedback, float16 on the downlink

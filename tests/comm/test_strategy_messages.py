@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedsim.comm.messages import message_nbytes
-from fedsim.run import build_server, compose
+from fedsim.cli.run import build_server, compose
 
 SHORT = ["num_rounds=3", "logger=quiet", "clients_per_round=5", "eval_every=3", "model=mlp"]
 

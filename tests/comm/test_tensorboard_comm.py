@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fedsim.run import compose, run_config
+from fedsim.cli.run import compose, run_config
 
 RUN = ["num_rounds=4", "clients_per_round=5", "logger.progress=false", "compression=qsgd", "eval_every=2"]
 

@@ -12,13 +12,13 @@ import torch
 from torch import nn
 
 from fedsim.data.arrays import npz
-from fedsim.data.federated import federate, make_clients
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import auto, iid, natural
 from fedsim.data.tensor_data import DataSplit
 from fedsim.executor import SerialExecutor
 from fedsim.models import LogisticRegression
-from fedsim.run import build_server, compose
-from fedsim.server import Server
+from fedsim.cli.run import build_server, compose
+from fedsim.server.server import Server
 from fedsim.strategy import FedAvg
 
 
@@ -160,7 +160,7 @@ def _server_with(model_factory, split: DataSplit) -> Server:
 
 
 def _client(**kwargs):
-    from fedsim.client import Client
+    from fedsim.client.base import Client
 
     return Client(**kwargs)
 

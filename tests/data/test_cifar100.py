@@ -20,7 +20,7 @@ from fedsim.data.cifar100 import CIFAR100_COARSE_OF, CIFAR100_MEAN, CIFAR100_STD
 from fedsim.data.pachinko import pachinko  # noqa: E402
 from fedsim.data.tensor_data import DataSplit  # noqa: E402
 from fedsim.data.vision import DatasetNotFoundError  # noqa: E402
-from fedsim.run import compose  # noqa: E402
+from fedsim.cli.run import compose  # noqa: E402
 
 
 def _pickle(root: Path, name: str) -> dict:

@@ -188,7 +188,7 @@ WRITERS = {"femnist_hf": hf_files.write_femnist_hf, "shakespeare_hf": hf_files.w
 def test_writers_give_exactly_the_asked_rows_through_the_option(datasets: Any, tmp_path: Path, option: str) -> None:
     from hydra.utils import instantiate
 
-    from fedsim.run import compose
+    from fedsim.cli.run import compose
 
     overrides = WRITERS[option](tmp_path, 12, 6)
     split = instantiate(compose([f"data={option}", *overrides]).data)
@@ -286,7 +286,7 @@ def test_unsupported_label_type_is_named(datasets: Any, tmp_path: Path) -> None:
 
 
 def test_femnist_copy_trains_one_round_with_its_writers_as_clients(femnist_copy: tuple[Path, Any]) -> None:
-    from fedsim.run import build_server, compose
+    from fedsim.cli.run import build_server, compose
 
     cfg = compose(["data=femnist_hf", f"data.path={femnist_copy[0]}", "partition=natural", "model=logreg",
                    "num_rounds=1", "clients_per_round=4", "logger=quiet", "evaluate_clients=all"])

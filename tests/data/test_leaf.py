@@ -21,12 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/data holds lea
 import leaf_files  # noqa: E402
 
 from fedsim.data import leaf  # noqa: E402
-from fedsim.data.federated import federate  # noqa: E402
+from fedsim.client.federation import federate  # noqa: E402
 from fedsim.data.partition import iid, natural  # noqa: E402
 from fedsim.data.tensor_data import DataSplit  # noqa: E402
 from fedsim.data.text import character_ids, encode_words, most_frequent_words  # noqa: E402
 from fedsim.data.vision import DatasetNotFoundError  # noqa: E402
-from fedsim.run import build_server, compose  # noqa: E402
+from fedsim.cli.run import build_server, compose  # noqa: E402
 
 NAMES = ("femnist", "shakespeare", "sent140", "celeba")
 SHAPES = {"femnist": ((1, 28, 28), torch.float32, 62), "shakespeare": ((80,), torch.int64, 81),

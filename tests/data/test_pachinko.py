@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedsim.data.pachinko import CIFAR100_COARSE_OF, _draw, _Labels, pachinko
-from fedsim.run import compose
+from fedsim.cli.run import compose
 
 K, F = 20, 5  # CIFAR-100: 20 coarse classes of 5 fine labels
 

@@ -16,13 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/data holds tff
 
 import tff_files  # noqa: E402
 
-from fedsim.client import Client  # noqa: E402
-from fedsim.data.federated import federate, make_clients  # noqa: E402
+from fedsim.client.base import Client  # noqa: E402
+from fedsim.client.federation import federate, make_clients  # noqa: E402
 from fedsim.data.partition import iid, natural  # noqa: E402
 from fedsim.data.tensor_data import DataSplit  # noqa: E402
 from fedsim.data.tff import femnist_tff  # noqa: E402
 from fedsim.data.vision import DatasetNotFoundError  # noqa: E402
-from fedsim.run import compose  # noqa: E402
+from fedsim.cli.run import compose  # noqa: E402
 
 URL = "https://storage.googleapis.com/tff-datasets-public/fed_emnist.tar.bz2"
 DIGITS_URL = "https://storage.googleapis.com/tff-datasets-public/fed_emnist_digitsonly.tar.bz2"

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedsim.client import Client
+from fedsim.client.base import Client
 
 if TYPE_CHECKING:
     import torch

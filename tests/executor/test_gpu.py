@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from fedsim.client import Client
-from fedsim.data.federated import federate, make_clients
+from fedsim.client.base import Client
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import Executor, ProcessExecutor, SerialExecutor, VmapExecutor
 from fedsim.models import MLP2NN, LogisticRegression
-from fedsim.server import RunResult, Server
+from fedsim.server.server import RunResult, Server
 from fedsim.strategy import FedAvg, FedProx, Scaffold, Strategy
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

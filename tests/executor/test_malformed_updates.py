@@ -12,13 +12,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import fault_clients  # noqa: E402
 
-from fedsim.data.federated import federate, make_clients  # noqa: E402
+from fedsim.client.federation import federate, make_clients  # noqa: E402
 from fedsim.data.partition import natural  # noqa: E402
 from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.executor import ProcessExecutor, RayExecutor, SerialExecutor  # noqa: E402
-from fedsim.logging import RunLogger  # noqa: E402
+from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.models import LogisticRegression  # noqa: E402
-from fedsim.server import Server  # noqa: E402
+from fedsim.server.server import Server  # noqa: E402
 
 VICTIM = 3
 

@@ -17,18 +17,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.client import Client
-from fedsim.data.federated import federate, make_clients
+from fedsim.client.base import Client
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.executor.base import Workload
-from fedsim.logging import RunLogger
+from fedsim.observe.run_logger import RunLogger
 from fedsim.models import MLP2NN
-from fedsim.params import flatten
-from fedsim.server import RoundFailedError, RunResult, Server
+from fedsim.core.params import flatten
+from fedsim.server.server import RoundFailedError, RunResult, Server
 from fedsim.strategy import FedAvg
-from fedsim.types import ClientFailure, ClientUpdate, FitTask
+from fedsim.core.types import ClientFailure, ClientUpdate, FitTask
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fault_clients  # noqa: E402  (workers import it by the same name: spawn copies sys.path)
@@ -337,7 +337,7 @@ def _wait_for(condition, timeout: float = 90.0) -> None:  # type: ignore[no-unty
 
 
 def _first_sampled_client() -> int:
-    from fedsim.seeding import sampling_rng
+    from fedsim.core.seeding import sampling_rng
 
     return FedAvg().sample(1, _data().num_clients, PER_ROUND, sampling_rng(7, 1))[0]
 

@@ -19,14 +19,14 @@ ray = pytest.importorskip("ray")
 
 from ray import cloudpickle  # noqa: E402
 
-from fedsim.client import Client  # noqa: E402
-from fedsim.data.federated import make_clients  # noqa: E402
+from fedsim.client.base import Client  # noqa: E402
+from fedsim.client.federation import make_clients  # noqa: E402
 from fedsim.executor import RayExecutor, SerialExecutor  # noqa: E402
 from fedsim.executor.base import Workload  # noqa: E402
 from fedsim.executor.ray_executor import MISSING_RAY  # noqa: E402
 from fedsim.models import MLP2NN  # noqa: E402
-from fedsim.server import RoundFailedError  # noqa: E402
-from fedsim.types import ClientFailure, ClientUpdate, FitTask  # noqa: E402
+from fedsim.server.server import RoundFailedError  # noqa: E402
+from fedsim.core.types import ClientFailure, ClientUpdate, FitTask  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fault_clients  # noqa: E402
@@ -65,7 +65,7 @@ def test_simulated_clock_gives_serial_metrics_and_times() -> None:
     """A run with availability, over-selection and a deadline that drops and cuts clients (tests/sim/test_clock.py)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
     import test_clock as clocked
-    from fedsim.run import build_server, compose
+    from fedsim.cli.run import build_server, compose
 
     reference = build_server(compose(clocked.CLOCKED)).run()
     result = build_server(compose([*clocked.CLOCKED, "executor=ray", "executor.workers=2"])).run()
@@ -84,7 +84,7 @@ def test_fedbuff_gives_serial_metrics_and_times(module: str, settings: str) -> N
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
     buffered = importlib.import_module(module)
-    from fedsim.run import build_server, compose
+    from fedsim.cli.run import build_server, compose
 
     overrides = getattr(buffered, settings)
     reference = build_server(compose(overrides)).run()
@@ -98,7 +98,7 @@ def test_compression_gives_serial_weights_and_metrics() -> None:
     bytes and residuals on Ray actors."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
     import test_compressed_runs as compressed
-    from fedsim.run import build_server, compose
+    from fedsim.cli.run import build_server, compose
 
     reference = build_server(compose(compressed.STACKED)).run()
     result = build_server(compose([*compressed.STACKED, "executor=ray", "executor.workers=2"])).run()
@@ -111,7 +111,7 @@ def test_central_dp_gives_serial_weights_metrics_and_epsilon() -> None:
     pytest.importorskip("dp_accounting")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "privacy"))
     import test_private_runs as private
-    from fedsim.run import build_server, compose
+    from fedsim.cli.run import build_server, compose
 
     reference = build_server(compose(private.ADAPTIVE)).run()
     result = build_server(compose([*private.ADAPTIVE, "executor=ray", "executor.workers=2"])).run()
@@ -124,7 +124,7 @@ def test_local_dp_sgd_gives_serial_weights() -> None:
     pytest.importorskip("dp_accounting")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "privacy"))
     import test_local_dp as local
-    from fedsim.run import build_server, compose
+    from fedsim.cli.run import build_server, compose
 
     reference = build_server(compose(local.SHORT)).run()
     result = build_server(compose([*local.SHORT, "executor=ray", "executor.workers=2"])).run()
@@ -137,7 +137,7 @@ def test_attacks_give_serial_weights(attack: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "attacks"))
     import test_attacked_runs as attacked
     import test_data_poisoning as poisoned
-    from fedsim.run import build_server, compose
+    from fedsim.cli.run import build_server, compose
 
     settings = attacked.ALIE if attack == "alie" else poisoned.BACKDOOR
     reference = build_server(compose(settings)).run()
@@ -154,7 +154,7 @@ def test_new_robust_rules_give_serial_weights(rule: str) -> None:
     import test_bulyan
     import test_fltrust
     import test_zeno
-    from fedsim.run import build_server, compose
+    from fedsim.cli.run import build_server, compose
 
     settings = {"fltrust": test_fltrust.ATTACKED, "bulyan": test_bulyan.ATTACKED, "zeno": test_zeno.ATTACKED}[rule]
     reference = build_server(compose(settings)).run()
@@ -249,14 +249,14 @@ def test_actor_logs_are_tagged_and_prints_stay_out_of_ray_output(tmp_path: Path)
 OOM = """
 import functools, logging, os, sys, time
 import torch
-from fedsim.client import Client
-from fedsim.data.federated import federate, make_clients
+from fedsim.client.base import Client
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import RayExecutor, SerialExecutor
 from fedsim.executor.base import Workload
 from fedsim.models import LogisticRegression
-from fedsim.types import ClientUpdate, FitTask
+from fedsim.core.types import ClientUpdate, FitTask
 
 GIB = 2**30
 
@@ -339,13 +339,13 @@ import functools, os, sys, time
 from pathlib import Path
 import ray, torch
 from fedsim.data.synthetic import synthetic
-from fedsim.data.federated import federate, make_clients
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
-from fedsim.client import Client
+from fedsim.client.base import Client
 from fedsim.executor import RayExecutor
 from fedsim.executor.base import Workload
 from fedsim.models import LogisticRegression
-from fedsim.types import ClientUpdate, FitTask
+from fedsim.core.types import ClientUpdate, FitTask
 
 def descendants(root):
     parents = {}
@@ -406,9 +406,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the model class a
 
 
 def _algorithm_run(strategy, executor):  # type: ignore[no-untyped-def]
-    from fedsim.client_eval import ClientEvaluation
-    from fedsim.logging import RunLogger
-    from fedsim.server import Server
+    from fedsim.client.evaluation import ClientEvaluation
+    from fedsim.observe.run_logger import RunLogger
+    from fedsim.server.server import Server
 
     data = _data()
     # one batch per epoch (every client has fewer than 64 training examples): BatchNorm never sees a batch of one

@@ -16,13 +16,13 @@ ray = pytest.importorskip("ray")
 
 from ray import cloudpickle  # noqa: E402
 
-from fedsim.client import Client  # noqa: E402
-from fedsim.data.federated import make_clients  # noqa: E402
-from fedsim.errors import WorkerStartupError  # noqa: E402
+from fedsim.client.base import Client  # noqa: E402
+from fedsim.client.federation import make_clients  # noqa: E402
+from fedsim.core.errors import WorkerStartupError  # noqa: E402
 from fedsim.executor import RayExecutor, SerialExecutor  # noqa: E402
 from fedsim.executor.base import MAX_FAILED_STARTS, Workload  # noqa: E402
 from fedsim.models import MLP2NN  # noqa: E402
-from fedsim.types import FitTask  # noqa: E402
+from fedsim.core.types import FitTask  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fault_clients  # noqa: E402

@@ -19,17 +19,17 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.client import Client
-from fedsim.data.federated import FederatedData, federate, make_clients
+from fedsim.client.base import Client
+from fedsim.client.federation import FederatedData, federate, make_clients
 from fedsim.data.leaf import shakespeare
 from fedsim.data.partition import natural
 from fedsim.data.text import NUM_CHARACTER_IDS
 from fedsim.data.tensor_data import DataSplit
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
-from fedsim.logging import RunLogger
+from fedsim.observe.run_logger import RunLogger
 from fedsim.models.text import BagOfWords, CharLSTM, SentimentLSTM
-from fedsim.params import flatten
-from fedsim.server import RunResult, Server
+from fedsim.core.params import flatten
+from fedsim.server.server import RunResult, Server
 from fedsim.strategy import FedAvg
 
 SEQ_LEN, WORDS = 12, 40

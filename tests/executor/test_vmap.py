@@ -11,21 +11,21 @@ import pytest
 import torch
 from torch import nn
 
-from fedsim.client import Client
-from fedsim.data.federated import FederatedData, federate, make_clients
+from fedsim.client.base import Client
+from fedsim.client.federation import FederatedData, federate, make_clients
 from fedsim.data.partition import lognormal, natural
 from fedsim.data.synthetic import synthetic
 from fedsim.data.tensor_data import DataSplit, TensorData
 from fedsim.executor import SerialExecutor, VmapExecutor, VmapUnsupportedError, Workload
 from fedsim.executor.vmap import auto_chunk_size
-from fedsim.logging import RunLogger
+from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression, McMahanCNN, MLP2NN
-from fedsim.params import flatten
-from fedsim.run import build_data, compose, run_config
-from fedsim.server import RunResult, Server
-from fedsim.stragglers import Stragglers
+from fedsim.core.params import flatten
+from fedsim.cli.run import build_data, compose, run_config
+from fedsim.server.server import RunResult, Server
+from fedsim.server.stragglers import Stragglers
 from fedsim.strategy import FedAvg, FedProx, LocalTraining, Scaffold
-from fedsim.types import ClientFailure, ClientUpdate, FitTask
+from fedsim.core.types import ClientFailure, ClientUpdate, FitTask
 
 UNIT_ROUNDOFF = 2.0**-24  # float32
 

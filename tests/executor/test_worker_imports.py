@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-MAIN_PROCESS_ONLY = ("hydra", "omegaconf", "fedsim.config", "fedsim.run", "fedsim.cli")
+MAIN_PROCESS_ONLY = ("hydra", "omegaconf", "fedsim.cli.config", "fedsim.cli.run", "fedsim.cli.command")
 EXTRAS = ("ray", "dp_accounting", "datasets", "h5py", "mlflow", "wandb", "matplotlib")
 
 PROBE = "import json, sys; import fedsim.executor.preload; print(json.dumps(sorted(sys.modules)))"

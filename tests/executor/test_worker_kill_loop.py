@@ -47,11 +47,11 @@ def test_a_worker_killed_while_reading_its_start_message_is_started_again(tmp_pa
 import functools, os, sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 import numpy as np, torch
-from fedsim.client import Client
+from fedsim.client.base import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import ProcessExecutor, SerialExecutor
-from fedsim.logging import RunLogger
-from fedsim.server import Server
+from fedsim.observe.run_logger import RunLogger
+from fedsim.server.server import Server
 from fedsim.strategy import FedAvg
 
 def run(executor):

@@ -14,7 +14,7 @@ import vision_files  # noqa: E402
 
 from fedsim.executor import VmapUnsupportedError  # noqa: E402
 from fedsim.models import CNNBatchNorm, McMahanCNN  # noqa: E402
-from fedsim.run import build_server, compose  # noqa: E402
+from fedsim.cli.run import build_server, compose  # noqa: E402
 
 MNIST = (1, 28, 28)
 CIFAR = (3, 32, 32)

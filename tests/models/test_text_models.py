@@ -10,8 +10,8 @@ import torch
 from hydra.utils import instantiate
 
 from fedsim.models.text import BagOfWords, CharLSTM, SentimentLSTM, last_token_index, read_glove
-from fedsim.params import flatten
-from fedsim.run import compose, run_config
+from fedsim.core.params import flatten
+from fedsim.cli.run import compose, run_config
 
 
 def padded_rows(vocab: int, lengths: list[int], width: int = 25, seed: int = 0) -> torch.Tensor:

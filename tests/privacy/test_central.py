@@ -11,7 +11,7 @@ import torch
 
 from fedsim.privacy.central import CentralDP
 from fedsim.privacy.sampling import poisson_sample
-from fedsim.seeding import dp_seed
+from fedsim.core.seeding import dp_seed
 
 
 def _mean(dp: CentralDP, params: list[torch.Tensor], *, seed: int = 0, round_num: int = 1, expected: float = 2.0, clip: float = 1.0):

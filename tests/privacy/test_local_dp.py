@@ -13,7 +13,7 @@ pytest.importorskip("dp_accounting")
 
 from fedsim.privacy.accountant import PrivacyLedger  # noqa: E402
 from fedsim.privacy.local import DPSGDClient  # noqa: E402
-from fedsim.run import build_server, compose  # noqa: E402
+from fedsim.cli.run import build_server, compose  # noqa: E402
 
 SHORT = ["num_rounds=3", "logger=quiet", "clients_per_round=4", "eval_every=3", "client=dpsgd", "client.sampling_rate=0.25"]
 
@@ -89,7 +89,7 @@ def test_what_dp_sgd_cannot_run_is_refused_in_one_line(overrides: list[str], mes
 
 
 def test_batchnorm_models_and_mixed_clients_are_refused() -> None:
-    from fedsim.client import Client
+    from fedsim.client.base import Client
     from fedsim.privacy.local import local_ledger
 
     private = [DPSGDClient(i, [0, 1]) for i in range(2)]

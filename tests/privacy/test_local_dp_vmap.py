@@ -14,16 +14,16 @@ from torch import nn
 
 pytest.importorskip("dp_accounting")
 
-from fedsim.data.federated import federate, make_clients  # noqa: E402
+from fedsim.client.federation import federate, make_clients  # noqa: E402
 from fedsim.data.partition import natural  # noqa: E402
 from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.executor import SerialExecutor, VmapExecutor, VmapUnsupportedError, Workload  # noqa: E402
 from fedsim.executor.vmap_dpsgd import ExampleClipping, LinearClipping, linear_layers, poisson_batches  # noqa: E402
-from fedsim.logging import RunLogger  # noqa: E402
+from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.models import MLP2NN  # noqa: E402
 from fedsim.privacy.local import DPSGDClient  # noqa: E402
-from fedsim.run import build_data, build_server, compose  # noqa: E402
-from fedsim.server import Server  # noqa: E402
+from fedsim.cli.run import build_data, build_server, compose  # noqa: E402
+from fedsim.server.server import Server  # noqa: E402
 from fedsim.strategy import FedAvg, LocalTraining  # noqa: E402
 
 UNIT_ROUNDOFF = 2.0**-24  # float32

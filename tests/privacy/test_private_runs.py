@@ -12,8 +12,8 @@ import torch
 
 pytest.importorskip("dp_accounting")
 
-from fedsim.checkpoint import load_latest  # noqa: E402
-from fedsim.run import build_server, compose, run_config  # noqa: E402
+from fedsim.core.checkpoint import load_latest  # noqa: E402
+from fedsim.cli.run import build_server, compose, run_config  # noqa: E402
 
 SHORT = ["num_rounds=4", "logger=quiet", "clients_per_round=5", "eval_every=2"]
 ADAPTIVE = [*SHORT, "dp=adaptive", "dp.noise_multiplier=0.8", "dp.count_noise=0.5"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.run import build_server, compose
+from fedsim.cli.run import build_server, compose
 from fedsim.strategy import BASGD, FedBuff
 
 ROBUST = ["num_rounds=6", "logger=quiet", "eval_every=3", "clock=sampled", "strategy=basgd", "strategy.num_buffers=3",

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.run import build_server, compose
+from fedsim.cli.run import build_server, compose
 from fedsim.sim.clock import SyncClock, next_start_s, online_until
 from fedsim.sim.profiles import DeviceProfiles
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from fedsim.run import build_server, compose
+from fedsim.cli.run import build_server, compose
 from fedsim.strategy import FedBuff
 
 BUFFERED = ["num_rounds=6", "logger=quiet", "eval_every=3", "clock=sampled", "strategy=fedbuff",

@@ -13,8 +13,8 @@ import torch
 
 from fedsim.attacks.omniscient import ALittleIsEnough
 from fedsim.attacks.stage import AttackStage
-from fedsim.run import build_server, compose
-from fedsim.types import ClientUpdate
+from fedsim.cli.run import build_server, compose
+from fedsim.core.types import ClientUpdate
 
 BUFFERED = ["num_rounds=6", "logger=quiet", "eval_every=3", "clock=sampled", "strategy=fedbuff",
             "strategy.buffer_size=3", "strategy.concurrency=5"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.run import build_server, compose
+from fedsim.cli.run import build_server, compose
 from fedsim.sim.clock import online_until
 
 # an 18 s availability period with windows of about a fifth of it: tasks of 0.1-10 s often outlast their window

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from fedsim.client import Client
+from fedsim.client.base import Client
 
 
 class CountingClient(Client):

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from cli_runner import run_cli
-from fedsim.checkpoint import list_checkpoints, load_latest
-from fedsim.state import ClientStateStore
-from fedsim.state_values import states_equal
+from fedsim.core.checkpoint import list_checkpoints, load_latest
+from fedsim.client.state import ClientStateStore
+from fedsim.core.state_values import states_equal
 
 ROUNDS = 12
 MEASURED = ("time/", "system/")  # wall-clock and memory readings differ between any two runs

@@ -13,14 +13,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import stateful_clients  # noqa: E402
 
-from fedsim.client import Client  # noqa: E402
-from fedsim.data.federated import federate, make_clients  # noqa: E402
+from fedsim.client.base import Client  # noqa: E402
+from fedsim.client.federation import federate, make_clients  # noqa: E402
 from fedsim.data.partition import natural  # noqa: E402
 from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.executor import ProcessExecutor, RayExecutor, SerialExecutor, VmapExecutor, VmapUnsupportedError  # noqa: E402
-from fedsim.logging import RunLogger  # noqa: E402
+from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.models import LogisticRegression  # noqa: E402
-from fedsim.server import ClientMisuseError, RunResult, Server  # noqa: E402
+from fedsim.server.server import ClientMisuseError, RunResult, Server  # noqa: E402
 from fedsim.strategy import FedAvg, FedPer  # noqa: E402
 
 ROUNDS = 8

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.checkpoint import CheckpointError
-from fedsim.state import ClientStateStore
-from fedsim.state_values import copy_state, state_problem, states_equal
+from fedsim.core.checkpoint import CheckpointError
+from fedsim.client.state import ClientStateStore
+from fedsim.core.state_values import copy_state, state_problem, states_equal
 
 
 def _state(value: float) -> dict:

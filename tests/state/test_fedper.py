@@ -11,15 +11,15 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 import vision_files  # noqa: E402
 from cli_runner import run_cli  # noqa: E402
 
-from fedsim.checkpoint import load_latest  # noqa: E402
-from fedsim.state import ClientStateStore  # noqa: E402
-from fedsim.context import RunContext  # noqa: E402
+from fedsim.core.checkpoint import load_latest  # noqa: E402
+from fedsim.client.state import ClientStateStore  # noqa: E402
+from fedsim.strategy.context import RunContext  # noqa: E402
 from fedsim.models import McMahanCNN  # noqa: E402
-from fedsim.params import ParamLayout, flatten  # noqa: E402
-from fedsim.seeding import init_seed  # noqa: E402
+from fedsim.core.params import ParamLayout, flatten  # noqa: E402
+from fedsim.core.seeding import init_seed  # noqa: E402
 from fedsim.strategy import FedPer  # noqa: E402
 from fedsim.strategy.fedper import STATE_KEY, PersonalLayers, last_layer_pattern  # noqa: E402
-from fedsim.types import ClientUpdate  # noqa: E402
+from fedsim.core.types import ClientUpdate  # noqa: E402
 
 
 def _context(model: torch.nn.Module) -> RunContext:

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.run import build_server, compose, run_config
+from fedsim.cli.run import build_server, compose, run_config
 from fedsim.strategy import Bulyan, Krum
 from fedsim.strategy.bulyan import bulyan_select, closest_to_median_mean
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 # 1-D weights of clients 0..6; client 6 is far away
 LINE = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 100.0]

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.run import build_server, compose, run_config
+from fedsim.cli.run import build_server, compose, run_config
 from fedsim.strategy import CenteredClipping, NormBounding, Strategy
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 X = torch.tensor([0.5, -1.0])
 # three honest clients around (1, 0) and one far outlier; tau = 2

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hydra.utils import get_method, instantiate
 
-from fedsim.run import CONFIG_DIR, build_server, compose
+from fedsim.cli.run import CONFIG_DIR, build_server, compose
 from fedsim.strategy import Strategy
 
 ISSUE_4 = {"fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold", "median", "trimmed_mean", "krum"}

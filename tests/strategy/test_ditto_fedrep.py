@@ -10,23 +10,23 @@ import pytest
 import torch
 from torch import nn
 
-from fedsim.client import Client
-from fedsim.client_eval import ClientEvaluation
-from fedsim.context import RunContext
-from fedsim.data.federated import federate, make_clients
+from fedsim.client.base import Client
+from fedsim.client.evaluation import ClientEvaluation
+from fedsim.strategy.context import RunContext
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
 from fedsim.executor.vmap_optim import VmapUnsupportedError
-from fedsim.logging import RunLogger
+from fedsim.observe.run_logger import RunLogger
 from fedsim.models import MLP2NN
-from fedsim.params import ParamLayout, flatten, load_flat
-from fedsim.server import RunResult, Server
+from fedsim.core.params import ParamLayout, flatten, load_flat
+from fedsim.server.server import RunResult, Server
 from fedsim.strategy import Ditto, FedRep, Strategy
 from fedsim.strategy.ditto import STATE_KEY as DITTO_KEY
 from fedsim.strategy.fedper import STATE_KEY as HEAD_KEY
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 class SquaredError(Client):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from fedsim.strategy import FedAvg, Strategy
 from fedsim.strategy.functional import weighted_average
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 def _update(client_id: int, values: list[float], n: int) -> ClientUpdate:

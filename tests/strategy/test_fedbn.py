@@ -15,22 +15,22 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent.parent))
 import vision_files  # noqa: E402
 
-from fedsim.checkpoint import load_latest  # noqa: E402
-from fedsim.client import Client  # noqa: E402
-from fedsim.context import RunContext  # noqa: E402
-from fedsim.data.federated import federate, make_clients  # noqa: E402
+from fedsim.core.checkpoint import load_latest  # noqa: E402
+from fedsim.client.base import Client  # noqa: E402
+from fedsim.strategy.context import RunContext  # noqa: E402
+from fedsim.client.federation import federate, make_clients  # noqa: E402
 from fedsim.data.partition import iid  # noqa: E402
 from fedsim.data.tensor_data import DataSplit, TensorData  # noqa: E402
 from fedsim.executor import ProcessExecutor, SerialExecutor  # noqa: E402
-from fedsim.logging import RunLogger  # noqa: E402
+from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.models import CNNBatchNorm  # noqa: E402
-from fedsim.params import ParamLayout, flatten  # noqa: E402
-from fedsim.run import compose, run_config  # noqa: E402
-from fedsim.seeding import init_seed  # noqa: E402
-from fedsim.server import Server  # noqa: E402
-from fedsim.state import ClientStateStore  # noqa: E402
+from fedsim.core.params import ParamLayout, flatten  # noqa: E402
+from fedsim.cli.run import compose, run_config  # noqa: E402
+from fedsim.core.seeding import init_seed  # noqa: E402
+from fedsim.server.server import Server  # noqa: E402
+from fedsim.client.state import ClientStateStore  # noqa: E402
 from fedsim.strategy.fedbn import STATE_KEY, FedBN, LocalNorms, norm_entries  # noqa: E402
-from fedsim.types import ClientUpdate  # noqa: E402
+from fedsim.core.types import ClientUpdate  # noqa: E402
 
 BN_ENTRIES = ("1.weight", "1.bias", "1.running_mean", "1.running_var")
 

@@ -12,19 +12,19 @@ import pytest
 import torch
 from torch import nn
 
-from fedsim.client import Client
-from fedsim.context import RunContext
-from fedsim.data.federated import FederatedData, federate, make_clients
+from fedsim.client.base import Client
+from fedsim.strategy.context import RunContext
+from fedsim.client.federation import FederatedData, federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
-from fedsim.logging import RunLogger
+from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression
-from fedsim.params import ParamLayout
-from fedsim.server import Server
+from fedsim.core.params import ParamLayout
+from fedsim.server.server import Server
 from fedsim.strategy import FedAvg
 from fedsim.strategy.feddyn import ALPHA_KEY, SIZE_KEY, STATE_KEY, DynamicRegulariser, FedDyn
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 def _context(num_clients: int, model: nn.Module | None = None) -> RunContext:

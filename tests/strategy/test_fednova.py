@@ -9,18 +9,18 @@ import math
 import pytest
 import torch
 
-from fedsim.client import Client
-from fedsim.data.federated import FederatedData, federate, make_clients
+from fedsim.client.base import Client
+from fedsim.client.federation import FederatedData, federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
-from fedsim.logging import RunLogger
+from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression
-from fedsim.server import RunResult, Server
+from fedsim.server.server import RunResult, Server
 from fedsim.strategy import FedAvg
 from fedsim.strategy.fednova import FedNova
-from fedsim.stragglers import Stragglers
-from fedsim.types import ClientUpdate
+from fedsim.server.stragglers import Stragglers
+from fedsim.core.types import ClientUpdate
 
 
 def _update(cid: int, params: list[float], n: int, steps: float) -> ClientUpdate:

@@ -8,16 +8,16 @@ import pytest
 import torch
 from torch import nn
 
-from fedsim.client import Client
-from fedsim.data.federated import federate, make_clients
+from fedsim.client.base import Client
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.models import LogisticRegression
-from fedsim.server import Server
+from fedsim.server.server import Server
 from fedsim.strategy import FedAvg, FedProx, ProximalTerm
-from fedsim.stragglers import Stragglers
-from fedsim.types import ClientUpdate
+from fedsim.server.stragglers import Stragglers
+from fedsim.core.types import ClientUpdate
 
 
 def test_proximal_term_known_answer_and_gradient() -> None:

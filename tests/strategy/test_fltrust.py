@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.run import build_server, compose, run_config
+from fedsim.cli.run import build_server, compose, run_config
 from fedsim.strategy import FLTrust
 from fedsim.strategy.fltrust import fltrust_step, trust_scores
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 # Synthetic(0, 0): every device has the same model and feature distribution, so honest changes point roughly the way
 # of the server's root update
@@ -71,8 +71,8 @@ def test_the_root_dataset_is_drawn_once_from_the_clients_training_examples() -> 
 
 
 def test_a_context_without_a_root_dataset_is_refused_in_one_line() -> None:
-    from fedsim.context import RunContext
-    from fedsim.params import ParamLayout
+    from fedsim.strategy.context import RunContext
+    from fedsim.core.params import ParamLayout
 
     context = RunContext(layout=ParamLayout.of(torch.nn.Linear(1, 1)), num_clients=1, num_examples=(1,),
                          clients_per_round=1, num_rounds=1, seed=0)

@@ -10,9 +10,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from fedsim.run import build_server, compose
+from fedsim.cli.run import build_server, compose
 from fedsim.strategy import FedAvg, NormBounding, Strategy
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 GLOBAL = torch.tensor([1.0, 1.0])
 

@@ -15,11 +15,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedsim.context import RunContext
-from fedsim.params import ParamLayout
+from fedsim.strategy.context import RunContext
+from fedsim.core.params import ParamLayout
 from fedsim.strategy.scaffold import STATE_KEY, correction
 from fedsim.strategy import ControlCorrection, FedAvg, FedProx, Scaffold
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 _finite = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, allow_infinity=False, width=32)
 _integral = st.integers(-1024, 1024).map(float)  # float32 sums and differences of these are exact

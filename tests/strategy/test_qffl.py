@@ -13,19 +13,19 @@ import pytest
 import torch
 
 from fedsim.client import Client, evaluate_indices
-from fedsim.context import RunContext
-from fedsim.data.federated import FederatedData, federate, make_clients
+from fedsim.strategy.context import RunContext
+from fedsim.client.federation import FederatedData, federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor, VmapUnsupportedError
-from fedsim.logging import RunLogger
+from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression
-from fedsim.params import ParamLayout
-from fedsim.server import RunResult, Server
+from fedsim.core.params import ParamLayout
+from fedsim.server.server import RunResult, Server
 from fedsim.strategy import Strategy
 from fedsim.strategy.functional import weighted_average
 from fedsim.strategy.qffl import QFFL, START_LOSS, StartLoss
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 def _update(cid: int, params: list[float], loss: float | None, lr: float | None = 0.5) -> ClientUpdate:

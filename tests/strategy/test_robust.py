@@ -14,10 +14,10 @@ from hydra.utils import get_class, instantiate
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fedsim.run import compose
+from fedsim.cli.run import compose
 from fedsim.strategy import Krum, Median, Strategy, TrimmedMean
 from fedsim.strategy import functional as F
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 def _updates(rows: list[list[float]], sizes: list[int] | None = None) -> list[ClientUpdate]:

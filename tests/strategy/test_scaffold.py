@@ -9,18 +9,18 @@ import pytest
 import torch
 from torch import nn
 
-from fedsim.client import Client
-from fedsim.data.federated import federate, make_clients
+from fedsim.client.base import Client
+from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.models import LogisticRegression
-from fedsim.server import Server
-from fedsim.context import RunContext
-from fedsim.params import ParamLayout
+from fedsim.server.server import Server
+from fedsim.strategy.context import RunContext
+from fedsim.core.params import ParamLayout
 from fedsim.strategy import ControlCorrection, FedAvg, Scaffold
 from fedsim.strategy.scaffold import STATE_KEY, correction
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 def _update(cid: int, params: list[float], steps: float = 1.0, lr: float = 1.0) -> ClientUpdate:

@@ -15,9 +15,9 @@ from hydra.utils import get_method, instantiate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedsim.run import compose
+from fedsim.cli.run import compose
 from fedsim.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedOpt, FedYogi, Strategy
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 def _updates(x: torch.Tensor, deltas: Sequence[Sequence[float]], sizes: Sequence[int]) -> list[ClientUpdate]:

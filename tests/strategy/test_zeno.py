@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.run import build_server, compose, run_config
+from fedsim.cli.run import build_server, compose, run_config
 from fedsim.strategy import Zeno
 from fedsim.strategy.zeno import zeno_keep
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 # Synthetic(0, 0): the devices share one model, so an honest change lowers the loss on the server's root examples
 IID = ["strategy=zeno", "data.alpha=0", "data.beta=0", "clients_per_round=8", "logger=quiet"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from fedsim.strategy import Strategy
-from fedsim.types import ClientUpdate
+from fedsim.core.types import ClientUpdate
 
 
 class KeepGlobal(Strategy):

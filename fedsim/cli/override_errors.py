@@ -1,0 +1,72 @@
+"""Hydra's refusals of a command-line override, as one line with a "did you mean".
+
+Hydra answers ``num_round=3`` with four lines ending in the advice to write ``+num_round=3`` (which adds a
+key nothing reads), and ``strategy=fedadamm`` with the list of every option. fedsim says instead which key or
+option is unknown and the closest known one, and exits with status 2 (bad input)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from fedsim.cli.config_keys import did_you_mean
+
+_CANNOT_OVERRIDE = re.compile(r"Could not override '([^']+)'")
+_NO_OPTION = re.compile(r"Could not find '([^'/]+)/([^']+)'")
+
+
+def override_error_line(error: BaseException, argv: Sequence[str] | None = None) -> str | None:
+    """The one line for a Hydra composition ``error`` caused by an unknown key or option, else ``None``."""
+    text = str(error)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    unknown_key = _CANNOT_OVERRIDE.search(text)
+    if unknown_key:
+        return unknown_key_line(unknown_key.group(1), argv)
+    unknown_option = _NO_OPTION.search(text)
+    if unknown_option:
+        return unknown_option_line(*unknown_option.groups())
+    return None
+
+
+def unknown_key_line(key: str, argv: Sequence[str]) -> str:
+    """``unknown setting a.b; did you mean a.c? ...``: the known keys are those of ``a`` as the other overrides compose it."""
+    parent, _, leaf = key.rpartition(".")
+    known = _keys_of(parent, [arg for arg in argv if not _sets(arg, key)])
+    return (f"unknown setting {key}{did_you_mean(leaf, known, parent + '.' if parent else '')} "
+            f"(a typo? `+{key}=...` would add a key that fedsim does not read)")
+
+
+def unknown_option_line(group: str, option: str) -> str:
+    """``no option fedadamm in group strategy; did you mean fedadam? (options: ...)``."""
+    from fedsim.cli.run import CONFIG_DIR
+
+    options = sorted(path.stem for path in (Path(CONFIG_DIR) / group).glob("*.yaml"))
+    if not options:
+        return f"no config group {group} (groups: {', '.join(_groups(CONFIG_DIR))}){did_you_mean(group, _groups(CONFIG_DIR))}"
+    return f"no option {option} in group {group}{did_you_mean(option, options)} (options: {', '.join(options)})"
+
+
+def _sets(arg: str, key: str) -> bool:
+    return arg.lstrip("+~").split("=", 1)[0] == key
+
+
+def _groups(config_dir: str) -> list[str]:
+    return sorted(path.name for path in Path(config_dir).iterdir() if path.is_dir())
+
+
+def _keys_of(parent: str, argv: Sequence[str]) -> list[str]:
+    """Keys of the section ``parent`` of the configuration composed from ``argv``'s overrides (none if that fails)."""
+    from fedsim.cli.run import compose
+
+    overrides = [arg for arg in argv if "=" in arg and not arg.startswith(("-", "hydra."))]
+    try:
+        node = compose(overrides)
+        for part in parent.split(".") if parent else []:
+            node = node[part]
+    except Exception:  # noqa: BLE001 - another override is wrong too: no suggestion then
+        return []
+    return [str(key) for key in node if not str(key).startswith("_")] if isinstance(node, DictConfig) else []

@@ -1,0 +1,109 @@
+"""Flat parameter vectors: the one representation of a model's weights that strategies see.
+
+A model's floating-point state (parameters and float buffers, in ``state_dict`` order) is packed
+into one 1-D tensor. Non-float buffers (BatchNorm's ``num_batches_tracked``, an integer lookup table) are
+not federated: every task starts with the values they had when its executor built the model
+(:func:`fixed_state`, :func:`restore_fixed_state`), so no task sees what an earlier one left there.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """Names, shapes and dtypes of the federated entries of a model's ``state_dict``, in flat-vector order.
+
+    ``buffers`` names the entries that are buffers (e.g. BatchNorm's running statistics), not trained
+    parameters. :meth:`slice` and :meth:`slices` say where each entry lives in the flat vector, and
+    :meth:`matching` selects entries by a regular expression (e.g. ``"^fc2\\."`` for a FedPer head).
+    """
+
+    names: tuple[str, ...]
+    shapes: tuple[torch.Size, ...]
+    dtypes: tuple[torch.dtype, ...]
+    buffers: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, model: nn.Module) -> "ParamLayout":
+        entries = [(k, v) for k, v in model.state_dict().items() if v.is_floating_point()]
+        parameter_names = {name for name, _ in model.named_parameters()}
+        return cls(
+            names=tuple(k for k, _ in entries),
+            shapes=tuple(v.shape for _, v in entries),
+            dtypes=tuple(v.dtype for _, v in entries),
+            buffers=frozenset(k for k, _ in entries if k not in parameter_names),
+        )
+
+    @property
+    def numel(self) -> int:
+        return sum(int(torch.Size(s).numel()) for s in self.shapes)
+
+    def slices(self) -> dict[str, slice]:
+        """Every entry's ``slice`` of the flat vector, by name."""
+        result, offset = {}, 0
+        for name, shape in zip(self.names, self.shapes):
+            size = int(torch.Size(shape).numel())
+            result[name] = slice(offset, offset + size)
+            offset += size
+        return result
+
+    def slice(self, name: str) -> slice:
+        """Where entry ``name`` lives in the flat vector; KeyError names the known entries."""
+        slices = self.slices()
+        if name not in slices:
+            raise KeyError(f"{name!r} is not an entry of the model (entries: {', '.join(self.names)})")
+        return slices[name]
+
+    def matching(self, pattern: str) -> tuple[str, ...]:
+        """Names of the entries that ``re.search(pattern, name)`` matches, in flat-vector order."""
+        compiled = re.compile(pattern)
+        return tuple(name for name in self.names if compiled.search(name))
+
+    def mask(self, names: "Iterable[str]") -> torch.Tensor:
+        """A boolean flat vector that is True on the given entries."""
+        slices, mask = self.slices(), torch.zeros(self.numel, dtype=torch.bool)
+        for name in names:
+            mask[slices[name]] = True
+        return mask
+
+
+def flatten(model: nn.Module) -> torch.Tensor:
+    """Copy the model's float state into a new flat float32 CPU tensor."""
+    state = model.state_dict()
+    tensors = [v.detach().reshape(-1).float().cpu() for v in state.values() if v.is_floating_point()]
+    return torch.cat(tensors) if tensors else torch.zeros(0)
+
+
+def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
+    """Write a flat vector (as made by :func:`flatten`) into the model's float state, in place."""
+    state = model.state_dict()
+    offset = 0
+    with torch.no_grad():
+        for value in state.values():
+            if not value.is_floating_point():
+                continue
+            n = value.numel()
+            value.copy_(flat[offset : offset + n].view_as(value))
+            offset += n
+    if offset != flat.numel():
+        raise ValueError(f"flat vector has {flat.numel()} values but the model holds {offset}")
+
+
+def fixed_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the model's non-float ``state_dict`` entries, to restore before every task."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if not v.is_floating_point()}
+
+
+def restore_fixed_state(model: nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    """Put the entries :func:`fixed_state` copied back into ``model``, in place."""
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, value in saved.items():
+            state[name].copy_(value)

@@ -1,0 +1,226 @@
+"""Compare the runs of a sweep: ``python -m fedsim.report <sweep dir> [--target 0.6] [--out DIR] [--metric NAME]
+[--plot NAME] [--x round|wall_time|sim_time|comm_mb] [--grid ROWS COLS]``.
+
+Every directory under the sweep dir that holds a ``metrics.jsonl`` or a ``summary.json`` is a run: finished,
+unfinished, or failed (``summary.json``'s ``stop_reason`` is ``"error: ..."``; listed with its reason). Runs are
+grouped into configurations by their Hydra overrides (``.hydra/overrides.yaml``, else the directory name)
+without ``seed``; each configuration gets one table row and one ``report.csv`` row (seeds, final and best
+test accuracy mean ± std over seeds, rounds to reach ``--target`` and, for runs on the simulated clock
+(``clock=sampled|trace``), the simulated seconds to reach it and, for runs that counted their bytes
+(``comm/mb_total``), the megabytes sent both ways by then, mean wall time) and one curve per plot.
+``--metric NAME`` (repeatable) adds a column for any scalar of ``metrics.jsonl`` (``eval/loss``,
+``fit/personal_loss``, ``strategy/h_norm``): its value in the last round that logged it, mean ± std over the
+seeds that logged it. ``--plot NAME`` (repeatable; default ``eval/accuracy``, drawn as ``accuracy.png``) plots a
+scalar against ``--x`` (the round, the wall time, the simulated time ``sim/time_s`` or the megabytes sent both
+ways ``comm/mb_total``: runs without the latter two are left out of those plots, each named in a note) into
+``<name>.png`` (see :mod:`fedsim.report.plot`; needs matplotlib: ``pip install fedsim[plot]``). Reads files
+only; no Hydra, no torch. ``--grid ROWS COLS`` adds two-way tables (``grid.csv``, ``grid.md``; see
+:mod:`fedsim.report.grid`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedsim.report.grid import grid_problem, report_grids
+from fedsim.report.plot import ACCURACY, ROUND_TIME, X_AXES, have_matplotlib, labels, mean_curve, plot_metric, png_name
+from fedsim.report.runs import CUMULATIVE, Run, along, at_target, load_runs, mb_to_target, seconds_to_target, split_seed
+from fedsim.report.table import ConfigStats, csv_rows, format_table, status, table_rows, write_csv
+
+__all__ = ["ConfigStats", "Run", "aggregate", "csv_rows", "format_table", "group_runs", "labels", "load_runs", "main",
+           "mb_to_target", "mean_curve", "mean_std", "plot_accuracy", "plot_metric", "rounds_to_target", "seconds_to_target",
+           "split_seed", "status", "table_rows", "unclocked_lines", "unfinished_lines", "unplotted_lines", "write_csv",
+           "write_plots"]
+
+PROG = "fedsim.report"
+METRIC_NAME = re.compile(r"[A-Za-z0-9_.\-/]+")  # as fedsim.server.round_metrics.NAME (not imported: no torch here)
+
+
+def group_runs(runs: Sequence[Run]) -> dict[tuple[str, ...], list[Run]]:
+    """Runs by configuration, configurations in order of their first run."""
+    groups: dict[tuple[str, ...], list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.config, []).append(run)
+    return groups
+
+
+def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (n - 1); std is ``None`` for fewer than two values, NaN when
+    a value is NaN or infinite."""
+    if not values:
+        return None, None
+    if not all(math.isfinite(v) for v in values):
+        return statistics.fmean(values), math.nan if len(values) > 1 else None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def rounds_to_target(curve: Sequence[tuple[int, float]], target: float) -> int | None:
+    """The first round whose test accuracy is at least ``target``; ``None`` if none is."""
+    return next((round_num for round_num, acc in curve if acc >= target), None)
+
+
+def aggregate(config: tuple[str, ...], runs: Sequence[Run], target: float | None = None,
+              metrics: Sequence[str] = ()) -> ConfigStats:
+    """Summarise one configuration over its seeds. Unfinished runs count with what they have logged.
+    Each of ``metrics`` gets the mean ± std of its final value over the seeds that logged it."""
+    evaluated = [r for r in runs if r.curve]
+    hits = [n for n in (rounds_to_target(r.curve, target) for r in runs) if n is not None] if target is not None else []
+    seconds, megabytes = (_totals_at_target(runs, target, x) for x in ("sim_time", "comm_mb"))
+    return ConfigStats(
+        config=config,
+        finished=sum(r.finished for r in runs),
+        total=len(runs),
+        rounds=(min(r.rounds for r in runs), max(r.rounds for r in runs)),
+        final=mean_std([r.curve[-1][1] for r in evaluated]),
+        best=mean_std([max(acc for _, acc in r.curve) for r in evaluated]),
+        to_target=statistics.fmean(hits) if hits else None,
+        reached=len(hits),
+        wall_time_s=statistics.fmean(r.wall_time_s for r in runs) if runs else None,
+        failures=tuple(f"seed={r.seed}: {r.stop_reason}" for r in runs if r.failed),
+        metrics={name: mean_std([r.finals[name] for r in runs if name in r.finals]) for name in metrics},
+        clocked=sum(bool(r.sim_time) for r in runs),
+        sim_to_target=mean_std(seconds),
+        sim_reached=len(seconds),
+        metered=sum(bool(r.comm_mb) for r in runs),
+        mb_to_target=mean_std(megabytes),
+        mb_reached=len(megabytes),
+    )
+
+
+def _totals_at_target(runs: Sequence[Run], target: float | None, x: str) -> list[float]:
+    """The running total ``x`` (``sim_time`` or ``comm_mb``) at the target round of each seed that reached it."""
+    if target is None:
+        return []
+    return [v for v in (at_target(r, target, x) for r in runs) if v is not None]
+
+
+def plot_accuracy(groups: dict[tuple[str, ...], list[Run]], path: Path, target: float | None = None) -> bool:
+    """Test accuracy per round for each configuration (see :func:`~fedsim.report.plot.plot_metric`); ``False``
+    without matplotlib or without an evaluated round."""
+    return have_matplotlib() and plot_metric(groups, path, ACCURACY, "round", target)
+
+
+def unfinished_lines(runs: Sequence[Run], root: Path) -> list[str]:
+    """One line per run that has not finished: ``failed: <dir> (<n> rounds logged): error: ...`` for a run
+    stopped by an error, else ``unfinished: <dir> (<n> rounds logged[, no summary.json])``."""
+    lines = []
+    for r in runs:
+        where = r.path.relative_to(root) if r.path != root else r.path
+        if r.failed:
+            lines.append(f"failed: {where} ({r.rounds} rounds logged): {r.stop_reason}")
+        elif not r.finished:
+            lines.append(f"unfinished: {where} ({r.rounds} rounds logged"
+                         f"{'' if (r.path / 'summary.json').exists() else ', no summary.json'})")
+    return lines
+
+
+UNLOGGED = {  # per running total: why no run logged it, and why one run did not
+    "sim_time": ("run with clock=sampled or clock=trace", "no clock"),
+    "comm_mb": ("runs written before fedsim counted bytes", "written before fedsim counted bytes"),
+}
+
+
+def unplotted_lines(runs: Sequence[Run], root: Path, x: str) -> list[str]:
+    """For ``--x sim_time`` or ``--x comm_mb``: one line per run that logged rounds but not the running total
+    (``sim/time_s``, ``comm/mb_total``; left out of the plots); a single line when no run did."""
+    name, (hint, why) = CUMULATIVE[x], UNLOGGED[x]
+    if not any(along(r, x) for r in runs):
+        return [f"{PROG}: no run logged {name} ({hint}); nothing to plot against {x}"]
+    return [f"{PROG}: {r.path.relative_to(root) if r.path != root else r.path} logged no {name} ({why}); "
+            f"left out of the {x} plots" for r in runs if r.rounds and not along(r, x)]
+
+
+def unclocked_lines(runs: Sequence[Run], root: Path) -> list[str]:
+    """:func:`unplotted_lines` for ``--x sim_time``."""
+    return unplotted_lines(runs, root, "sim_time")
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1 or math.isnan(value):
+        raise argparse.ArgumentTypeError(f"must be an accuracy in (0, 1], got {text}")
+    return value
+
+
+def _metric(text: str) -> str:
+    if not METRIC_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be a scalar name such as fit/personal_loss, got {text!r}")
+    return text
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun dir (or any dir holding run dirs)")
+    parser.add_argument("--target", type=_fraction, default=None, help="report rounds to reach this test accuracy")
+    parser.add_argument("--out", type=Path, default=None, help="where report.csv and the plots go (default: sweep_dir)")
+    parser.add_argument("--metric", type=_metric, action="append", default=[], metavar="NAME",
+                        help="add a column (this scalar's final value, mean ± std over seeds) and its plot, NAME.png (repeatable)")
+    parser.add_argument("--plot", type=_metric, action="append", default=[], metavar="NAME",
+                        help=f"plot this scalar per configuration into NAME.png (repeatable; default {ACCURACY}, "
+                             "drawn as accuracy.png)")
+    parser.add_argument("--x", choices=list(X_AXES), default="round",
+                        help=f"the plots' x axis: the round (default), wall_time (the running sum of {ROUND_TIME}), "
+                             f"sim_time ({CUMULATIVE['sim_time']}, the simulated clock: clock=sampled|trace) or "
+                             f"comm_mb ({CUMULATIVE['comm_mb']}, megabytes sent both ways)")
+    parser.add_argument("--grid", nargs=2, metavar=("ROWS", "COLS"), default=None, help="also a ROWS x COLS table of "
+                        "final eval/accuracy and each --metric (e.g. strategy attack) into grid.csv and grid.md")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the table, write ``report.csv`` and ``accuracy.png``; exit status 2 when there are no runs."""
+    args = parse_args(argv)
+    root: Path = args.sweep_dir
+    plots = list(dict.fromkeys([*(args.plot or [ACCURACY]), *args.metric]))  # every --metric is plotted too
+    runs = load_runs(root, series=plots + ([ROUND_TIME] if args.x == "wall_time" else []))
+    if not runs:
+        print(f"{PROG}: no runs (metrics.jsonl or summary.json) under {root}", file=sys.stderr)
+        return 2
+    if args.grid and (problem := grid_problem(runs, args.grid)):
+        print(problem, file=sys.stderr)
+        return 2
+    groups = group_runs(runs)
+    metrics = list(dict.fromkeys(args.metric))
+    stats = [aggregate(config, members, args.target, metrics) for config, members in groups.items()]
+    print(format_table(stats, args.target))
+    for line in unfinished_lines(runs, root):
+        print(line)
+    for name in metrics:
+        if not any(name in r.finals for r in runs):
+            print(f"{PROG}: no run logged {name}")
+    for line in unplotted_lines(runs, root, args.x) if args.x in CUMULATIVE else []:
+        print(line)
+    out: Path = args.out if args.out is not None else root
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(csv_rows(stats, args.target), out / "report.csv")
+    grids = report_grids(runs, args.grid, metrics, out) if args.grid else []
+    written = [out / "report.csv", *grids] + write_plots(groups, out, plots, args.x, args.target)
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def write_plots(groups: dict[tuple[str, ...], list[Run]], out: Path, plots: Sequence[str], x: str,
+                target: float | None) -> list[Path]:
+    """One PNG per name in ``plots``; says in one line why one was not drawn. The paths written."""
+    names = [png_name(metric) for metric in plots]
+    if not have_matplotlib():
+        print(f"{PROG}: matplotlib is not installed (pip install 'fedsim[plot]'); skipped {', '.join(names)}")
+        return []
+    written = []
+    for metric, name in zip(plots, names):
+        if plot_metric(groups, out / name, metric, x, target):
+            written.append(out / name)
+        else:
+            needed = {"wall_time": f" with {ROUND_TIME}", **{k: f" with {v}" for k, v in CUMULATIVE.items()}}.get(x, "")
+            print(f"{PROG}: no run logged {metric}{needed}; skipped {name}")
+    return written
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""Reading a sweep's run directories back (for :mod:`fedsim.report`): ``metrics.jsonl``, ``summary.json``
+and Hydra's ``.hydra/`` files of every run, finished, unfinished or failed. Files only; no Hydra, no torch."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+Series = tuple[tuple[int, float], ...]  # (round, value) of the rounds that logged a scalar
+SIM_TIME = "sim/time_s"  # the simulated clock at the end of a round (clock=sampled|trace; docs/system-heterogeneity.md)
+COMM_MB = "comm/mb_total"  # megabytes (10^6 bytes) sent both ways by the end of a round (fedsim.server.exchange)
+CUMULATIVE = {"sim_time": SIM_TIME, "comm_mb": COMM_MB}  # x axes read from a running total each round logs
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory, read back. ``curve`` holds ``(round, eval/accuracy)`` for evaluated rounds;
+    ``finals`` every scalar's value in the last round that logged it (NaN where that was ``null``);
+    ``series`` the ``(round, value)`` pairs of the scalars asked for (see :func:`load_run`); ``sim_time`` the
+    ``(round, sim/time_s)`` pairs of a run on the simulated clock (finite values only; empty without a clock);
+    ``comm_mb`` the ``(round, comm/mb_total)`` pairs (finite values only; empty for a run written before fedsim
+    counted bytes)."""
+
+    path: Path
+    config: tuple[str, ...]  # sorted overrides without seed
+    seed: str | None
+    rounds: int  # last round logged
+    curve: tuple[tuple[int, float], ...]
+    finished: bool  # ended for good (see _finished)
+    wall_time_s: float
+    finals: dict[str, float] = field(default_factory=dict, hash=False)
+    stop_reason: str | None = None  # summary.json's: "completed", "early stop: ...", "error: <one line>", ...
+    series: dict[str, Series] = field(default_factory=dict, hash=False)
+    sim_time: Series = ()
+    comm_mb: Series = ()
+
+    @property
+    def failed(self) -> bool:
+        """Stopped by an error (``summary.json``'s ``stop_reason`` is ``"error: ..."``)."""
+        return self.stop_reason is not None and self.stop_reason.startswith("error:")
+
+
+RUN_FILES = ("metrics.jsonl", "summary.json")  # a directory holding either is a run (a job that failed
+#                                                before its first round may have summary.json alone)
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Every directory at or under ``root`` holding ``metrics.jsonl`` or ``summary.json``, in job order
+    (``2_`` before ``10_``)."""
+    if not root.is_dir():
+        return []
+    found = {p.parent for name in RUN_FILES for p in root.rglob(name)}
+    return sorted(found, key=lambda p: _natural(str(p.relative_to(root))))
+
+
+def _natural(text: str) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``; a line still being written (or otherwise unreadable) is skipped,
+    a missing file has none."""
+    records: list[dict[str, Any]] = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return records
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "round" in record:
+            records.append(record)
+    return records
+
+
+def _read(path: Path, load: Callable[[str], Any]) -> Any:
+    """``load`` of the file's text; ``None`` if it is missing or unreadable."""
+    try:
+        return load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):  # JSONDecodeError is a ValueError
+        return None
+
+
+def split_seed(overrides: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
+    """Sorted overrides without ``seed`` (also ``+seed``/``++seed``), and the seed's value if given."""
+    rest, seed = [], None
+    for item in overrides:
+        key, _, value = str(item).partition("=")
+        if key.lstrip("+~") == "seed":
+            seed = value
+        else:
+            rest.append(str(item))
+    return tuple(sorted(rest)), seed
+
+
+def run_overrides(run_dir: Path, root: Path) -> list[str]:
+    """The run's Hydra overrides; without ``.hydra/overrides.yaml``, parsed from a sweep subdir name
+    (``3_seed=1,strategy=fedprox``); a name without ``=`` (a timestamp) stands for itself."""
+    overrides = _read(run_dir / ".hydra" / "overrides.yaml", yaml.safe_load)
+    if isinstance(overrides, list):
+        return [str(o) for o in overrides]
+    name = re.sub(r"^\d+_", "", run_dir.name)
+    if "=" in name:
+        return name.split(",")
+    return [str(run_dir.relative_to(root)) if run_dir != root else run_dir.name]
+
+
+def load_run(run_dir: Path, root: Path, series: Sequence[str] = ()) -> Run:
+    """Read one run directory (``metrics.jsonl`` and ``summary.json``, either may be missing, and ``.hydra/``);
+    keep the per-round values of the scalars named in ``series``."""
+    records = read_metrics(run_dir / "metrics.jsonl")
+    config, seed = split_seed(run_overrides(run_dir, root))
+    hydra_cfg = _read(run_dir / ".hydra" / "config.yaml", yaml.safe_load)
+    hydra_cfg = hydra_cfg if isinstance(hydra_cfg, dict) else {}
+    if seed is None and "seed" in hydra_cfg:
+        seed = str(hydra_cfg["seed"])
+    summary = _read(run_dir / "summary.json", json.loads)
+    summary = summary if isinstance(summary, dict) else None
+    rounds = max((int(r["round"]) for r in records), default=0) or _int(summary.get("rounds") if summary else None)
+    finished = _finished(summary, rounds, hydra_cfg.get("num_rounds"))
+    curve = tuple((int(r["round"]), float(r["eval/accuracy"])) for r in records if r.get("eval/accuracy") is not None)
+    if summary is not None and summary.get("wall_time_s") is not None:
+        wall = float(summary["wall_time_s"])
+    else:
+        wall = sum(float(r["time/round_s"]) for r in records if r.get("time/round_s") is not None)
+    reason = summary.get("stop_reason") if summary is not None else None
+    clock, sent = (finite_series(records, name) for name in (SIM_TIME, COMM_MB))
+    return Run(run_dir, config, seed, rounds, curve, finished, wall, final_scalars(records),
+               str(reason) if reason is not None else None, {name: scalar_series(records, name) for name in series},
+               clock, sent)
+
+
+def along(run: Run, x: str) -> Series:
+    """The running total that the x axis ``x`` (a key of :data:`CUMULATIVE`) reads: ``run.sim_time`` or ``run.comm_mb``."""
+    return {"sim_time": run.sim_time, "comm_mb": run.comm_mb}[x]
+
+
+def at_target(run: Run, target: float, x: str) -> float | None:
+    """The running total ``x`` (see :func:`along`) at the end of the first round whose test accuracy is at least
+    ``target``; ``None`` if no round reached it or that round did not log the total."""
+    first = next((round_num for round_num, acc in run.curve if acc >= target), None)
+    return dict(along(run, x)).get(first) if first is not None else None
+
+
+def seconds_to_target(run: Run, target: float) -> float | None:
+    """The simulated clock (``sim/time_s``) at the end of the first round whose test accuracy is at least
+    ``target``; ``None`` if no round reached it or that round has no simulated time (a run without a clock)."""
+    return at_target(run, target, "sim_time")
+
+
+def mb_to_target(run: Run, target: float) -> float | None:
+    """The megabytes sent both ways (``comm/mb_total``) by the end of the first round whose test accuracy is at
+    least ``target``; ``None`` if no round reached it or the run did not count bytes (written before they were)."""
+    return at_target(run, target, "comm_mb")
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def scalar_series(records: Sequence[dict[str, Any]], name: str) -> Series:
+    """``(round, value)`` of every record holding the scalar ``name`` (``null`` reads as NaN)."""
+    return tuple((int(r["round"]), math.nan if r[name] is None else float(r[name])) for r in records
+                 if name in r and (r[name] is None or _is_number(r[name])))
+
+
+def finite_series(records: Sequence[dict[str, Any]], name: str) -> Series:
+    """:func:`scalar_series` of ``name`` without its non-finite values (for the running totals of :data:`CUMULATIVE`)."""
+    return tuple((n, v) for n, v in scalar_series(records, name) if math.isfinite(v))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def final_scalars(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Each scalar's value in the last record holding it; ``null`` (a non-finite value) reads as NaN.
+    Non-numeric fields (``clients``) and ``round`` are left out."""
+    finals: dict[str, float] = {}
+    for record in records:
+        for name, value in record.items():
+            if value is None:
+                finals[name] = math.nan
+            elif _is_number(value) and name != "round":
+                finals[name] = float(value)
+    return finals
+
+
+def _finished(summary: dict[str, Any] | None, rounds: int, num_rounds: Any) -> bool:
+    """Ended for good: ``summary.json`` says so (an early stop is finished, an interrupt is not); an older
+    ``summary.json`` without ``finished`` counts when every configured round was logged."""
+    if summary is None:
+        return False
+    if isinstance(summary.get("finished"), bool):
+        return summary["finished"]
+    return not isinstance(num_rounds, int) or rounds >= num_rounds
+
+
+def load_runs(root: Path, series: Sequence[str] = ()) -> list[Run]:
+    """Every run under ``root`` (see :func:`find_run_dirs`), with the per-round values of ``series``."""
+    return [load_run(path, root, series) for path in find_run_dirs(root)]

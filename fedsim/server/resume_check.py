@@ -1,0 +1,63 @@
+"""What a resume may change: the settings that shape the computation are compared with the checkpoint's.
+
+A resumed run continues the interrupted one only if it computes the same thing. The checkpoint keeps the
+run's settings as dotted keys (e.g. ``client.optimizer.lr``); a resume with any of them changed is refused
+with one line listing the changes, unless each changed key is named in ``resume_allow_changes``. Allowed
+changes are recorded in ``<run dir>/resume_changes.jsonl``. Settings that cannot change the result are
+free: the executor (every executor gives the same answer), logging, checkpointing, where the server
+evaluates, the state store, early stopping, the sweep objective and ``num_rounds`` (resume a finished run with more rounds to
+extend it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from fedsim.core.checkpoint import CheckpointError
+
+FREE_PREFIXES = ("executor.", "logger.", "tracker.", "early_stop.", "hydra.", "objective.")
+# settings added after checkpoints began to keep them, with the value that computes what older versions did: a
+# checkpoint without the key was written with that value
+ADDED_LATER = {"compression.uplink": [], "compression.downlink": [], "compression.error_feedback": False,
+               "attack.fraction": 0.2, "attack.per_round": False}
+FREE_KEYS = {"resume", "resume_allow_changes", "num_rounds", "checkpoint_every", "keep_checkpoints", "eval_device",
+             "state_store", "server_threads"}
+
+
+def computation_settings(flat: dict[str, Any]) -> dict[str, Any]:
+    """The settings (dotted keys, plain values) that a resume must not change silently."""
+    return {k: v for k, v in sorted(flat.items()) if k not in FREE_KEYS and not k.startswith(FREE_PREFIXES)}
+
+
+def check_changes(saved: dict[str, Any], current: dict[str, Any], allowed: Iterable[str], checkpoint: Path) -> dict[str, list[Any]]:
+    """The changed settings (key → [checkpoint's value, now]); :class:`CheckpointError` (one line) when one is not
+    in ``allowed``. Nothing to compare (a checkpoint from before settings were kept, or the Python API
+    without a config) means no check."""
+    if not saved or not current:
+        return {}
+    saved = {**{k: v for k, v in ADDED_LATER.items() if k in current}, **saved}
+    changes = {k: [saved.get(k), current.get(k)] for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)}
+    refused = [k for k in changes if k not in set(allowed)]
+    if refused:
+        listed = ", ".join(f"{k} ({_show(changes[k][0])} -> {_show(changes[k][1])})" for k in refused)
+        raise CheckpointError(
+            f"resume from {checkpoint}: these settings differ from the run being resumed: {listed}; resume with the "
+            f"run's settings, or allow the change with resume_allow_changes=[{','.join(refused)}]"
+        )
+    return changes
+
+
+def record_changes(run_dir: Path | None, checkpoint: Path, round_num: int, changes: dict[str, list[Any]]) -> None:
+    """Append one line to ``<run dir>/resume_changes.jsonl``: which checkpoint, from which round, what changed."""
+    if not changes or run_dir is None:
+        return
+    line = {"checkpoint": str(checkpoint), "resumed_after_round": round_num, "changes": changes}
+    with open(Path(run_dir) / "resume_changes.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(line) + "\n")
+
+
+def _show(value: Any) -> str:
+    return "unset" if value is None else repr(value)

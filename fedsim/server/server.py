@@ -1,0 +1,371 @@
+"""Server: the round loop. Sample → per-client config → local training → aggregate → evaluate → log."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedsim.core.checkpoint import list_checkpoints, save_checkpoint, save_if_missing
+from fedsim.server.exchange import task_state
+from fedsim.comm.pipeline import Compression
+from fedsim.attacks.base import Attack
+from fedsim.privacy.central import CentralDP
+from fedsim.privacy.rounds import private_rounds
+from fedsim.client.state import ClientStateStore
+from fedsim.client.base import Client
+from fedsim.client.scoring import evaluate_indices
+from fedsim.data.tensor_data import TensorData
+from fedsim.executor.base import Executor, Workload
+from fedsim.server.early_stop import EarlyStop
+from fedsim.client.evaluation import ClientEvaluation
+from fedsim.server.central_eval import DeviceEvaluator, eval_device as eval_device_named
+from fedsim.observe.run_logger import RunLogger, process_rss_mb
+from fedsim.strategy.context import RunContext
+from fedsim.core.params import ParamLayout, flatten, load_flat
+from fedsim.strategy.root_data import root_trainer
+from fedsim.server.round_metrics import client_row, train_metrics, with_strategy_values
+from fedsim.core.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
+from fedsim.core.seeding import sampling_rng, task_seed
+from fedsim.server.setup import check_model_fits_data, check_settings as _check_settings, initial_model as _initial_model
+from fedsim.server.setup import checkpoint_state, resume_from, setup_pipeline
+from fedsim.server.metrics import async_row_extras, attack_metrics, row_extras, wire_metrics
+from fedsim.server.federated_eval import evaluate_clients
+from fedsim.sim.clock import RoundSchedule, SyncClock
+from fedsim.server.buffered import consumed_ids, event_loop
+from fedsim.sim.rounds import check_sampling, clocked_round
+from fedsim.server.stragglers import Stragglers
+from fedsim.client.local_training import LocalTraining
+from fedsim.strategy.base import Strategy
+from fedsim.server.strategy_guard import checked_aggregate, checked_client_values, checked_scalars
+from fedsim.core.threads import torch_threads
+from fedsim.core.types import ClientUpdate, FitTask
+from fedsim.server.updates import apply_failure_policy, sound_updates
+
+log = logging.getLogger("fedsim")
+__all__ = ["ClientMisuseError", "RoundFailedError", "RunResult", "Server", "StrategyError"]
+
+
+@dataclass
+class RunResult:
+    """The final global weights (flat), the model holding them and one metrics record per round."""
+
+    params: torch.Tensor
+    model: nn.Module
+    history: list[dict[str, Any]] = field(default_factory=list)
+    stopped_early: bool = False
+    stop_reason: str = "completed"
+
+
+class Server:
+    """Runs ``num_rounds`` rounds of federated training.
+
+    ``model_factory()`` builds a fresh model (the server seeds its initialisation from ``seed``).
+    A round aggregates when at least ``min_success_fraction`` of its sampled clients succeeded;
+    otherwise the run stops with :class:`RoundFailedError` naming the failures. The centralized
+    ``test_data`` is evaluated every ``eval_every`` rounds and after the last one, on ``eval_device``
+    (``"auto"``: the first GPU if there is one, see :mod:`fedsim.server.central_eval`). ``stragglers``
+    simulates clients that manage fewer local epochs; the strategy decides whether their work counts.
+    ``state_store`` (``"memory"`` or ``"disk"``) keeps the clients' states between rounds
+    (:mod:`fedsim.client.state`); with checkpoints, under ``<checkpoint_dir>/client_state``. ``threads``: torch's
+    thread count in this process during :meth:`run`, outside the executor's ``fit`` (``None``: unchanged; see
+    :mod:`fedsim.core.threads`); the caller's setting comes back afterwards. ``compression``: the codecs of each
+    direction (:mod:`fedsim.comm`; default float32 both ways); every round reports its ``comm/`` bytes.
+    ``privacy``: DP-FedAvg (:mod:`fedsim.privacy`): Poisson sampling, a noisy mean update, ε every round.
+    ``attack``: malicious clients (:mod:`fedsim.attacks`), never revealed to the strategy.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_factory: Callable[[], nn.Module],
+        clients: Sequence[Client],
+        train_data: TensorData,
+        test_data: TensorData | None,
+        strategy: Strategy,
+        executor: Executor,
+        num_rounds: int,
+        clients_per_round: int,
+        seed: int = 0,
+        eval_every: int = 1,
+        eval_device: str = "auto",
+        min_success_fraction: float = 1.0,
+        stragglers: Stragglers | None = None,
+        logger: RunLogger | None = None,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int = 0,
+        keep_checkpoints: int = 3,
+        early_stop: EarlyStop | None = None,
+        state_store: str = "memory",
+        threads: int | None = 1,
+        client_eval: ClientEvaluation | None = None,
+        clock: SyncClock | None = None,
+        compression: Compression | None = None,
+        privacy: CentralDP | None = None,
+        attack: Attack | None = None,
+    ) -> None:
+        self.stragglers = stragglers or Stragglers()
+        _check_settings(num_rounds, eval_every, clients_per_round, len(clients), self.stragglers)
+        self.client_eval = client_eval or ClientEvaluation()
+        self.client_eval.check(len(clients))
+        strategy.check(clients_per_round)
+        self.clock = clock
+        if clock is not None:
+            clock.check(len(clients))
+            check_sampling(clock, strategy)
+        self.loop = event_loop(clock, strategy, len(clients), seed)  # of an asynchronous strategy (FedBuff), or None
+        self.privacy = private_rounds(privacy, strategy, clock, len(clients), clients_per_round, seed)
+        self.model_factory, self.clients, self.strategy, self.executor = model_factory, clients, strategy, executor
+        self.train_data, self.test_data = train_data, test_data
+        self.num_rounds, self.clients_per_round, self.seed = num_rounds, clients_per_round, seed
+        self.eval_every, self.min_success_fraction, self.threads = eval_every, min_success_fraction, threads
+        self.logger = logger or RunLogger(None)
+        self.model = _initial_model(model_factory, seed)
+        check_model_fits_data(self.model, train_data)
+        self.params = flatten(self.model)
+        self._clean_clients = clients  # before a data attack replaces the malicious ones (the root data's pool)
+        setup_pipeline(self, compression, attack)  # comm, local_dp, attack (and a data attack's poisoned clients)
+        self.evaluator = DeviceEvaluator(self.model, eval_device_named(eval_device))
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.checkpoint_every, self.keep_checkpoints = checkpoint_every, keep_checkpoints
+        self.start_round, self.stopped_early, self.stop_reason = 1, False, "completed"
+        self._stop_requested = False
+        self.early_stop = early_stop or EarlyStop()
+        state_dir = self.checkpoint_dir / "client_state" if self.checkpoint_dir is not None else None
+        self.client_states = ClientStateStore(state_store, state_dir)
+        self.local: LocalTraining | None = None  # the strategy's client half, from run()
+        self.settings: dict[str, Any] = {}  # the run's settings as dotted keys, set by fedsim.cli.run (for resume checks)
+        strategy.setup(self.run_context())  # here, so that a strategy's objection comes before any work
+        executor.check(self._workload())  # likewise the executor's (e.g. what vmap cannot vectorise)
+
+    @property
+    def finished(self) -> bool:
+        """Whether every round is done already (a resume from the last round's checkpoint)."""
+        return self.start_round > self.num_rounds
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
+    def request_stop(self) -> None:
+        """Finish the current round, write a checkpoint and return from :meth:`run` (safe from a signal handler)."""
+        self._stop_requested = True
+
+    def run(self) -> RunResult:
+        """Run the remaining rounds and return the final model; workers are released even on error.
+
+        A checkpoint is written every ``checkpoint_every`` rounds (0: never in between), at the end,
+        and when a stop was requested. When round k raises (:class:`RoundFailedError`,
+        :class:`StrategyError`, an executor's error...), the checkpoint of round k-1 is written if it is
+        not on disk yet, from the state as it was when round k-1 ended, and the error propagates.
+        """
+        with torch_threads(self.threads):
+            return self._run()
+
+    def _run(self) -> RunResult:
+        if self.finished:  # a resume of a run that had already done all its rounds
+            self.logger.close()
+            load_flat(self.model, self.params)
+            return RunResult(self.params, self.model, self.logger.history, False, "already finished")
+        if self.start_round == 1:
+            self.client_states.clear()  # a fresh run: whatever an earlier run left in this directory goes
+        workload = self._workload()
+        self.local = workload.local  # the strategy's client half for this run (what personalise() comes from)
+        self.executor.start(workload)
+        last_good = self._snapshot(self.start_round - 1)  # not on disk yet; what an error falls back to
+        try:
+            for round_num in self.logger.rounds(self.start_round, self.num_rounds):
+                self.logger.log_round(round_num, self.run_round(round_num))
+                self._decide_stop(round_num)
+                if self._checkpoint_due(round_num):
+                    self.save_checkpoint(round_num)
+                    last_good = None
+                else:
+                    last_good = self._snapshot(round_num)
+                if self.stop_reason != "completed":
+                    break
+        except Exception:  # a second Ctrl-C (KeyboardInterrupt) only stops; run.py reports it
+            self._save_last_good(last_good)
+            raise
+        finally:
+            self.executor.close()
+            self.logger.close()
+        load_flat(self.model, self.params)
+        return RunResult(self.params, self.model, self.logger.history, self.stopped_early, self.stop_reason)
+
+    def _workload(self) -> Workload:
+        return Workload(self.model_factory, self.clients, self.train_data, log_dir=self.logger.run_dir, local=self.strategy.local_training())
+
+    def run_context(self) -> RunContext:
+        """What the strategy is told about the run (:meth:`Strategy.setup`)."""
+        return RunContext(
+            layout=ParamLayout.of(self.model), num_clients=len(self.clients),
+            num_examples=tuple(c.num_train for c in self.clients), clients_per_round=self.clients_per_round,
+            num_rounds=self.num_rounds, seed=self.seed, run_dir=self.logger.run_dir, start_round=self.start_round,
+            root_trainer=functools.partial(
+                root_trainer, model=self.model, clients=self._clean_clients, data=self.train_data, seed=self.seed),
+        )
+
+    def _decide_stop(self, round_num: int) -> None:
+        """After a round: a signal interrupts the run (``stopped_early``); early stopping, or a privacy budget the next
+        round would exceed, ends it."""
+        if self._stop_requested and round_num < self.num_rounds:
+            self.stopped_early, self.stop_reason = True, f"interrupted after round {round_num}"
+            return
+        early = self.early_stop.check(self.logger.history[-1])
+        reason = f"early stop: {early}" if early is not None else None
+        if reason is None and self.privacy is not None:
+            reason = self.privacy.stop_reason(round_num + 1)
+        if reason is not None and round_num < self.num_rounds:
+            self.stop_reason = reason
+            log.info("%s", self.stop_reason)
+
+    def _checkpoint_due(self, round_num: int) -> bool:
+        if self.checkpoint_dir is None:
+            return False
+        periodic = self.checkpoint_every > 0 and round_num % self.checkpoint_every == 0
+        return periodic or round_num == self.num_rounds or self.stop_reason != "completed"
+
+    def state_dict(self, round_num: int) -> dict[str, Any]:
+        """Everything a resumed run needs after ``round_num`` (:func:`fedsim.server.setup.checkpoint_state`)."""
+        return checkpoint_state(self, round_num)
+
+    def _fingerprint(self) -> dict[str, int]:
+        return {"seed": self.seed, "num_clients": len(self.clients), "clients_per_round": self.clients_per_round, "num_params": self.params.numel()}
+
+    def save_checkpoint(self, round_num: int, state: dict[str, Any] | None = None) -> Path:
+        """Write the checkpoint of ``round_num``: ``state`` (an earlier :meth:`state_dict`), else the current state."""
+        assert self.checkpoint_dir is not None
+        state = self.state_dict(round_num) if state is None else state
+        path = save_checkpoint(self.checkpoint_dir, round_num, state, keep=self.keep_checkpoints)
+        log.info("round %d: checkpoint %s", round_num, path)
+        return path
+
+    def resume(self, target: str | Path, allow_changes: Sequence[str] = ()) -> Path:
+        """Continue from a checkpoint file, a checkpoints directory or a run directory (newest good checkpoint).
+        Settings that change the computation must be the checkpoint's, except those in ``allow_changes``
+        (see :mod:`fedsim.server.resume_check`)."""
+        return resume_from(self, target, allow_changes)
+
+    def run_round(self, round_num: int) -> dict[str, float]:
+        """One round; returns its metrics. Updates ``self.params`` unless no client succeeded."""
+        if self.loop is not None:
+            return self._async_round(round_num)
+        start = time.perf_counter()
+        configs, schedule = self._plan(round_num)
+        client_ids = sorted(configs)
+        states = {cid: self.client_states.get(cid) for cid in client_ids}
+        tasks = [FitTask(cid, round_num, task_seed(self.seed, round_num, cid), configs[cid], task_state(states[cid])) for cid in client_ids]
+        results = self.comm.fit(self.executor, self.params, tasks, states, self.attack.apply if self.attack else None)
+        fit_s = time.perf_counter() - start
+        succeeded = apply_failure_policy(round_num, results, self.min_success_fraction, self.logger)
+        updates = sound_updates(round_num, succeeded, self.params, self.logger)
+        rows = [client_row(u, self.params) | row_extras(self, round_num, u.client_id, configs[u.client_id]) for u in updates]
+        kept = [u for u in updates if self.strategy.keeps_stragglers or self.stragglers.epochs_for(round_num, u.client_id) is None]
+        from_strategy, aggregated = {}, kept
+        if self.privacy is not None:  # one noisy mean update, even from an empty cohort
+            aggregated, from_strategy = self.privacy.aggregate_input(round_num, self.params, kept)
+        if aggregated:  # otherwise nothing sound (or only dropped stragglers) arrived: keep the previous model
+            self.params = checked_aggregate(self.strategy, round_num, self.params, aggregated, self.logger)
+            from_strategy |= checked_scalars(self.strategy, round_num)
+            rows = with_strategy_values(rows, checked_client_values(self.strategy, round_num, aggregated))
+        self._commit_client_states(round_num, kept)
+        self.logger.log_clients(round_num, rows)
+        down = (schedule.download_bytes if schedule is not None  # the clock's dropped clients downloaded too
+                else sum(self.comm.task_down_bytes(configs[cid]) for cid in client_ids))
+        metrics = train_metrics(updates, len(results)) | from_strategy | wire_metrics(self, down, results)
+        metrics |= attack_metrics(self, round_num, client_ids, kept)
+        metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
+        metrics["client/num_aggregated"] = float(len(kept))
+        if schedule is not None:
+            metrics.update(schedule.metrics())
+            self.clock.advance(schedule)  # type: ignore[union-attr]
+        return self._finish_round(round_num, metrics, client_ids, start, fit_s)
+
+    def _async_round(self, round_num: int) -> dict[str, float]:
+        """One server step of an asynchronous strategy (FedBuff): events on the clock until its buffer is full."""
+        start = time.perf_counter()
+        step = self.loop.step(self, round_num)  # type: ignore[union-attr]
+        fit_s, self.params = time.perf_counter() - start, step.params
+        updates = [u for u, _ in step.consumed]
+        self._commit_client_states(round_num, updates)
+        rows = [client_row(u, started) | async_row_extras(self, round_num, u.client_id) for u, started in step.consumed]
+        self.logger.log_clients(round_num, with_strategy_values(rows, step.client_values))
+        down = int(step.metrics["sim/started"]) * self.comm.down_bytes
+        metrics = train_metrics(updates, len(step.arrived)) | step.metrics | wire_metrics(self, down, step.arrived)
+        metrics["client/num_aggregated"] = float(len(updates))
+        return self._finish_round(round_num, metrics, consumed_ids(updates), start, fit_s)
+
+    def _finish_round(self, round_num: int, metrics: dict[str, float], client_ids: list[int], start: float, fit_s: float) -> dict[str, float]:
+        """Evaluate when due and add the wall times and memory to the round's metrics."""
+        eval_start, central, federated = time.perf_counter(), self._central_eval_due(round_num), self.client_eval.due(round_num, self.eval_every, self.num_rounds)
+        if central:
+            metrics.update(self.evaluate())
+        if federated:
+            metrics.update(self.evaluate_clients(round_num, client_ids))
+        if central or federated:
+            metrics["time/eval_s"] = time.perf_counter() - eval_start
+        metrics["time/fit_s"] = fit_s
+        metrics["time/round_s"] = time.perf_counter() - start
+        metrics["system/rss_mb"] = process_rss_mb()
+        return metrics
+
+    def _plan(self, round_num: int) -> tuple[dict[int, dict[str, Any]], RoundSchedule | None]:
+        """The config of every task of the round, by client id, and the clock's schedule (None without a clock)."""
+        rng = sampling_rng(self.seed, round_num)
+        if self.clock is None:
+            ids = (self.privacy.sample(rng, len(self.clients)) if self.privacy is not None
+                   else self.strategy.sample(round_num, len(self.clients), self.clients_per_round, rng))
+            return {cid: self._client_config(round_num, cid) for cid in ids}, None
+        schedule, configs = clocked_round(
+            self.clock, self.strategy, round_num, rng, clients=self.clients, clients_per_round=self.clients_per_round,
+            config_of=lambda cid: self._client_config(round_num, cid), model_bytes=self.comm.down_bytes, update_bytes=self.comm.up_bytes,
+        )
+        return configs, schedule
+
+    def _commit_client_states(self, round_num: int, kept: list[ClientUpdate]) -> None:
+        """Make the accepted updates' new states the clients' states from now on; collect versions that no
+        kept checkpoint needs any more."""
+        self.client_states.commit(round_num, {u.client_id: u.state for u in kept if u.state is not None})
+        kept_rounds = [int(p.stem.split("-")[1]) for p in list_checkpoints(self.checkpoint_dir)] if self.checkpoint_dir else []
+        self.client_states.collect(kept_rounds)
+
+    def _client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
+        """The strategy's per-client config, with fewer epochs for a simulated straggler."""
+        config = self.strategy.client_config(round_num, client_id)
+        epochs = self.stragglers.epochs_for(round_num, client_id)
+        return config if epochs is None else {**config, "epochs": epochs}
+
+    def _central_eval_due(self, round_num: int) -> bool:
+        return round_num % self.eval_every == 0 or round_num == self.num_rounds
+
+    def evaluate(self) -> dict[str, float]:
+        """Loss and accuracy of the current global model on the centralized test set."""
+        if self.test_data is None or len(self.test_data) == 0:
+            return {}
+        model = self.evaluator.load(self.params)
+        result = evaluate_indices(model, self.evaluator.on_device(self.test_data))
+        backdoor = self.attack.evaluate(lambda d: evaluate_indices(model, self.evaluator.on_device(d))["accuracy"]) if self.attack else {}
+        return {"eval/loss": result["loss"], "eval/accuracy": result["accuracy"]} | backdoor
+
+    def evaluate_clients(self, round_num: int, sampled: Sequence[int]) -> dict[str, float]:
+        """Federated evaluation of the clients ``evaluate_clients`` names (``sampled``: this round's): see
+        :func:`fedsim.server.federated_eval.evaluate_clients`."""
+        return evaluate_clients(self, round_num, sampled)
+
+    def _snapshot(self, round_num: int) -> dict[str, Any] | None:
+        """:meth:`state_dict` after ``round_num`` (cloned), kept in memory in case the next round fails; ``None``
+        without checkpoints or before round 1."""
+        return self.state_dict(round_num) if self.checkpoint_dir is not None and round_num >= 1 else None
+
+    def _save_last_good(self, state: dict[str, Any] | None) -> None:
+        """After an error: write the last completed round's checkpoint unless it is on disk already."""
+        if state is not None and self.checkpoint_dir is not None:
+            save_if_missing(self.checkpoint_dir, state["round"], state, keep=self.keep_checkpoints)
