@@ -15,7 +15,6 @@ from fedsim.cli.run import (
 )
 
 
-
 def main() -> None:
     """The ``fedsim`` command line (:func:`fedsim.cli.main`), as this module's ``main`` always was."""
     from fedsim.cli.command import main as cli_main
@@ -23,5 +22,16 @@ def main() -> None:
     cli_main()
 
 
-__all__ = ["ConfigError", "main", "build_attack", "build_clock", "build_compression", "build_data", "build_model_factory",
-           "build_privacy", "build_server", "compose", "run_config"]
+__all__ = [
+    "ConfigError",
+    "main",
+    "build_attack",
+    "build_clock",
+    "build_compression",
+    "build_data",
+    "build_model_factory",
+    "build_privacy",
+    "build_server",
+    "compose",
+    "run_config",
+]

@@ -28,9 +28,13 @@ from pathlib import Path
 DROPPED_ENV = ("FEDSIM_DATA_ROOT", "HYDRA_FULL_ERROR")
 
 
-def run_cli(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
-            env: Mapping[str, str | None] | None = None,
-            pythonpath: Sequence[str | os.PathLike[str]] = ()) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    args: Sequence[str],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str | None] | None = None,
+    pythonpath: Sequence[str | os.PathLike[str]] = (),
+) -> subprocess.CompletedProcess[str]:
     """``fedsim ARGS`` in this process. ``env``: variables to set (``None``: unset) for the call, on top of
     :data:`DROPPED_ENV` unset; ``pythonpath``: folders importable for the call (also given to worker processes
     through ``PYTHONPATH``, as a subprocess's would be). Returns what ``subprocess.run(..., capture_output=True,
@@ -41,7 +45,9 @@ def run_cli(args: Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
     changes.update(env or {})
     paths = [str(Path(p).resolve()) for p in pythonpath]
     if paths:
-        changes["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [(env or {}).get("PYTHONPATH") or os.environ.get("PYTHONPATH")])])
+        changes["PYTHONPATH"] = os.pathsep.join(
+            [*paths, *filter(None, [(env or {}).get("PYTHONPATH") or os.environ.get("PYTHONPATH")])]
+        )
     code = 0
     with _environment(changes), _sys_path(paths), _working_dir(cwd), _captured_fds() as output, _logging_restored():
         try:
@@ -129,7 +135,11 @@ def _logging_restored() -> Iterator[None]:
     made with, which under pytest is pytest's capture file)."""
     loggers = [logging.getLogger(), logging.getLogger("fedsim")]
     saved = [(logger, list(logger.handlers), logger.level, logger.propagate, logger.disabled) for logger in loggers]
-    was_disabled = {name: logger.disabled for name, logger in logging.root.manager.loggerDict.items() if isinstance(logger, logging.Logger)}
+    was_disabled = {
+        name: logger.disabled
+        for name, logger in logging.root.manager.loggerDict.items()
+        if isinstance(logger, logging.Logger)
+    }
     existing, named = list(logging._handlerList), dict(logging._handlers)  # type: ignore[attr-defined]
     del logging._handlerList[:]  # type: ignore[attr-defined]
     try:

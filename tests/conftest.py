@@ -29,10 +29,15 @@ os.environ["RAY_ADDRESS"] = "local"
 UNMARKED_LIMIT_S = 5.0
 # the test files that start Ray (through ``local_ray``, a cluster or a script of their own); a test that asks for
 # ``local_ray`` from another file stops the collection, so the list stays complete
-RAY_FILES = frozenset({
-    "tests/executor/test_ray.py", "tests/executor/test_ray_faults.py", "tests/executor/test_ray_cluster.py",
-    "tests/executor/test_malformed_updates.py", "tests/state/test_client_state_runs.py",
-})
+RAY_FILES = frozenset(
+    {
+        "tests/executor/test_ray.py",
+        "tests/executor/test_ray_faults.py",
+        "tests/executor/test_ray_cluster.py",
+        "tests/executor/test_malformed_updates.py",
+        "tests/state/test_client_state_runs.py",
+    }
+)
 _unmarked_durations: dict[str, float] = {}
 
 
@@ -45,8 +50,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     over = sorted(((s, n) for n, s in _unmarked_durations.items() if s > UNMARKED_LIMIT_S), reverse=True)
     if over:
         terminalreporter.section("tests over the inner loop's limit")
-        terminalreporter.write_line(f"not marked slow and over {UNMARKED_LIMIT_S:g} s (mark them @pytest.mark.slow, "
-                                    f"or make them cheaper; CONTRIBUTING.md):")
+        terminalreporter.write_line(
+            f"not marked slow and over {UNMARKED_LIMIT_S:g} s (mark them @pytest.mark.slow, "
+            f"or make them cheaper; CONTRIBUTING.md):"
+        )
         for seconds, nodeid in over:
             terminalreporter.write_line(f"  {seconds:6.1f} s  {nodeid}")
 
@@ -70,8 +77,9 @@ def local_ray(_ray_shut_down_at_the_end: None) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    strays = sorted({item.nodeid.split("::")[0] for item in items if "local_ray" in getattr(item, "fixturenames", ())}
-                    - RAY_FILES)
+    strays = sorted(
+        {item.nodeid.split("::")[0] for item in items if "local_ray" in getattr(item, "fixturenames", ())} - RAY_FILES
+    )
     if strays:
         raise pytest.UsageError(f"{', '.join(strays)} start Ray: add them to RAY_FILES in tests/conftest.py")
 

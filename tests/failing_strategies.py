@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
+from fedsim.core.types import ClientUpdate
 from fedsim.strategy import FedAvg
 from fedsim.strategy.server_opt import FedOpt
-from fedsim.core.types import ClientUpdate
 
 
 class NaNFedAvg(FedAvg):
@@ -37,8 +37,13 @@ class BadReturnFedAvg(FedAvg):
         new = super().aggregate(round_num, global_params, updates)
         if round_num != self.bad_round:
             return new
-        return {"short": lambda: new[:-1], "float64": lambda: new.double(), "int64": lambda: new.long(),
-                "huge": lambda: new.double() * 1e300, "list": lambda: new.tolist()}[self.how]()
+        return {
+            "short": lambda: new[:-1],
+            "float64": lambda: new.double(),
+            "int64": lambda: new.long(),
+            "huge": lambda: new.double() * 1e300,
+            "list": lambda: new.tolist(),
+        }[self.how]()
 
 
 class FlakyFedAdam(FedOpt):

@@ -45,8 +45,14 @@ class Probe(Callback):
 
     def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
         handler = signal.getsignal(signal.SIGINT)
-        record = {"fds": len(os.listdir("/proc/self/fd")), "children": child_commands(), "live": live_fedsim_objects(),
-                  "sigint": _name(handler), "sigint_before": self.sigint_before, "status": str(job_return.status)}
+        record = {
+            "fds": len(os.listdir("/proc/self/fd")),
+            "children": child_commands(),
+            "live": live_fedsim_objects(),
+            "sigint": _name(handler),
+            "sigint_before": self.sigint_before,
+            "status": str(job_return.status),
+        }
         with open(self.out, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 

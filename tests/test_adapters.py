@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from fedsim.client.adapters import StateDictClient, accepted_extras, from_user_objects, no_shared_data
+from fedsim.core.params import flatten
+from fedsim.core.types import ClientFailure, ClientUpdate, FitTask
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.executor.base import Workload
 from fedsim.observe.run_logger import RunLogger
-from fedsim.core.params import flatten
 from fedsim.server.server import RoundFailedError, RunResult, Server
 from fedsim.strategy import FedAvg, FedProx
-from fedsim.core.types import ClientFailure, ClientUpdate, FitTask
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import user_objects  # noqa: E402  (workers import it by the same name: spawn copies sys.path)
@@ -35,9 +35,16 @@ def users() -> list[User]:
 def build(executor, clients, *, rounds: int = 3, per_round: int = 3, strategy=None, seed: int = 5) -> Server:
     x, y = make_data(seed=100, n=40)
     return Server(
-        model_factory=make_model, clients=clients, train_data=no_shared_data((user_objects.FEATURES,)),
-        test_data=TensorData(x, y, num_classes=user_objects.CLASSES), strategy=strategy or FedAvg(), executor=executor,
-        num_rounds=rounds, clients_per_round=per_round, seed=seed, logger=RunLogger(None, progress=False),
+        model_factory=make_model,
+        clients=clients,
+        train_data=no_shared_data((user_objects.FEATURES,)),
+        test_data=TensorData(x, y, num_classes=user_objects.CLASSES),
+        strategy=strategy or FedAvg(),
+        executor=executor,
+        num_rounds=rounds,
+        clients_per_round=per_round,
+        seed=seed,
+        logger=RunLogger(None, progress=False),
     )
 
 
@@ -126,7 +133,14 @@ def test_train_gets_the_task_seed_and_config_or_refuses_a_config_it_cannot_take(
             return state_dict, 1, {"seed": float(seed), "epochs": float(config["epochs"])}
 
     executor = SerialExecutor()
-    executor.start(Workload(make_model, [StateDictClient(0, Echo()), StateDictClient(1, ConstantUser(1.0, 1))], no_shared_data((6,))))
+    executor.start(
+        Workload(
+            make_model, [StateDictClient(0, Echo()), StateDictClient(1, ConstantUser(1.0, 1))], no_shared_data((6,))
+        )
+    )
     echoed, refused = executor.fit(flatten(make_model()), [FitTask(c, 1, 1234, {"epochs": 3}) for c in (0, 1)])
     assert echoed.metrics == {"seed": 1234.0, "epochs": 3.0}
-    assert isinstance(refused, ClientFailure) and "client 1: the round's config ['epochs'] would be ignored" in refused.error
+    assert (
+        isinstance(refused, ClientFailure)
+        and "client 1: the round's config ['epochs'] would be ignored" in refused.error
+    )

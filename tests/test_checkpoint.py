@@ -13,23 +13,37 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from cli_runner import run_cli
-from fedsim.core.checkpoint import MAGIC, CheckpointError, list_checkpoints, load_checkpoint, load_latest, save_checkpoint
+
+from fedsim.core.checkpoint import (
+    MAGIC,
+    CheckpointError,
+    list_checkpoints,
+    load_checkpoint,
+    load_latest,
+    save_checkpoint,
+)
 
 MEASURED = ("time/", "system/")  # wall-clock and memory readings differ between any two runs
 
 
 def test_round_trip_keeps_the_newest_and_leaves_no_temporaries(tmp_path: Path) -> None:
     for r in range(1, 6):
-        save_checkpoint(tmp_path, r, {"round": r, "params": torch.full((3,), float(r)), "history": [{"a": 1.0, "b": None}]}, keep=2)
-    assert [p.name for p in tmp_path.iterdir()] and sorted(p.name for p in tmp_path.iterdir()) == ["round-000004.ckpt", "round-000005.ckpt"]
+        save_checkpoint(
+            tmp_path, r, {"round": r, "params": torch.full((3,), float(r)), "history": [{"a": 1.0, "b": None}]}, keep=2
+        )
+    assert [p.name for p in tmp_path.iterdir()] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "round-000004.ckpt",
+        "round-000005.ckpt",
+    ]
     path, state = load_latest(tmp_path)
     assert path.name == "round-000005.ckpt" and torch.equal(state["params"], torch.full((3,), 5.0))
     assert state["history"] == [{"a": 1.0, "b": None}]
 
 
-def test_a_truncated_latest_checkpoint_falls_back_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_truncated_latest_checkpoint_falls_back_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     for r in (1, 2):
         save_checkpoint(tmp_path, r, {"round": r})
     latest = list_checkpoints(tmp_path)[-1]
@@ -90,7 +104,13 @@ ROUNDS = 15  # the latest kill comes after round 11: a few rounds are left to re
 
 
 def _args(run_dir: Path, *overrides: str) -> list[str]:
-    return [f"num_rounds={ROUNDS}", "checkpoint_every=1", "logger.progress=false", f"hydra.run.dir={run_dir}", *overrides]
+    return [
+        f"num_rounds={ROUNDS}",
+        "checkpoint_every=1",
+        "logger.progress=false",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
+    ]
 
 
 def _cli(run_dir: Path, *overrides: str) -> list[str]:
@@ -119,7 +139,10 @@ def _wait_for_rounds(run_dir: Path, rounds: int, proc: subprocess.Popen, timeout
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Each strategy's run without interruption (in this process: nothing stops it)."""
-    runs = {strategy: tmp_path_factory.mktemp(f"full-{strategy}") for strategy in ("fedavg", "ditto", "fedadam", "fedbuff", "private")}
+    runs = {
+        strategy: tmp_path_factory.mktemp(f"full-{strategy}")
+        for strategy in ("fedavg", "ditto", "fedadam", "fedbuff", "private")
+    }
     for strategy, run_dir in runs.items():
         done = run_cli(_args(run_dir, *_settings(strategy)))
         assert done.returncode == 0, done.stderr
@@ -129,25 +152,46 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _settings(strategy: str) -> list[str]:
     """Ditto (personal models in client state) with every client evaluated with both models every round; FedBuff on
     the simulated clock (its checkpoint holds the clock, the tasks in flight and their start weights)."""
-    extra = {"ditto": ["evaluate_clients=all"], "fedbuff": ["clock=sampled", *FEDBUFF_COMPRESSED], "private": PRIVATE_COMPRESSED}
+    extra = {
+        "ditto": ["evaluate_clients=all"],
+        "fedbuff": ["clock=sampled", *FEDBUFF_COMPRESSED],
+        "private": PRIVATE_COMPRESSED,
+    }
     return [f"strategy={strategy}" if strategy != "private" else "strategy=fedavg", *extra.get(strategy, [])]
 
 
 # FedBuff attacked by ALIE (crafted from each server step's buffer), with top-k and error feedback up (residuals in
 # client state, committed with each server step), QSGD down (seeded by the model version) and clients that go
 # offline mid-task (18 s availability period)
-FEDBUFF_COMPRESSED = ["clock.always_online=false", "clock.period_h=0.005", "clock.online_fraction_mean=0.2", "attack=alie", "compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}]",
-                      "compression.downlink=[{name: qsgd, bits: 4}]"]
+FEDBUFF_COMPRESSED = [
+    "clock.always_online=false",
+    "clock.period_h=0.005",
+    "clock.online_fraction_mean=0.2",
+    "attack=alie",
+    "compression=topk",
+    "compression.uplink=[{name: topk, fraction: 0.1}]",
+    "compression.downlink=[{name: qsgd, bits: 4}]",
+]
 
 # DP-FedAvg with adaptive clipping (the ledger and the clip norm in the checkpoint), an omniscient attack (ALIE) and
 # every codec kind each way:
 # top-k then QSGD up with error feedback (residuals in client state), fp16 down
-PRIVATE_COMPRESSED = ["dp=adaptive", "attack=alie", "compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}, {name: qsgd, bits: 4}]", "compression.downlink=[fp16]"]
+PRIVATE_COMPRESSED = [
+    "dp=adaptive",
+    "attack=alie",
+    "compression=topk",
+    "compression.uplink=[{name: topk, fraction: 0.1}, {name: qsgd, bits: 4}]",
+    "compression.downlink=[fp16]",
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "kill_after"), [("fedavg", 2), ("ditto", 3), ("fedadam", 11), ("fedbuff", 4), ("private", 5)])
-def test_sigkilled_run_resumes_bitwise(strategy: str, kill_after: int, tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "kill_after"), [("fedavg", 2), ("ditto", 3), ("fedadam", 11), ("fedbuff", 4), ("private", 5)]
+)
+def test_sigkilled_run_resumes_bitwise(
+    strategy: str, kill_after: int, tmp_path: Path, uninterrupted: dict[str, Path]
+) -> None:
     proc = subprocess.Popen(_cli(tmp_path, *_settings(strategy)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for_rounds(tmp_path, kill_after, proc)
@@ -165,15 +209,21 @@ def test_sigkilled_run_resumes_bitwise(strategy: str, kill_after: int, tmp_path:
     if strategy == "ditto":  # every client's global and personal scores, every round, as in the uninterrupted run
         assert "eval_personal/accuracy_worst10" in _metrics(full)[-1]
         files = sorted((full / "client_eval").iterdir())
-        assert len(files) == ROUNDS and [p.read_text() for p in files] == [(tmp_path / "client_eval" / p.name).read_text() for p in files]
+        assert len(files) == ROUNDS and [p.read_text() for p in files] == [
+            (tmp_path / "client_eval" / p.name).read_text() for p in files
+        ]
 
 
 @pytest.mark.slow
-def test_resume_auto_starts_fresh_then_continues_a_killed_run_bitwise(tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
+def test_resume_auto_starts_fresh_then_continues_a_killed_run_bitwise(
+    tmp_path: Path, uninterrupted: dict[str, Path]
+) -> None:
     """The same command twice, as a requeued SLURM job runs it: the first starts (no checkpoint yet), is killed,
     the second continues from the newest checkpoint and ends bitwise equal to an undisturbed run."""
     command = _args(tmp_path, "strategy=fedavg", "resume=auto")
-    proc = subprocess.Popen([sys.executable, "-m", "fedsim", *command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedsim", *command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         _wait_for_rounds(tmp_path, 3, proc)
         proc.send_signal(signal.SIGKILL)
@@ -200,8 +250,12 @@ def _assert_one_value_per_round(run_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_sigint_stops_at_a_safe_point_and_resume_finishes(tmp_path: Path, uninterrupted: dict[str, Path]) -> None:
-    proc = subprocess.Popen(_cli(tmp_path, *_settings("ditto"), "checkpoint_every=0"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _cli(tmp_path, *_settings("ditto"), "checkpoint_every=0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for_rounds(tmp_path, 4, proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -234,23 +288,35 @@ def _small_server(run_dir: Path, num_rounds: int, rows_in_memory: bool = True): 
     from fedsim.data.partition import natural
     from fedsim.data.synthetic import synthetic
     from fedsim.executor import SerialExecutor
-    from fedsim.observe.run_logger import RunLogger
     from fedsim.models import LogisticRegression
+    from fedsim.observe.run_logger import RunLogger
     from fedsim.server.server import Server
     from fedsim.strategy import FedAvg
 
-    data = federate(synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+    data = federate(
+        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
+    )
     return Server(
-        model_factory=functools.partial(LogisticRegression, (60,), 10), clients=make_clients(data, Client),
-        train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=SerialExecutor(), num_rounds=num_rounds,
-        clients_per_round=3, seed=5, logger=RunLogger(run_dir, tensorboard=False, progress=False, client_rows_in_memory=rows_in_memory),
-        checkpoint_dir=run_dir / "checkpoints", checkpoint_every=1,
+        model_factory=functools.partial(LogisticRegression, (60,), 10),
+        clients=make_clients(data, Client),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=FedAvg(),
+        executor=SerialExecutor(),
+        num_rounds=num_rounds,
+        clients_per_round=3,
+        seed=5,
+        logger=RunLogger(run_dir, tensorboard=False, progress=False, client_rows_in_memory=rows_in_memory),
+        checkpoint_dir=run_dir / "checkpoints",
+        checkpoint_every=1,
     )
 
 
 def _records(run_dir: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(MEASURED)}
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if not k.startswith(MEASURED)}
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def test_checkpoints_leave_client_rows_to_metrics_jsonl_and_resume_restores_them(tmp_path: Path) -> None:
@@ -284,7 +350,9 @@ def test_client_rows_can_live_on_disk_only_and_resume_still_writes_them(tmp_path
     assert all(len(record["clients"]) == 3 for record in _records(tmp_path / "lean"))
 
 
-def test_resume_without_metrics_jsonl_keeps_the_scalars_and_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_resume_without_metrics_jsonl_keeps_the_scalars_and_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     _small_server(tmp_path, 3).run()
     (tmp_path / "metrics.jsonl").unlink()
     resumed = _small_server(tmp_path, 5)

@@ -13,13 +13,13 @@ import torch
 from torch import nn
 
 from fedsim.client import Client, evaluate_indices
+from fedsim.core.params import flatten, load_flat
+from fedsim.core.types import ClientUpdate
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import SerialExecutor
 from fedsim.models import LogisticRegression
-from fedsim.core.params import flatten, load_flat
 from fedsim.server.server import Server
 from fedsim.strategy import FedAvg
-from fedsim.core.types import ClientUpdate
 
 NUM_FEATURES, NUM_CLASSES = 4, 3
 

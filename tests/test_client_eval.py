@@ -16,30 +16,50 @@ import fedsim.client.evaluation as client_eval
 from fedsim.client import Client, evaluate_indices
 from fedsim.client.evaluation import ClientEvaluation, eval_tasks, spread, summary
 from fedsim.client.federation import federate, make_clients
+from fedsim.core.seeding import sampling_rng
+from fedsim.core.types import ClientScore
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
 from fedsim.executor.base import Executor, Workload
-from fedsim.observe.run_logger import RunLogger
 from fedsim.models import MLP2NN, LogisticRegression
-from fedsim.core.seeding import sampling_rng
+from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import Server
 from fedsim.strategy import FedAvg, FedPer, Strategy
-from fedsim.core.types import ClientScore
 
 
 def _data(fraction: float = 0.25):  # type: ignore[no-untyped-def]
-    return federate(synthetic(num_devices=12, min_size=20, max_size=60, seed=2), natural, client_test_fraction=fraction, seed=0)
+    return federate(
+        synthetic(num_devices=12, min_size=20, max_size=60, seed=2), natural, client_test_fraction=fraction, seed=0
+    )
 
 
-def _server(executor: Executor, *, strategy: Strategy | None = None, fraction: float = 0.25, run_dir: Path | None = None,
-            who: str = "all", client: type[Client] = Client, mlp: bool = False) -> Server:
+def _server(
+    executor: Executor,
+    *,
+    strategy: Strategy | None = None,
+    fraction: float = 0.25,
+    run_dir: Path | None = None,
+    who: str = "all",
+    client: type[Client] = Client,
+    mlp: bool = False,
+) -> Server:
     data = _data(fraction)
-    factory = functools.partial(MLP2NN, (60,), 10, hidden=16) if mlp else functools.partial(LogisticRegression, (60,), 10)
+    factory = (
+        functools.partial(MLP2NN, (60,), 10, hidden=16) if mlp else functools.partial(LogisticRegression, (60,), 10)
+    )
     return Server(
-        model_factory=factory, clients=make_clients(data, client), train_data=data.train, test_data=data.test,
-        strategy=strategy or FedAvg(), executor=executor, num_rounds=2, clients_per_round=4, seed=0,
-        logger=RunLogger(run_dir, progress=False), client_eval=ClientEvaluation(who),
+        model_factory=factory,
+        clients=make_clients(data, client),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=strategy or FedAvg(),
+        executor=executor,
+        num_rounds=2,
+        clients_per_round=4,
+        seed=0,
+        logger=RunLogger(run_dir, progress=False),
+        client_eval=ClientEvaluation(who),
     )
 
 
@@ -52,6 +72,7 @@ def _eval_metrics(history: list[dict]) -> list[dict]:
 
 
 # --- known answers ----------------------------------------------------------------------------------------------
+
 
 def test_spread_of_ten_clients() -> None:
     values = np.arange(10) / 10  # 0.0, 0.1, ..., 0.9
@@ -68,7 +89,9 @@ def test_spread_of_ten_clients() -> None:
 def test_summary_weights_by_examples_and_counts_personal_models() -> None:
     scores = [ClientScore(0, 1, 2.0, 1.0, 1.0, 1.0, True), ClientScore(1, 3, 4.0, 0.0, 3.0, 0.5, False)]
     got = summary(scores, personal=True)
-    assert got["eval_global/accuracy"] == 0.25 and got["eval_global/accuracy_mean"] == 0.5  # (1·1 + 3·0) / 4; (1 + 0) / 2
+    assert (
+        got["eval_global/accuracy"] == 0.25 and got["eval_global/accuracy_mean"] == 0.5
+    )  # (1·1 + 3·0) / 4; (1 + 0) / 2
     assert got["eval_global/loss"] == 3.5 and got["eval_global/clients"] == 2.0  # (1·2 + 3·4) / 4
     assert got["eval_personal/accuracy"] == 0.625 and got["eval_personal/loss_worst10"] == 3.0  # (1 + 1.5) / 4
     assert got["eval_personal/personalised"] == 1.0
@@ -96,10 +119,15 @@ def test_who_and_when() -> None:
     assert [r for r in range(1, 6) if ClientEvaluation().due(r, eval_every=2, num_rounds=5)] == [2, 4, 5]
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"who": "everyone"}, "evaluate_clients.who"), ({"who": "cohort"}, "evaluate_clients.size"),
-    ({"who": "all", "size": 3}, "evaluate_clients.size"), ({"every": 0}, "evaluate_clients.every"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"who": "everyone"}, "evaluate_clients.who"),
+        ({"who": "cohort"}, "evaluate_clients.size"),
+        ({"who": "all", "size": 3}, "evaluate_clients.size"),
+        ({"every": 0}, "evaluate_clients.every"),
+    ],
+)
 def test_bad_settings_name_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         ClientEvaluation(**kwargs)
@@ -109,11 +137,15 @@ def test_bad_settings_name_the_field(kwargs: dict, field: str) -> None:
 
 # --- through the server -----------------------------------------------------------------------------------------
 
+
 def test_sampled_clients_accuracy_is_the_example_weighted_mean_of_their_own_evaluations() -> None:
     server = _server(SerialExecutor(), who="sampled")
     last = server.run().history[-1]
     sampled = FedAvg().sample(2, 12, 4, sampling_rng(0, 2))
-    results = [evaluate_indices(server.model, server.train_data, torch.from_numpy(server.clients[c].test_indices)) for c in sampled]
+    results = [
+        evaluate_indices(server.model, server.train_data, torch.from_numpy(server.clients[c].test_indices))
+        for c in sampled
+    ]
     n = sum(r["num_examples"] for r in results)
     assert last["eval_global/clients"] == 4
     assert last["eval_global/accuracy"] == pytest.approx(sum(r["accuracy"] * r["num_examples"] for r in results) / n)
@@ -121,7 +153,9 @@ def test_sampled_clients_accuracy_is_the_example_weighted_mean_of_their_own_eval
 
 
 def test_no_client_metrics_without_local_test_data() -> None:
-    assert all(not k.startswith("eval_global") for r in _server(SerialExecutor(), fraction=0.0).run().history for k in r)
+    assert all(
+        not k.startswith("eval_global") for r in _server(SerialExecutor(), fraction=0.0).run().history for k in r
+    )
 
 
 def test_every_client_is_scored_into_a_file_and_tensorboard(tmp_path: Path) -> None:
@@ -131,7 +165,9 @@ def test_every_client_is_scored_into_a_file_and_tensorboard(tmp_path: Path) -> N
     rows = files["round-0002.csv"].splitlines()
     assert rows[0] == "client,num_examples,loss,accuracy" and len(rows) == 13  # header + the 12 clients
     table = np.array([[float(x) for x in row.split(",")] for row in rows[1:]])
-    assert history[-1]["eval_global/accuracy"] == pytest.approx(float(np.sum(table[:, 1] * table[:, 3]) / np.sum(table[:, 1])))
+    assert history[-1]["eval_global/accuracy"] == pytest.approx(
+        float(np.sum(table[:, 1] * table[:, 3]) / np.sum(table[:, 1]))
+    )
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"histograms": 0, "scalars": 0}).Reload()
     assert {"eval_global/client_accuracy", "eval_global/client_loss"} <= set(events.Tags()["histograms"])
     assert [e.step for e in events.Scalars("eval_global/accuracy_p10")] == [1, 2]
@@ -139,7 +175,9 @@ def test_every_client_is_scored_into_a_file_and_tensorboard(tmp_path: Path) -> N
     assert histogram.num == 12 and histogram.min == table[:, 3].min() and histogram.max == table[:, 3].max()
 
 
-def test_scores_are_bitwise_the_same_under_serial_process_and_vmap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scores_are_bitwise_the_same_under_serial_process_and_vmap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(client_eval, "EXAMPLES_PER_TASK", 25)  # several groups, so that several workers score
     runs = {}
     for name, executor in (("serial", SerialExecutor()), ("process", ProcessExecutor(devices="cpu", workers=3))):
@@ -163,8 +201,14 @@ def test_scores_are_bitwise_the_same_under_serial_process_and_vmap(tmp_path: Pat
 
 def test_personal_models_are_scored_alongside_the_global_one_in_worker_processes_too(tmp_path: Path) -> None:
     serial = _server(SerialExecutor(), strategy=FedPer(), mlp=True, run_dir=tmp_path / "serial").run().history
-    process = _server(ProcessExecutor(devices="cpu", workers=2), strategy=FedPer(), mlp=True, run_dir=tmp_path / "process").run().history
-    assert _files(tmp_path / "serial") == _files(tmp_path / "process") and _eval_metrics(serial) == _eval_metrics(process)
+    process = (
+        _server(ProcessExecutor(devices="cpu", workers=2), strategy=FedPer(), mlp=True, run_dir=tmp_path / "process")
+        .run()
+        .history
+    )
+    assert _files(tmp_path / "serial") == _files(tmp_path / "process") and _eval_metrics(serial) == _eval_metrics(
+        process
+    )
     last = serial[-1]
     assert 0 < last["eval_personal/personalised"] < 12  # 8 clients trained over 2 rounds of 4, some of them twice
     rows = [row.split(",") for row in _files(tmp_path / "serial")["round-0002.csv"].splitlines()[1:]]
@@ -183,7 +227,9 @@ class OwnEvaluation(Client):
 
 
 def test_a_clients_own_evaluate_is_used_and_a_failing_one_is_reported(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(client_eval, "EXAMPLES_PER_TASK", 25)
     history = _server(SerialExecutor(), client=OwnEvaluation, run_dir=tmp_path).run().history

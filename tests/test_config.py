@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 from cli_runner import run_cli
-
-from fedsim.strategy.context import RunContext
-from fedsim.core.params import ParamLayout
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
+
+from fedsim.core.params import ParamLayout
+from fedsim.strategy.context import RunContext
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ holds the vision_files helpers
 sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))  # tests/data: writers of the other formats
@@ -31,26 +31,40 @@ import leaf_files  # noqa: E402
 import tff_files  # noqa: E402
 import vision_files  # noqa: E402
 
-from fedsim.client.base import Client  # noqa: E402
 from fedsim.cli.config import ConfigError  # noqa: E402
+from fedsim.cli.run import CONFIG_DIR, build_server, compose, run_config  # noqa: E402
+from fedsim.client.base import Client  # noqa: E402
+from fedsim.client.evaluation import ClientEvaluation  # noqa: E402
+from fedsim.comm import Compression  # noqa: E402
+from fedsim.core.types import ClientUpdate, FitTask  # noqa: E402
 from fedsim.data.tensor_data import DataSplit, TensorData  # noqa: E402
 from fedsim.executor import Executor, SerialExecutor, Workload  # noqa: E402
-from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.models import LogisticRegression  # noqa: E402
-from fedsim.strategy.root_data import root_trainer  # noqa: E402
-from fedsim.cli.run import CONFIG_DIR, build_server, compose, run_config  # noqa: E402
+from fedsim.observe.run_logger import RunLogger  # noqa: E402
+from fedsim.observe.tensorboard_log import tensorboard_tag  # noqa: E402
 from fedsim.server.server import RunResult, Server  # noqa: E402
 from fedsim.sim.clock import SyncClock  # noqa: E402
-from fedsim.comm import Compression  # noqa: E402
 from fedsim.strategy import Strategy  # noqa: E402
-from fedsim.observe.tensorboard_log import tensorboard_tag  # noqa: E402
-from fedsim.core.types import ClientUpdate, FitTask  # noqa: E402
-from fedsim.client.evaluation import ClientEvaluation  # noqa: E402
+from fedsim.strategy.root_data import root_trainer  # noqa: E402
 
 CONF = Path(CONFIG_DIR)
 USER_PKG = Path(__file__).resolve().parent / "user_pkg"
-GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "logger", "tracker", "evaluate_clients", "clock", "compression",
-          "dp", "attack", "experiment")
+GROUPS = (
+    "data",
+    "partition",
+    "model",
+    "client",
+    "strategy",
+    "executor",
+    "logger",
+    "tracker",
+    "evaluate_clients",
+    "clock",
+    "compression",
+    "dp",
+    "attack",
+    "experiment",
+)
 SYNTHETIC = "fedsim.data.synthetic.synthetic"
 
 # --- tiny real-format files for the torchvision datasets --------------------------------------------
@@ -58,8 +72,12 @@ SYNTHETIC = "fedsim.data.synthetic.synthetic"
 Writer = Callable[[Path, int, int, DictConfig], None]
 VISION_WRITERS: dict[str, Writer] = {
     "fedsim.data.vision.mnist": lambda root, n, m, cfg: vision_files.write_mnist(root, n, m),
-    "fedsim.data.vision.fashion_mnist": lambda root, n, m, cfg: vision_files.write_mnist(root, n, m, folder="FashionMNIST"),
-    "fedsim.data.vision.emnist": lambda root, n, m, cfg: vision_files.write_emnist(root, cfg.data.get("split", "balanced"), n, m),
+    "fedsim.data.vision.fashion_mnist": lambda root, n, m, cfg: vision_files.write_mnist(
+        root, n, m, folder="FashionMNIST"
+    ),
+    "fedsim.data.vision.emnist": lambda root, n, m, cfg: vision_files.write_emnist(
+        root, cfg.data.get("split", "balanced"), n, m
+    ),
     "fedsim.data.vision.cifar10": lambda root, n, m, cfg: vision_files.write_cifar10(root, n, m),
 }
 
@@ -68,9 +86,14 @@ def _write_npz(root: Path, n_train: int, n_test: int) -> list[str]:
     """An ``.npz`` of ``n_train`` + ``n_test`` rows (10 classes, 4 owners) for ``data=npz``."""
     rng = np.random.default_rng(0)
     path = root / "arrays.npz"
-    np.savez(path, x_train=rng.standard_normal((n_train, 6)).astype(np.float32), y_train=np.arange(n_train) % 10,
-             x_test=rng.standard_normal((n_test, 6)).astype(np.float32), y_test=np.arange(n_test) % 10,
-             client_ids=np.arange(n_train) % 4)
+    np.savez(
+        path,
+        x_train=rng.standard_normal((n_train, 6)).astype(np.float32),
+        y_train=np.arange(n_train) % 10,
+        x_test=rng.standard_normal((n_test, 6)).astype(np.float32),
+        y_test=np.arange(n_test) % 10,
+        client_ids=np.arange(n_train) % 4,
+    )
     return [f"data.path={path}"]
 
 
@@ -96,7 +119,8 @@ DATA_WRITERS: dict[str, Callable[[Path, int, int, DictConfig], list[str]]] = {
     "fedsim.data.leaf.celeba": lambda root, n, m, cfg: leaf_files.write_celeba(root, n, m),
     "fedsim.data.cifar100.cifar100": lambda root, n, m, cfg: tff_files.write_cifar100(root, n, m),
     "fedsim.data.tff.femnist_tff": lambda root, n, m, cfg: tff_files.write_femnist_tff(
-        root, n, m, only_digits=bool(cfg.data.get("only_digits")), writers=12),
+        root, n, m, only_digits=bool(cfg.data.get("only_digits")), writers=12
+    ),
     "fedsim.data.hf.hf": _write_hf,
 }
 
@@ -161,7 +185,12 @@ def _check_partition(cfg: DictConfig, option: str) -> None:
 
 def _check_model(cfg: DictConfig, option: str) -> None:
     factory = instantiate(cfg.model)
-    inputs = [torch.zeros(2, 1, 28, 28), torch.zeros(2, 3, 32, 32), torch.zeros(2, 60), torch.ones(2, 25, dtype=torch.int64)]
+    inputs = [
+        torch.zeros(2, 1, 28, 28),
+        torch.zeros(2, 3, 32, 32),
+        torch.zeros(2, 60),
+        torch.ones(2, 25, dtype=torch.int64),
+    ]
     for x in inputs:  # image, flat features, or token ids (text models)
         try:
             out = factory(input_shape=tuple(x.shape[1:]), num_classes=10)(x)
@@ -193,16 +222,28 @@ def _check_strategy(cfg: DictConfig, option: str) -> None:
     # 9 values: 2 + 1, BatchNorm's weight, bias, running mean and variance (FedBN needs one), then 1 + 1
     model = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.BatchNorm1d(1), torch.nn.Linear(1, 1))
     # a root dataset for FLTrust: 200 two-feature rows of one class over ten clients of 20
-    rows = TensorData(torch.randn(200, 2, generator=torch.Generator().manual_seed(0)), torch.zeros(200, dtype=torch.long), 1)
+    rows = TensorData(
+        torch.randn(200, 2, generator=torch.Generator().manual_seed(0)), torch.zeros(200, dtype=torch.long), 1
+    )
     clients = [Client(i, np.arange(20 * i, 20 * i + 20)) for i in range(10)]
-    strategy.setup(RunContext(layout=ParamLayout.of(model), num_clients=10, num_examples=tuple(range(1, 11)),
-                              clients_per_round=10, num_rounds=2, seed=0,
-                              root_trainer=functools.partial(root_trainer, model=model, clients=clients, data=rows, seed=0)))
+    strategy.setup(
+        RunContext(
+            layout=ParamLayout.of(model),
+            num_clients=10,
+            num_examples=tuple(range(1, 11)),
+            clients_per_round=10,
+            num_rounds=2,
+            seed=0,
+            root_trainer=functools.partial(root_trainer, model=model, clients=clients, data=rows, seed=0),
+        )
+    )
     # ten clients: enough for the robust rules (Krum needs 2f + 3; trimmed_mean's beta=0.1 must trim one)
     # what Client.fit reports (SCAFFOLD, FedNova need them), and q-FFL's client half
     metrics = {"local_steps": 2.0, "lr": 0.1, "train_loss": 0.5, "qffl_start_loss": 0.5}
     updates = [ClientUpdate(i, 1, torch.linspace(-1, 1, 9) * i, i + 1, metrics=metrics) for i in range(10)]
-    if getattr(strategy, "asynchronous", False):  # FedBuff, BASGD: a server step from a buffer of deltas, staleness, clients
+    if getattr(
+        strategy, "asynchronous", False
+    ):  # FedBuff, BASGD: a server step from a buffer of deltas, staleness, clients
         new = strategy.step(torch.full((9,), 0.5), [u.params for u in updates], list(range(10)), list(range(10)))
         assert new.shape == (9,) and torch.isfinite(new).all()
         return
@@ -231,7 +272,10 @@ def _check_logger(cfg: DictConfig, option: str) -> None:
 def _check_evaluate_clients(cfg: DictConfig, option: str) -> None:
     section = cfg.evaluate_clients
     plan = ClientEvaluation(section.who, section.size, section.every)
-    assert plan.who == option and len(plan.clients([1, 3], 200, seed=0)) == {"sampled": 2, "all": 200, "cohort": section.size}[option]
+    assert (
+        plan.who == option
+        and len(plan.clients([1, 3], 200, seed=0)) == {"sampled": 2, "all": 200, "cohort": section.size}[option]
+    )
 
 
 def _check_tracker(cfg: DictConfig, option: str) -> None:
@@ -262,7 +306,9 @@ def _check_dp(cfg: DictConfig, option: str) -> None:
     dp = build_privacy(cfg)
     assert (dp is None) == (option == "none")
     if dp is not None:
-        assert dp.adaptive == (option == "adaptive") and dp.update_multiplier(cfg.clients_per_round) >= dp.noise_multiplier
+        assert (
+            dp.adaptive == (option == "adaptive") and dp.update_multiplier(cfg.clients_per_round) >= dp.noise_multiplier
+        )
 
 
 def _check_attack(cfg: DictConfig, option: str) -> None:
@@ -278,10 +324,19 @@ def _check_attack(cfg: DictConfig, option: str) -> None:
 EXAMPLE_TRACE = Path(__file__).resolve().parents[1] / "experiments" / "sim" / "example_trace.csv"
 
 CHECKS = {
-    "data": _check_data, "partition": _check_partition, "model": _check_model, "client": _check_client,
-    "strategy": _check_strategy, "executor": _check_executor, "logger": _check_logger, "tracker": _check_tracker,
-    "evaluate_clients": _check_evaluate_clients, "clock": _check_clock, "compression": _check_compression,
-    "dp": _check_dp, "attack": _check_attack,
+    "data": _check_data,
+    "partition": _check_partition,
+    "model": _check_model,
+    "client": _check_client,
+    "strategy": _check_strategy,
+    "executor": _check_executor,
+    "logger": _check_logger,
+    "tracker": _check_tracker,
+    "evaluate_clients": _check_evaluate_clients,
+    "clock": _check_clock,
+    "compression": _check_compression,
+    "dp": _check_dp,
+    "attack": _check_attack,
 }
 
 
@@ -317,7 +372,9 @@ def test_every_data_option_trains_one_round_on_its_files(option: str, tmp_path: 
     has owners (else 3 IID clients); logistic regression on features, a bag of words on token ids."""
     overrides = _with_data([f"data={option}"], tmp_path, 60, 20) or pytest.fail(f"no tiny files for data={option}")
     split = instantiate(compose(overrides).data)
-    partition = ["partition=natural"] if split.train.groups is not None else ["partition=iid", "partition.num_clients=3"]
+    partition = (
+        ["partition=natural"] if split.train.groups is not None else ["partition=iid", "partition.num_clients=3"]
+    )
     model = "model=bag_of_words" if split.train.x.dtype == torch.int64 else "model=logreg"
     cfg = compose([*overrides, *partition, model, "num_rounds=1", "clients_per_round=2", "logger=quiet"])
     [round_one] = build_server(cfg).run().history
@@ -332,8 +389,13 @@ REFERENCE_EXPERIMENTS = {  # the published setting each preset must keep: (clien
 }
 
 
-@pytest.mark.parametrize("option", [pytest.param(option, marks=pytest.mark.slow) if option == "cifar100_resnet" else option
-                                    for option in sorted(REFERENCE_EXPERIMENTS)])  # the ResNet: over 5 s
+@pytest.mark.parametrize(
+    "option",
+    [
+        pytest.param(option, marks=pytest.mark.slow) if option == "cifar100_resnet" else option
+        for option in sorted(REFERENCE_EXPERIMENTS)
+    ],
+)  # the ResNet: over 5 s
 def test_reference_experiments_train_one_round_on_tiny_files(option: str, tmp_path: Path) -> None:
     base = compose([f"experiment={option}"])
     setting = (base.clients_per_round, base.client.epochs, base.client.batch_size, base.client.optimizer.lr)
@@ -436,9 +498,20 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CliRun]:
         "default": (["num_rounds=3"], []),
         "unknown_strategy": (["strategy=nonexistent"], []),
         "missing_mnist": ([*mnist, f"data.root={empty}"], []),
-        "tiny_mnist": ([*mnist, f"data.root={mnist_root}", "partition.num_clients=4", "clients_per_round=2", "num_rounds=2"], []),
-        "user_strategy": (["strategy._target_=my_strategy.KeepGlobal", f"+strategy.marker={base / 'marker.log'}",
-                           "+data.max_size=60", "num_rounds=3", "clients_per_round=5"], [USER_PKG]),
+        "tiny_mnist": (
+            [*mnist, f"data.root={mnist_root}", "partition.num_clients=4", "clients_per_round=2", "num_rounds=2"],
+            [],
+        ),
+        "user_strategy": (
+            [
+                "strategy._target_=my_strategy.KeepGlobal",
+                f"+strategy.marker={base / 'marker.log'}",
+                "+data.max_size=60",
+                "num_rounds=3",
+                "clients_per_round=5",
+            ],
+            [USER_PKG],
+        ),
         **{name: (BAD_CONFIGS[name][0], []) for name in CLI_BAD_CONFIGS},
     }
     runs = {name: _cli(args, base / name, pythonpath) for name, (args, pythonpath) in cases.items()}
@@ -572,4 +645,3 @@ def test_run_config_from_python(tmp_path: Path) -> None:
 
     again = run_config(cfg)  # no run_dir: nothing written, same answer
     assert torch.equal(again.params, result.params)
-

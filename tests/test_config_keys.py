@@ -22,26 +22,41 @@ def test_every_shipped_option_has_only_keys_its_target_reads(group: str, option:
     check_keys(compose([f"{group}={option}"]), RunSchema, ConfigError)
 
 
-@pytest.mark.parametrize(("overrides", "line"), [
-    (["+num_round=3"], "unknown setting num_round; did you mean num_rounds?"),
-    (["+client.epoch=2"], "unknown setting client.epoch; did you mean client.epochs? (fedsim.client.Client takes "),
-    (["+client.optimizer.moment=0.9"], "unknown setting client.optimizer.moment; did you mean client.optimizer.momentum?"),
-    (["strategy=fedprox", "+strategy.muu=0.1"], "unknown setting strategy.muu; did you mean strategy.mu?"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (["+num_round=3"], "unknown setting num_round; did you mean num_rounds?"),
+        (["+client.epoch=2"], "unknown setting client.epoch; did you mean client.epochs? (fedsim.client.Client takes "),
+        (
+            ["+client.optimizer.moment=0.9"],
+            "unknown setting client.optimizer.moment; did you mean client.optimizer.momentum?",
+        ),
+        (["strategy=fedprox", "+strategy.muu=0.1"], "unknown setting strategy.muu; did you mean strategy.mu?"),
+    ],
+)
 def test_an_added_key_nothing_reads_is_refused_before_any_work(overrides: list[str], line: str) -> None:
     with pytest.raises(ConfigError) as raised:
         build_server(compose(overrides))
     assert str(raised.value).startswith(line) and "\n" not in str(raised.value)
 
 
-@pytest.mark.parametrize(("overrides", "line"), [
-    (["num_round=3"], "unknown setting num_round; did you mean num_rounds? (a typo? `+num_round=...` would add a key "
-                      "that fedsim does not read)"),
-    (["client=sgd", "client.epoch=3"], "unknown setting client.epoch; did you mean client.epochs?"),
-    (["strategy=fedprox", "strategy.muu=0.1"], "unknown setting strategy.muu; did you mean strategy.mu?"),
-    (["strategy=fedadamm"], "no option fedadamm in group strategy; did you mean fedadam? (options: basgd, bulyan, centered_clipping, ditto, fedadagrad, "),
-    (["stratgy=fedadam"], "unknown setting stratgy; did you mean strategy?"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (
+            ["num_round=3"],
+            "unknown setting num_round; did you mean num_rounds? (a typo? `+num_round=...` would add a key "
+            "that fedsim does not read)",
+        ),
+        (["client=sgd", "client.epoch=3"], "unknown setting client.epoch; did you mean client.epochs?"),
+        (["strategy=fedprox", "strategy.muu=0.1"], "unknown setting strategy.muu; did you mean strategy.mu?"),
+        (
+            ["strategy=fedadamm"],
+            "no option fedadamm in group strategy; did you mean fedadam? (options: basgd, bulyan, centered_clipping, ditto, fedadagrad, ",
+        ),
+        (["stratgy=fedadam"], "unknown setting stratgy; did you mean strategy?"),
+    ],
+)
 def test_hydras_refusal_of_an_override_becomes_one_line(overrides: list[str], line: str) -> None:
     with pytest.raises(HydraException) as raised:
         compose(overrides)
@@ -54,5 +69,6 @@ def test_the_command_line_says_it_in_one_line_with_status_2(tmp_path: Path) -> N
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "fedsim: error: unknown setting num_round; did you mean num_rounds? (a typo? `+num_round=...` would add a key "
-        "that fedsim does not read)"]
+        "that fedsim does not read)"
+    ]
     assert not (tmp_path / "run").exists(), "nothing was started"

@@ -31,10 +31,18 @@ def test_a_bad_number_names_its_field(overrides: list[str], line: str) -> None:
     assert len(str(caught.value).splitlines()) == 1
 
 
-@pytest.mark.parametrize("overrides", [
-    [], ["client.optimizer.lr=1"], ["executor=vmap", "executor.chunk_size=null"], ["executor=process", "executor.workers=2"],
-    ["strategy=fedprox", "strategy.mu=0"], ["client=adam"], ["strategy=fedper"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["client.optimizer.lr=1"],
+        ["executor=vmap", "executor.chunk_size=null"],
+        ["executor=process", "executor.workers=2"],
+        ["strategy=fedprox", "strategy.mu=0"],
+        ["client=adam"],
+        ["strategy=fedper"],
+    ],
+)
 def test_good_numbers_pass(overrides: list[str]) -> None:
     validate(compose(overrides))
 
@@ -64,6 +72,8 @@ def test_checkpoints_existing_as_a_file_is_one_line_before_any_work(tmp_path) ->
     done = run_cli(["num_rounds=1", f"hydra.run.dir={run_dir}"])
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0] == (f"fedsim: error: {run_dir / 'checkpoints'} exists and is not a directory; "
-                                            "move it away or choose another hydra.run.dir")
+    assert len(lines) == 1 and lines[0] == (
+        f"fedsim: error: {run_dir / 'checkpoints'} exists and is not a directory; "
+        "move it away or choose another hydra.run.dir"
+    )
     assert not (run_dir / "metrics.jsonl").exists()

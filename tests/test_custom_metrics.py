@@ -17,26 +17,31 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fedsim.report import command as report
 from fedsim.client.base import Client
 from fedsim.client.federation import federate, make_clients
+from fedsim.core.types import ClientUpdate
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.executor.base import Executor
-from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression
+from fedsim.observe.run_logger import RunLogger
+from fedsim.report import command as report
 from fedsim.server.round_metrics import client_row, strategy_client_values, strategy_scalars, train_metrics
 from fedsim.server.server import Server
 from fedsim.strategy import FedAvg, Strategy
-from fedsim.core.types import ClientUpdate
 
 ROUNDS, PER_ROUND = 3, 4
 
 
 def _update(client_id: int, num_examples: int, **metrics: Any) -> ClientUpdate:
-    return ClientUpdate(client_id=client_id, round_num=1, params=torch.zeros(3), num_examples=num_examples,
-                        metrics={"train_loss": 1.0, "local_steps": 4.0, "lr": 0.1, **metrics})
+    return ClientUpdate(
+        client_id=client_id,
+        round_num=1,
+        params=torch.zeros(3),
+        num_examples=num_examples,
+        metrics={"train_loss": 1.0, "local_steps": 4.0, "lr": 0.1, **metrics},
+    )
 
 
 class _Reporting(Strategy):
@@ -99,14 +104,17 @@ def test_strategy_scalars_are_prefixed_and_floats() -> None:
     assert strategy_scalars(FedAvg(), 1) == {}
 
 
-@pytest.mark.parametrize(("scalars", "words"), [
-    ({"h_norm": "big"}, ["_Reporting.round_metrics()", "'h_norm'", "numbers"]),
-    ({"chosen": True}, ["_Reporting.round_metrics()", "'chosen'", "numbers"]),
-    ({"chosen": torch.tensor(1.0)}, ["'chosen'", "numbers"]),
-    ({"h norm": 1.0}, ["_Reporting.round_metrics()", "'h norm'", "must match"]),
-    ({3: 1.0}, ["_Reporting.round_metrics()", "3", "must match"]),
-    ([("h_norm", 1.0)], ["_Reporting.round_metrics()", "dict"]),
-])
+@pytest.mark.parametrize(
+    ("scalars", "words"),
+    [
+        ({"h_norm": "big"}, ["_Reporting.round_metrics()", "'h_norm'", "numbers"]),
+        ({"chosen": True}, ["_Reporting.round_metrics()", "'chosen'", "numbers"]),
+        ({"chosen": torch.tensor(1.0)}, ["'chosen'", "numbers"]),
+        ({"h norm": 1.0}, ["_Reporting.round_metrics()", "'h norm'", "must match"]),
+        ({3: 1.0}, ["_Reporting.round_metrics()", "3", "must match"]),
+        ([("h_norm", 1.0)], ["_Reporting.round_metrics()", "dict"]),
+    ],
+)
 def test_bad_strategy_scalars_raise_naming_strategy_and_key(scalars: Any, words: list[str]) -> None:
     with pytest.raises(ValueError) as error:
         strategy_scalars(_Reporting(scalars), 1)
@@ -120,16 +128,19 @@ def test_strategy_client_values_are_floats_with_nan_as_none() -> None:
     assert strategy_client_values(FedAvg(), 1, [1, 2]) == {}
 
 
-@pytest.mark.parametrize(("per_client", "words"), [
-    ({9: {"trust": 1.0}}, ["_Reporting.client_metrics()", "client 9", "did not aggregate"]),
-    ({"3": {"trust": 1.0}}, ["client '3'", "did not aggregate"]),
-    ({True: {"trust": 1.0}}, ["client True", "did not aggregate"]),
-    ({3: {"trust": "high"}}, ["_Reporting.client_metrics()", "'trust'", "client 3", "numbers"]),
-    ({3: {"trust": torch.tensor(1.0)}}, ["'trust'", "numbers"]),
-    ({3: {"tr ust": 1.0}}, ["'tr ust'", "must match"]),
-    ({3: [1.0]}, ["client 3", "dict of name -> number"]),
-    ([(3, {"trust": 1.0})], ["_Reporting.client_metrics()", "dict of client id"]),
-])
+@pytest.mark.parametrize(
+    ("per_client", "words"),
+    [
+        ({9: {"trust": 1.0}}, ["_Reporting.client_metrics()", "client 9", "did not aggregate"]),
+        ({"3": {"trust": 1.0}}, ["client '3'", "did not aggregate"]),
+        ({True: {"trust": 1.0}}, ["client True", "did not aggregate"]),
+        ({3: {"trust": "high"}}, ["_Reporting.client_metrics()", "'trust'", "client 3", "numbers"]),
+        ({3: {"trust": torch.tensor(1.0)}}, ["'trust'", "numbers"]),
+        ({3: {"tr ust": 1.0}}, ["'tr ust'", "must match"]),
+        ({3: [1.0]}, ["client 3", "dict of name -> number"]),
+        ([(3, {"trust": 1.0})], ["_Reporting.client_metrics()", "dict of client id"]),
+    ],
+)
 def test_bad_strategy_client_values_raise_naming_strategy_client_and_key(per_client: Any, words: list[str]) -> None:
     with pytest.raises(ValueError) as error:
         strategy_client_values(_Reporting({}, per_client), 1, [3, 5])
@@ -144,12 +155,26 @@ def test_a_bad_client_value_stops_the_run_with_one_line_naming_the_strategy(tmp_
         def client_metrics(self, round_num: int) -> dict[int, dict[str, float]]:
             return {-5: {"trust": 1.0}}
 
-    split = synthetic(num_devices=6, num_features=10, num_classes=5, min_size=30, size_sigma_log=0.5, max_size=60, seed=3)
+    split = synthetic(
+        num_devices=6, num_features=10, num_classes=5, min_size=30, size_sigma_log=0.5, max_size=60, seed=3
+    )
     data = federate(split, natural, client_test_fraction=0.0, seed=0)
-    with pytest.raises(StrategyError, match=r"^round 1: Bad.client_metrics\(\) returned values for client -5, whose update it did not aggregate this round$"):
-        Server(model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-               clients=make_clients(data, Client), train_data=data.train, test_data=data.test, strategy=Bad(),
-               executor=SerialExecutor(), num_rounds=1, clients_per_round=3, seed=0, eval_device="cpu").run()
+    with pytest.raises(
+        StrategyError,
+        match=r"^round 1: Bad.client_metrics\(\) returned values for client -5, whose update it did not aggregate this round$",
+    ):
+        Server(
+            model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
+            clients=make_clients(data, Client),
+            train_data=data.train,
+            test_data=data.test,
+            strategy=Bad(),
+            executor=SerialExecutor(),
+            num_rounds=1,
+            clients_per_round=3,
+            seed=0,
+            eval_device="cpu",
+        ).run()
 
 
 # ---------------------------------------------------------------- end to end
@@ -188,13 +213,24 @@ class CountingFedAvg(FedAvg):
 
 
 def _run(executor: Executor, run_dir: Path) -> None:
-    split = synthetic(num_devices=12, num_features=10, num_classes=5, min_size=30, size_sigma_log=0.5, max_size=60, seed=3)
+    split = synthetic(
+        num_devices=12, num_features=10, num_classes=5, min_size=30, size_sigma_log=0.5, max_size=60, seed=3
+    )
     data = federate(split, natural, client_test_fraction=0.0, seed=0)
-    factory = functools.partial(PersonalClient, epochs=1, batch_size=10, optimizer=functools.partial(torch.optim.SGD, lr=0.05))
+    factory = functools.partial(
+        PersonalClient, epochs=1, batch_size=10, optimizer=functools.partial(torch.optim.SGD, lr=0.05)
+    )
     Server(
         model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-        clients=make_clients(data, factory), train_data=data.train, test_data=data.test, strategy=CountingFedAvg(),
-        executor=executor, num_rounds=ROUNDS, clients_per_round=PER_ROUND, seed=0, eval_device="cpu",
+        clients=make_clients(data, factory),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=CountingFedAvg(),
+        executor=executor,
+        num_rounds=ROUNDS,
+        clients_per_round=PER_ROUND,
+        seed=0,
+        eval_device="cpu",
         logger=RunLogger(run_dir, progress=False),
     ).run()
 
@@ -225,28 +261,40 @@ def test_metrics_jsonl_has_rows_fit_means_and_strategy_scalars(sweep: Path) -> N
         evens = [r for r in rows if "metrics" in r]
         if evens:
             reported += 1
-            mean = sum(r["metrics"]["personal_loss"] * r["num_examples"] for r in evens) / sum(r["num_examples"] for r in evens)
+            mean = sum(r["metrics"]["personal_loss"] * r["num_examples"] for r in evens) / sum(
+                r["num_examples"] for r in evens
+            )
             assert record["fit/personal_loss"] == pytest.approx(mean, rel=1e-12)
         else:
             assert "fit/personal_loss" not in record
         # the strategy's per-client values: every aggregated client's FedAvg weight, in its row
-        assert [r["strategy"] for r in rows] == [{"weight": pytest.approx(r["num_examples"] / sum(c["num_examples"] for c in rows))} for r in rows]
+        assert [r["strategy"] for r in rows] == [
+            {"weight": pytest.approx(r["num_examples"] / sum(c["num_examples"] for c in rows))} for r in rows
+        ]
     assert reported >= 2
 
 
 def test_process_executor_gives_the_same_custom_metrics_exactly(sweep: Path) -> None:
     def custom(run_dir: Path) -> list[dict[str, Any]]:
-        return [{k: v for k, v in r.items() if k.startswith(("fit/", "strategy/", "train/"))} for r in _records(run_dir)]
+        return [
+            {k: v for k, v in r.items() if k.startswith(("fit/", "strategy/", "train/"))} for r in _records(run_dir)
+        ]
 
     serial, process = custom(sweep / "serial"), custom(sweep / "process")
     assert serial == process and any("fit/personal_loss" in r for r in serial)
-    rows = [[(c["client_id"], c.get("metrics"), c["strategy"]) for c in r["clients"]] for r in _records(sweep / "process")]
-    assert rows == [[(c["client_id"], c.get("metrics"), c["strategy"]) for c in r["clients"]] for r in _records(sweep / "serial")]
+    rows = [
+        [(c["client_id"], c.get("metrics"), c["strategy"]) for c in r["clients"]] for r in _records(sweep / "process")
+    ]
+    assert rows == [
+        [(c["client_id"], c.get("metrics"), c["strategy"]) for c in r["clients"]] for r in _records(sweep / "serial")
+    ]
 
 
 def test_tensorboard_reads_back_the_custom_scalars_and_histograms(sweep: Path) -> None:
     records = _records(sweep / "serial")
-    events = EventAccumulator(str(sweep / "serial" / "tensorboard"), size_guidance={"scalars": 0, "histograms": 0}).Reload()
+    events = EventAccumulator(
+        str(sweep / "serial" / "tensorboard"), size_guidance={"scalars": 0, "histograms": 0}
+    ).Reload()
     for tag in ("fit/personal_loss", "strategy/update_count"):
         want = [(r["round"], r[tag]) for r in records if tag in r]
         got = [(s.step, s.value) for s in events.Scalars(tag)]
@@ -284,10 +332,14 @@ def test_report_shows_the_named_scalars(sweep: Path, tmp_path: Path, capsys: pyt
 
 def _fake(root: Path, name: str, records: list[dict[str, Any]]) -> None:
     (root / name).mkdir(parents=True)
-    (root / name / "metrics.jsonl").write_text("".join(json.dumps({"round": i + 1, **r}) + "\n" for i, r in enumerate(records)))
+    (root / name / "metrics.jsonl").write_text(
+        "".join(json.dumps({"round": i + 1, **r}) + "\n" for i, r in enumerate(records))
+    )
 
 
-def test_metric_column_is_last_logged_value_mean_std_over_seeds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_metric_column_is_last_logged_value_mean_std_over_seeds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _fake(tmp_path, "0_seed=0,s=a", [{"eval/accuracy": 0.5, "fit/p": 1.0}, {"eval/accuracy": 0.6}])  # p last at round 1
     _fake(tmp_path, "1_seed=1,s=a", [{"eval/accuracy": 0.5, "fit/p": 2.0}, {"eval/accuracy": 0.6, "fit/p": 3.0}])
     _fake(tmp_path, "2_seed=0,s=b", [{"eval/accuracy": 0.5, "fit/p": None}])  # logged NaN
@@ -300,13 +352,28 @@ def test_metric_column_is_last_logged_value_mean_std_over_seeds(tmp_path: Path, 
     assert "fedsim.report: no run logged nowhere" in out
     rows = {r["configuration"]: r for r in csv.DictReader(open(tmp_path / "report.csv"))}
     assert float(rows["s=a"]["fit/p_mean"]) == 2.0 and float(rows["s=a"]["fit/p_std"]) == pytest.approx(math.sqrt(2))
-    assert rows["s=c"]["fit/p_mean"] == "" and list(rows["s=a"])[-4:] == ["fit/p_mean", "fit/p_std", "nowhere_mean", "nowhere_std"]
+    assert rows["s=c"]["fit/p_mean"] == "" and list(rows["s=a"])[-4:] == [
+        "fit/p_mean",
+        "fit/p_std",
+        "nowhere_mean",
+        "nowhere_std",
+    ]
 
 
 def test_without_metric_the_columns_are_unchanged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _fake(tmp_path, "0_seed=0", [{"eval/accuracy": 0.5, "fit/p": 1.0, "time/round_s": 1.0}])
     assert report.main([str(tmp_path)]) == 0
-    assert capsys.readouterr().out.splitlines()[0].split() == ["configuration", "seeds", "rounds", "final", "acc", "best", "acc", "wall", "s"]
+    assert capsys.readouterr().out.splitlines()[0].split() == [
+        "configuration",
+        "seeds",
+        "rounds",
+        "final",
+        "acc",
+        "best",
+        "acc",
+        "wall",
+        "s",
+    ]
     (row,) = csv.DictReader(open(tmp_path / "report.csv"))
     assert list(row)[-1] == "wall_time_s_mean" and not any(k.startswith("fit/") for k in row)
 

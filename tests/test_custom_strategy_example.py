@@ -19,8 +19,8 @@ import torch
 from cli_runner import run_cli
 from torch import nn
 
-from fedsim.strategy import FedAvg
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy import FedAvg
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "experiments" / "custom_strategy"
@@ -31,8 +31,11 @@ from my_strategies import AdaptiveClippedFedAvg, ClippedFedAvg, L1FedAvg, L1Towa
 PROCESS = ["executor=process", "executor.devices=cpu", "executor.workers=2"]
 CLIPPED = ["strategy._target_=my_strategies.ClippedFedAvg", "+strategy.max_norm=1e-6"]
 L1 = ["strategy._target_=my_strategies.L1FedAvg", "+strategy.lam=0.1"]
-SEARCHPATH = ["hydra.searchpath=[file://experiments/custom_strategy/conf]", "strategy=clipped_fedavg",
-              "strategy.max_norm=1e-6"]
+SEARCHPATH = [
+    "hydra.searchpath=[file://experiments/custom_strategy/conf]",
+    "strategy=clipped_fedavg",
+    "strategy.max_norm=1e-6",
+]
 
 
 def _update(client_id: int, values: list[float], n: int) -> ClientUpdate:
@@ -182,4 +185,6 @@ def test_client_half_runs_under_vmap(runs: dict[str, list[dict[str, Any]]]) -> N
     assert {c["worker"] for r in vmap for c in r["clients"]} == {"vmap0"}
     for v, s in zip(vmap, serial, strict=True):
         assert v["eval/loss"] == pytest.approx(s["eval/loss"], rel=1e-5)
-        assert [c["train_loss"] for c in v["clients"]] == pytest.approx([c["train_loss"] for c in s["clients"]], rel=1e-5)
+        assert [c["train_loss"] for c in v["clients"]] == pytest.approx(
+            [c["train_loss"] for c in s["clients"]], rel=1e-5
+        )

@@ -12,8 +12,8 @@ import pytest
 from cli_runner import run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fedsim.server.early_stop import EarlyStop
 from fedsim.cli.run import compose, run_config
+from fedsim.server.early_stop import EarlyStop
 
 ROUNDS = 4
 
@@ -26,7 +26,9 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _events(path: Path) -> EventAccumulator:
-    return EventAccumulator(str(path), size_guidance={"histograms": 0, "images": 0, "scalars": 0, "tensors": 0}).Reload()
+    return EventAccumulator(
+        str(path), size_guidance={"histograms": 0, "images": 0, "scalars": 0, "tensors": 0}
+    ).Reload()
 
 
 def test_client_histograms_every_round(run_dir: Path) -> None:
@@ -41,8 +43,17 @@ def test_scalars_grouped_with_the_test_metrics_first(run_dir: Path) -> None:
     events = _events(run_dir / "tensorboard")
     scalars = set(events.Tags()["scalars"])
     # TensorBoard orders groups alphabetically: the round's bookkeeping goes under participants/, after eval/
-    assert {tag.split("/")[0] for tag in scalars} == {"train", "eval", "eval_global", "participants", "time", "system", "summary",
-                                                      "traffic", "vs_kb_sent"}
+    assert {tag.split("/")[0] for tag in scalars} == {
+        "train",
+        "eval",
+        "eval_global",
+        "participants",
+        "time",
+        "system",
+        "summary",
+        "traffic",
+        "vs_kb_sent",
+    }
     assert min(tag.split("/")[0] for tag in scalars | set(events.Tags()["images"])) == "eval"
     for tag in ("participants/num_sampled", "participants/num_examples", "participants/num_aggregated"):
         assert [s.step for s in events.Scalars(tag)] == list(range(1, ROUNDS + 1)), tag
@@ -110,16 +121,27 @@ def _fedsim(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_sweep_shows_what_was_swept_and_quiet_prints_no_round_lines(tmp_path: Path) -> None:
-    sweep = _fedsim("-m", "num_rounds=2", "clients_per_round=3", "+client.optimizer.foreach=true,false",
-                    f"hydra.sweep.dir={tmp_path / 'sweep'}", "logger.progress=false")
+    sweep = _fedsim(
+        "-m",
+        "num_rounds=2",
+        "clients_per_round=3",
+        "+client.optimizer.foreach=true,false",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "logger.progress=false",
+    )
     assert sweep.returncode == 0, sweep.stderr
     runs = sorted((tmp_path / "sweep").glob("*/tensorboard"))
     assert len(runs) == 2
     for run, foreach in zip(runs, (True, False)):
         hparams, _ = _hparams(_events(run))
         # the keys set on the command line and strategy/seed; booleans stay booleans; no logger.* keys
-        assert hparams == {"strategy": "fedavg", "seed": 0.0, "num_rounds": 2.0, "clients_per_round": 3.0,
-                           "client.optimizer.foreach": foreach}
+        assert hparams == {
+            "strategy": "fedavg",
+            "seed": 0.0,
+            "num_rounds": 2.0,
+            "clients_per_round": 3.0,
+            "client.optimizer.foreach": foreach,
+        }
     quiet = _fedsim("num_rounds=2", "clients_per_round=3", "logger=quiet", f"hydra.run.dir={tmp_path / 'quiet'}")
     assert quiet.returncode == 0, quiet.stderr
     assert "round" not in quiet.stderr and quiet.stdout.splitlines() == [quiet.stdout.strip()]  # the final line only

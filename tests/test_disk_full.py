@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from cli_runner import run_cli
+
+from fedsim.cli.run import compose, run_config
 from fedsim.core.checkpoint import list_checkpoints, load_checkpoint, load_latest, save_checkpoint
 from fedsim.core.errors import RunWriteError
 from fedsim.core.storage import LogFileErrors
-from fedsim.cli.run import compose, run_config
 
 BASE = ["num_rounds=2", "clients_per_round=3", "logger.progress=false", "logger.tensorboard=false", "+data.max_size=60"]
 PAGE = 4096  # tmpfs allocates whole pages; check_writable's probe is one page
@@ -38,7 +38,9 @@ def tmpfs() -> Iterator[Mount]:
 
     def mount(where: Path, size: str = "256k") -> Path:
         where.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True
+        )
         if done.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}); these tests need root with CAP_SYS_ADMIN")
         mounted.append(where)
@@ -93,16 +95,23 @@ def test_a_full_disk_at_start_is_one_line_naming_hydras_file_and_exit_2(tmpfs: M
     fill(disk)
     done = cli(disk / "run")
     assert done.returncode == 2, done.stderr
-    assert error_line(done.stderr) == (f"fedsim: error: cannot write {disk}/run/.hydra/config.yaml: No space left on device; "
-                                       "free space or choose another hydra.run.dir")
+    assert error_line(done.stderr) == (
+        f"fedsim: error: cannot write {disk}/run/.hydra/config.yaml: No space left on device; "
+        "free space or choose another hydra.run.dir"
+    )
 
 
-@pytest.mark.parametrize(("how", "reason", "remedy"), [
-    ("full", "No space left on device", "free space"),
-    ("read-only", "Read-only file system", "make it writable"),
-], ids=["full", "read-only"])
-def test_a_full_or_read_only_checkpoints_dir_is_refused_before_round_1(how: str, reason: str, remedy: str, tmpfs: Mount,
-                                                                       tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("how", "reason", "remedy"),
+    [
+        ("full", "No space left on device", "free space"),
+        ("read-only", "Read-only file system", "make it writable"),
+    ],
+    ids=["full", "read-only"],
+)
+def test_a_full_or_read_only_checkpoints_dir_is_refused_before_round_1(
+    how: str, reason: str, remedy: str, tmpfs: Mount, tmp_path: Path
+) -> None:
     checkpoints = tmpfs(tmp_path / "run" / "checkpoints", "64k")
     if how == "full":
         fill(checkpoints)
@@ -110,8 +119,10 @@ def test_a_full_or_read_only_checkpoints_dir_is_refused_before_round_1(how: str,
         remount(checkpoints, "ro")
     done = cli(tmp_path / "run")
     assert done.returncode == 2, done.stderr
-    assert error_line(done.stderr) == (f"fedsim: error: cannot write checkpoints into {checkpoints}: {reason}; {remedy} "
-                                       "or choose another hydra.run.dir")
+    assert error_line(done.stderr) == (
+        f"fedsim: error: cannot write checkpoints into {checkpoints}: {reason}; {remedy} "
+        "or choose another hydra.run.dir"
+    )
     assert not (tmp_path / "run" / "metrics.jsonl").exists(), "no work may start"
 
 
@@ -131,7 +142,8 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one_and_no_temporary(tmpfs
 
 
 def test_a_log_file_on_a_full_disk_is_kept_as_one_error_not_a_traceback_per_line(
-        tmpfs: Mount, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    tmpfs: Mount, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     disk = tmpfs(tmp_path / "disk", "64k")
     handler = logging.FileHandler(disk / "run.log")  # what Hydra attaches to the root logger
     logging.getLogger().addHandler(handler)
@@ -149,25 +161,37 @@ def test_a_log_file_on_a_full_disk_is_kept_as_one_error_not_a_traceback_per_line
     assert "handleError" not in vars(handler), "the handler's own error handling comes back afterwards"
 
 
-def _assert_stopped_with_round_2_intact(done: subprocess.CompletedProcess[str], run_dir: Path, failed: str, kept: bytes) -> None:
+def _assert_stopped_with_round_2_intact(
+    done: subprocess.CompletedProcess[str], run_dir: Path, failed: str, kept: bytes
+) -> None:
     checkpoints = run_dir / "checkpoints"
     assert done.returncode == 1, done.stderr
     line = error_line(done.stderr)
-    assert re.fullmatch(rf"fedsim: error: cannot write {checkpoints}/{failed}: No space left on device; the checkpoint of round 2 "
-                        rf"\({checkpoints}/round-000002\.ckpt\) is intact: free space, then continue with resume={run_dir}", line), line
+    assert re.fullmatch(
+        rf"fedsim: error: cannot write {checkpoints}/{failed}: No space left on device; the checkpoint of round 2 "
+        rf"\({checkpoints}/round-000002\.ckpt\) is intact: free space, then continue with resume={run_dir}",
+        line,
+    ), line
     assert [p.name for p in list_checkpoints(checkpoints)] == ["round-000002.ckpt"]
-    assert (checkpoints / "round-000002.ckpt").read_bytes() == kept and load_checkpoint(checkpoints / "round-000002.ckpt")["round"] == 2
+    assert (checkpoints / "round-000002.ckpt").read_bytes() == kept and load_checkpoint(
+        checkpoints / "round-000002.ckpt"
+    )["round"] == 2
     assert not list(checkpoints.rglob("*.tmp"))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["finished"] is False and "No space left on device" in summary["stop_reason"]
 
 
-@pytest.mark.parametrize(("strategy", "failed"), [
-    ("fedavg", r"round-000003\.ckpt"),  # the checkpoint of round 3 is the first write that does not fit
-    ("scaffold", r"client_state/\d+/c\d+-r3\.state"),  # the clients' new control variates come first
-], ids=["fedavg-checkpoint", "scaffold-client-state"])
-def test_a_disk_that_fills_up_mid_run_stops_in_one_line_and_resume_is_bitwise(strategy: str, failed: str, tmpfs: Mount,
-                                                                              tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "failed"),
+    [
+        ("fedavg", r"round-000003\.ckpt"),  # the checkpoint of round 3 is the first write that does not fit
+        ("scaffold", r"client_state/\d+/c\d+-r3\.state"),  # the clients' new control variates come first
+    ],
+    ids=["fedavg-checkpoint", "scaffold-client-state"],
+)
+def test_a_disk_that_fills_up_mid_run_stops_in_one_line_and_resume_is_bitwise(
+    strategy: str, failed: str, tmpfs: Mount, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
     checkpoints = tmpfs(run_dir / "checkpoints")
     run_config(compose([*BASE, f"strategy={strategy}"]), run_dir=run_dir)
@@ -189,14 +213,18 @@ def test_a_disk_that_fills_up_mid_run_stops_in_one_line_and_resume_is_bitwise(st
 def test_a_whole_run_dir_on_a_small_disk_fails_in_one_line_whichever_write_fails(tmpfs: Mount, tmp_path: Path) -> None:
     """Everything (Hydra's run.log, metrics.jsonl, TensorBoard, checkpoints) shares a 96 KiB disk: the first write
     that does not fit ends the run, named, with the newest checkpoint intact; more room, and the resume finishes it."""
-    disk = tmpfs(tmp_path / "disk", "96k")  # room for round 1's files (TensorBoard's first event file is ~30 KB), not for 8 rounds
+    disk = tmpfs(
+        tmp_path / "disk", "96k"
+    )  # room for round 1's files (TensorBoard's first event file is ~30 KB), not for 8 rounds
     run_dir = disk / "run"
     args = ["num_rounds=8", "checkpoint_every=1", "logger.tensorboard=true"]
     done = cli(run_dir, *args)
     assert done.returncode == 1, done.stderr
-    match = re.fullmatch(rf"fedsim: error: cannot write {run_dir}/\S+: No space left on device; the checkpoint of round (\d) "
-                         rf"\(({run_dir}/checkpoints/round-00000\d\.ckpt)\) is intact: free space, then continue with resume={run_dir}",
-                         error_line(done.stderr))
+    match = re.fullmatch(
+        rf"fedsim: error: cannot write {run_dir}/\S+: No space left on device; the checkpoint of round (\d) "
+        rf"\(({run_dir}/checkpoints/round-00000\d\.ckpt)\) is intact: free space, then continue with resume={run_dir}",
+        error_line(done.stderr),
+    )
     assert match, done.stderr
     assert 1 <= int(match.group(1)) < 8 and load_checkpoint(Path(match.group(2)))["round"] == int(match.group(1))
     assert not list(run_dir.rglob("*.tmp"))

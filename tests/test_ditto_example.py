@@ -21,17 +21,16 @@ import torch
 from cli_runner import run_cli
 from torch import nn
 
-from fedsim.core.checkpoint import read_verified
 from fedsim.client.base import Client
 from fedsim.client.federation import federate, make_clients
+from fedsim.core.checkpoint import read_verified
+from fedsim.core.params import flatten, load_flat
+from fedsim.core.seeding import task_seed
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.data.tensor_data import TensorData
-from fedsim.executor import SerialExecutor
-from fedsim.executor import client_guard
+from fedsim.executor import SerialExecutor, client_guard
 from fedsim.models import LogisticRegression
-from fedsim.core.params import flatten, load_flat
-from fedsim.core.seeding import task_seed
 from fedsim.server.server import Server
 from fedsim.strategy import FedAvg
 
@@ -59,7 +58,9 @@ def test_personal_step_known_answer() -> None:
         model.bias.zero_()
     anchor = [torch.tensor([[0.5], [-1.0]]), torch.zeros(2)]
     client = DittoClient(0, [0], lam=0.25)
-    loss = client.personal_step(model, torch.optim.SGD(model.parameters(), lr=0.5), anchor, torch.tensor([[1.0]]), torch.tensor([0]))
+    loss = client.personal_step(
+        model, torch.optim.SGD(model.parameters(), lr=0.5), anchor, torch.tensor([[1.0]]), torch.tensor([0])
+    )
     assert float(loss) == pytest.approx(math.log(2), abs=1e-7)
     assert torch.equal(model.weight.detach(), torch.tensor([[1.1875], [0.5]]))
     assert torch.equal(model.bias.detach(), torch.tensor([0.25, -0.25]))
@@ -71,12 +72,16 @@ def test_personal_step_with_lam_zero_is_a_plain_sgd_step() -> None:
     ditto_model, plain_model = nn.Linear(3, 2), nn.Linear(3, 2)
     plain_model.load_state_dict(ditto_model.state_dict())
     anchor = [torch.randn_like(p) for p in ditto_model.parameters()]  # ignored when λ = 0
-    DittoClient(0, [0], lam=0.0).personal_step(ditto_model, torch.optim.SGD(ditto_model.parameters(), lr=0.1), anchor, x, y)
+    DittoClient(0, [0], lam=0.0).personal_step(
+        ditto_model, torch.optim.SGD(ditto_model.parameters(), lr=0.1), anchor, x, y
+    )
     Client(0, [0]).train_step(plain_model, torch.optim.SGD(plain_model.parameters(), lr=0.1), x, y)
     assert torch.equal(flatten(ditto_model), flatten(plain_model))
 
 
-@pytest.mark.parametrize("kwargs", [{"lam": -1.0}, {"lam": True}, {"lam": "0.1"}, {"personal_epochs": 0}, {"personal_epochs": 1.5}])
+@pytest.mark.parametrize(
+    "kwargs", [{"lam": -1.0}, {"lam": True}, {"lam": "0.1"}, {"personal_epochs": 0}, {"personal_epochs": 1.5}]
+)
 def test_bad_parameters_are_refused(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=r"client\.(lam|personal_epochs)"):
         DittoClient(0, [0], **kwargs)
@@ -129,13 +134,22 @@ def test_second_round_starts_from_the_stored_personal_model() -> None:
 def test_server_hands_each_client_its_committed_personal_model() -> None:
     """Through the real store: client 0's personal model after round 2 is round 2's training from the one it
     had after round 1 (replayed here by hand), not from the global weights."""
-    data = federate(synthetic(num_devices=6, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+    data = federate(
+        synthetic(num_devices=6, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
+    )
 
     def server(rounds: int) -> Server:
         clients = make_clients(data, functools.partial(DittoClient, lam=0.5, batch_size=8))
         return Server(
-            model_factory=functools.partial(LogisticRegression, (60,), 10), clients=clients, train_data=data.train,
-            test_data=data.test, strategy=FedAvg(), executor=SerialExecutor(), num_rounds=rounds, clients_per_round=6, seed=5,
+            model_factory=functools.partial(LogisticRegression, (60,), 10),
+            clients=clients,
+            train_data=data.train,
+            test_data=data.test,
+            strategy=FedAvg(),
+            executor=SerialExecutor(),
+            num_rounds=rounds,
+            clients_per_round=6,
+            seed=5,
         )
 
     one, two = server(1), server(2)
@@ -160,7 +174,9 @@ def test_server_hands_each_client_its_committed_personal_model() -> None:
 
 def _run(args: list[str], run_dir: Path, rounds: int = 3) -> tuple[subprocess.CompletedProcess[str], Path]:
     """``PYTHONPATH=experiments/ditto python -m fedsim ARGS`` from the repository root, in this process."""
-    proc = run_cli([*args, f"num_rounds={rounds}", "logger=quiet", f"hydra.run.dir={run_dir}"], cwd=ROOT, pythonpath=[EXAMPLE])
+    proc = run_cli(
+        [*args, f"num_rounds={rounds}", "logger=quiet", f"hydra.run.dir={run_dir}"], cwd=ROOT, pythonpath=[EXAMPLE]
+    )
     return proc, run_dir
 
 
@@ -216,7 +232,9 @@ def test_resume_from_a_kept_checkpoint_restores_the_personal_models(tmp_path: Pa
     args = DITTO + ["checkpoint_every=2"]
     full, full_dir = _run(args, tmp_path / "full", rounds=4)
     assert full.returncode == 0, full.stderr[-3000:]
-    resumed, resumed_dir = _run(args + [f"resume={full_dir / 'checkpoints' / 'round-000002.ckpt'}"], tmp_path / "resumed", rounds=4)
+    resumed, resumed_dir = _run(
+        args + [f"resume={full_dir / 'checkpoints' / 'round-000002.ckpt'}"], tmp_path / "resumed", rounds=4
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     read = lambda run_dir: [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
     personal = lambda records: [(r["round"], r["fit/personal_loss"]) for r in records]  # noqa: E731

@@ -11,9 +11,9 @@ from fedsim.client.base import Client
 from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
-from fedsim.server.central_eval import DeviceEvaluator, eval_device
 from fedsim.executor import SerialExecutor
 from fedsim.models import LogisticRegression
+from fedsim.server.central_eval import DeviceEvaluator, eval_device
 from fedsim.server.server import Server
 from fedsim.strategy import FedAvg
 
@@ -44,14 +44,27 @@ def test_server_on_a_cpu_machine_evaluates_on_the_cpu_with_auto() -> None:
     """The default (auto) gives the same metrics as eval_device=cpu, bit for bit, where there is no GPU."""
     if torch.cuda.is_available():
         pytest.skip("on a GPU machine auto is cuda:0; tests/executor/test_gpu.py compares the two")
-    data = federate(synthetic(num_devices=6, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+    data = federate(
+        synthetic(num_devices=6, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
+    )
 
     def history(device: str) -> list[dict]:
-        return Server(
-            model_factory=functools.partial(LogisticRegression, (60,), 10), clients=make_clients(data, Client),
-            train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=SerialExecutor(),
-            num_rounds=2, clients_per_round=3, seed=1, eval_device=device,
-        ).run().history
+        return (
+            Server(
+                model_factory=functools.partial(LogisticRegression, (60,), 10),
+                clients=make_clients(data, Client),
+                train_data=data.train,
+                test_data=data.test,
+                strategy=FedAvg(),
+                executor=SerialExecutor(),
+                num_rounds=2,
+                clients_per_round=3,
+                seed=1,
+                eval_device=device,
+            )
+            .run()
+            .history
+        )
 
     auto, cpu = history("auto"), history("cpu")
     keys = ("eval/loss", "eval/accuracy", "eval_global/loss", "eval_global/accuracy")

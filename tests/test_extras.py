@@ -25,14 +25,21 @@ CASES = {
 }
 
 # `python -m fedsim ARGS` with one package missing, as if it were not installed
-WITHOUT = ("import runpy, sys; sys.modules[{module!r}] = None; sys.argv = ['fedsim', *{args!r}]; "
-           "runpy.run_module('fedsim', run_name='__main__')")
+WITHOUT = (
+    "import runpy, sys; sys.modules[{module!r}] = None; sys.argv = ['fedsim', *{args!r}]; "
+    "runpy.run_module('fedsim', run_name='__main__')"
+)
 
 
 def _run_without(module: str, overrides: list[str], run_dir: Path) -> subprocess.CompletedProcess[str]:
     args = [*overrides, "num_rounds=1", f"hydra.run.dir={run_dir}"]
-    return subprocess.run([sys.executable, "-c", WITHOUT.format(module=module, args=args)], cwd=run_dir.parent,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT.format(module=module, args=args)],
+        cwd=run_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +48,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess
     for name in CASES:
         (base / name).mkdir()
     with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {name: pool.submit(_run_without, module, overrides, base / name / "run")
-                   for name, (overrides, module, _, _) in CASES.items()}
+        futures = {
+            name: pool.submit(_run_without, module, overrides, base / name / "run")
+            for name, (overrides, module, _, _) in CASES.items()
+        }
         return {name: (future.result(), base / name / "run") for name, future in futures.items()}
 
 
@@ -62,9 +71,14 @@ def test_a_missing_extra_stops_the_run_in_one_line_before_any_work(case: str, ru
 def test_require_names_the_feature_the_package_and_the_extra() -> None:
     with pytest.raises(MissingExtraError) as caught:
         require("fedsim_test_no_such_package", "executor=nothing", "nothing", package="no-such-package")
-    assert str(caught.value) == missing_text("executor=nothing", "no-such-package", "nothing") == (
-        "executor=nothing needs the no-such-package package: "
-        "pip install 'fedsim[nothing]' (or pip install no-such-package)")
+    assert (
+        str(caught.value)
+        == missing_text("executor=nothing", "no-such-package", "nothing")
+        == (
+            "executor=nothing needs the no-such-package package: "
+            "pip install 'fedsim[nothing]' (or pip install no-such-package)"
+        )
+    )
     assert isinstance(caught.value, ConfigError) and isinstance(caught.value, ImportError)
 
 
@@ -73,10 +87,13 @@ def test_an_installed_package_that_fails_to_import_says_why(tmp_path: Path, monk
     package is installed and gives Python's reason, rather than telling the user to install it again."""
     package = tmp_path / "fedsim_test_broken_extra"
     package.mkdir()
-    (package / "__init__.py").write_text(textwrap.dedent("""
+    (package / "__init__.py").write_text(
+        textwrap.dedent("""
         import fedsim_test_absent_dependency  # noqa: F401
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(MissingExtraError, match="it is installed but does not import: No module named "
-                                                "'fedsim_test_absent_dependency'"):
+    with pytest.raises(
+        MissingExtraError, match="it is installed but does not import: No module named 'fedsim_test_absent_dependency'"
+    ):
         require("fedsim_test_broken_extra", "tracker=broken", "broken")

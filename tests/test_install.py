@@ -19,21 +19,47 @@ def test_non_editable_install_finds_its_configs(tmp_path: Path) -> None:
     # --ignore-installed: without it pip first uninstalls the fedsim this interpreter already has (the
     # editable install of the checkout), breaking the environment the rest of the suite runs in
     install = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--ignore-installed",
-         "--disable-pip-version-check", "--prefix", str(prefix), str(ROOT)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--ignore-installed",
+            "--disable-pip-version-check",
+            "--prefix",
+            str(prefix),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert install.returncode == 0, install.stderr[-2000:]
     site = Path(sysconfig.get_path("purelib", vars={"base": str(prefix), "platbase": str(prefix)}))
-    assert (site / "fedsim" / "run.py").exists() and (prefix / "share" / "fedsim" / "conf" / "executor" / "vmap.yaml").exists()
+    assert (site / "fedsim" / "run.py").exists() and (
+        prefix / "share" / "fedsim" / "conf" / "executor" / "vmap.yaml"
+    ).exists()
     env = {**os.environ, "PYTHONPATH": str(site)}
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "fedsim", "num_rounds=1", "logger=quiet", f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "final test accuracy" in proc.stdout and (run_dir / "summary.json").exists()
-    where = subprocess.run([sys.executable, "-c", "import fedsim.cli.run as r; print(r.CONFIG_DIR)"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    where = subprocess.run(
+        [sys.executable, "-c", "import fedsim.cli.run as r; print(r.CONFIG_DIR)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert Path(where.stdout.strip()) == prefix / "share" / "fedsim" / "conf", where.stderr[-2000:]

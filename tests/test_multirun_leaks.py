@@ -32,10 +32,22 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str
     env.pop("HYDRA_FULL_ERROR", None)
     procs = {}
     for name, (jobs, overrides) in SWEEPS.items():
-        cmd = [sys.executable, "-m", "fedsim", "-m", f"seed=range(0,{jobs})", "num_rounds=1", "logger.progress=false",
-               *overrides, f"hydra.sweep.dir={root / name}", "+hydra.callbacks.probe._target_=multirun_probe.Probe",
-               f"+hydra.callbacks.probe.out={root / name}.jsonl"]
-        procs[name] = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "fedsim",
+            "-m",
+            f"seed=range(0,{jobs})",
+            "num_rounds=1",
+            "logger.progress=false",
+            *overrides,
+            f"hydra.sweep.dir={root / name}",
+            "+hydra.callbacks.probe._target_=multirun_probe.Probe",
+            f"+hydra.callbacks.probe.out={root / name}.jsonl",
+        ]
+        procs[name] = subprocess.Popen(
+            cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
     for name, proc in procs.items():
         output = proc.communicate(timeout=TIMEOUT_S)[0]
         assert proc.returncode == 0, output[-3000:]
@@ -44,7 +56,9 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str
 
 @pytest.mark.slow
 @pytest.mark.parametrize("executor", list(SWEEPS))
-def test_every_job_completes_and_leaves_no_fedsim_object_alive(samples: dict[str, list[dict[str, Any]]], executor: str) -> None:
+def test_every_job_completes_and_leaves_no_fedsim_object_alive(
+    samples: dict[str, list[dict[str, Any]]], executor: str
+) -> None:
     records = samples[executor]
     assert len(records) == SWEEPS[executor][0] and all(r["status"] == "JobStatus.COMPLETED" for r in records)
     for job, record in enumerate(records):
@@ -54,7 +68,9 @@ def test_every_job_completes_and_leaves_no_fedsim_object_alive(samples: dict[str
 
 @pytest.mark.slow
 @pytest.mark.parametrize("executor", list(SWEEPS))
-def test_open_fds_are_back_to_the_same_count_after_every_job(samples: dict[str, list[dict[str, Any]]], executor: str) -> None:
+def test_open_fds_are_back_to_the_same_count_after_every_job(
+    samples: dict[str, list[dict[str, Any]]], executor: str
+) -> None:
     fds = [r["fds"] for r in samples[executor]]
     assert fds == [fds[0]] * len(fds), f"open fds after each job: {fds}"
 
@@ -66,8 +82,11 @@ def test_no_worker_process_outlives_its_job(samples: dict[str, list[dict[str, An
     for job, record in enumerate(samples[executor]):
         # multiprocessing's resource tracker and the workers' forkserver are started once per process and stay,
         # so that later jobs get warm workers (fedsim/executor/forkserver.py): not workers
-        workers = [cmd for cmd in record["children"] if "multiprocessing.resource_tracker" not in cmd
-                   and "multiprocessing.forkserver" not in cmd]
+        workers = [
+            cmd
+            for cmd in record["children"]
+            if "multiprocessing.resource_tracker" not in cmd and "multiprocessing.forkserver" not in cmd
+        ]
         assert workers == [], f"job {job}: children still running: {workers}"
         forkservers.update(cmd for cmd in record["children"] if "multiprocessing.forkserver" in cmd)
     assert len(forkservers) <= 1, f"one forkserver for the whole sweep: {forkservers}"

@@ -14,15 +14,21 @@ NOTEBOOK = Path(__file__).parents[1] / "docs" / "tutorial.ipynb"
 
 
 def _stdout(cell) -> str:  # type: ignore[no-untyped-def]
-    return "".join(output.get("text", "") for output in cell.get("outputs", []) if output.get("output_type") == "stream")
+    return "".join(
+        output.get("text", "") for output in cell.get("outputs", []) if output.get("output_type") == "stream"
+    )
 
 
 @pytest.mark.slow
 def test_tutorial_notebook_runs_process_workers_and_matches_serial(tmp_path: Path) -> None:
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()  # raises CellExecutionError, with the cell and its traceback, if a cell fails
     printed = "\n".join(_stdout(cell) for cell in notebook.cells if cell.cell_type == "code")
     assert "process == serial, bitwise: True" in printed
     assert "workers used: ['w0', 'w1']" in printed
-    assert "cannot send the model factory to worker processes (TypeError: cannot pickle '_thread.lock' object)" in printed
+    assert (
+        "cannot send the model factory to worker processes (TypeError: cannot pickle '_thread.lock' object)" in printed
+    )

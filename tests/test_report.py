@@ -19,13 +19,23 @@ from fedsim.report import plot as report_plot
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def fake_run(root: Path, name: str, accs: list[float | None], *, overrides: list[str] | None = None,
-             num_rounds: int | None = None, summary: bool | dict[str, Any] = True, round_s: float = 1.0) -> Path:
+def fake_run(
+    root: Path,
+    name: str,
+    accs: list[float | None],
+    *,
+    overrides: list[str] | None = None,
+    num_rounds: int | None = None,
+    summary: bool | dict[str, Any] = True,
+    round_s: float = 1.0,
+) -> Path:
     """A run dir as fedsim writes it: metrics.jsonl, summary.json and .hydra/{overrides,config}.yaml."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
-    records = [{"round": i + 1, "train/loss": 1.0, "eval/accuracy": acc, "eval/loss": 1.0, "time/round_s": round_s}
-               for i, acc in enumerate(accs)]
+    records = [
+        {"round": i + 1, "train/loss": 1.0, "eval/accuracy": acc, "eval/loss": 1.0, "time/round_s": round_s}
+        for i, acc in enumerate(accs)
+    ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if overrides is not None:
         (run_dir / ".hydra").mkdir()
@@ -35,9 +45,17 @@ def fake_run(root: Path, name: str, accs: list[float | None], *, overrides: list
         (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     if summary:
         done = [a for a in accs if a is not None]
-        (run_dir / "summary.json").write_text(json.dumps(
-            {"rounds": len(accs), "final_accuracy": done[-1], "best_accuracy": max(done), "wall_time_s": 10.0 * len(accs),
-             **(summary if isinstance(summary, dict) else {})}))
+        (run_dir / "summary.json").write_text(
+            json.dumps(
+                {
+                    "rounds": len(accs),
+                    "final_accuracy": done[-1],
+                    "best_accuracy": max(done),
+                    "wall_time_s": 10.0 * len(accs),
+                    **(summary if isinstance(summary, dict) else {}),
+                }
+            )
+        )
     return run_dir
 
 
@@ -47,8 +65,15 @@ def sweep(tmp_path: Path) -> Path:
     fake_run(tmp_path, "0_seed=0,strategy=a", [0.5, 0.7, 0.6], overrides=["strategy=a", "seed=0", "num_rounds=3"])
     fake_run(tmp_path, "1_seed=1,strategy=a", [0.3, 0.5, 0.8], overrides=["seed=1", "strategy=a", "num_rounds=3"])
     fake_run(tmp_path, "2_seed=0,strategy=b", [0.4, 0.5, 0.6], overrides=["strategy=b", "seed=0", "num_rounds=3"])
-    fake_run(tmp_path, "3_seed=1,strategy=b", [0.2, 0.3], overrides=["strategy=b", "seed=1", "num_rounds=3"],
-             num_rounds=3, summary=False, round_s=2.5)
+    fake_run(
+        tmp_path,
+        "3_seed=1,strategy=b",
+        [0.2, 0.3],
+        overrides=["strategy=b", "seed=1", "num_rounds=3"],
+        num_rounds=3,
+        summary=False,
+        round_s=2.5,
+    )
     return tmp_path
 
 
@@ -116,18 +141,35 @@ def test_unfinished_run_included_and_marked(sweep: Path) -> None:
     assert (b.finished, b.total, b.rounds) == (1, 2, (2, 3))
     assert b.final[0] == pytest.approx(0.45)  # 0.6 and the partial run's latest 0.3
     assert report.unfinished_lines(list(runs.values()), sweep) == [
-        "unfinished: 3_seed=1,strategy=b (2 rounds logged, no summary.json)"]
+        "unfinished: 3_seed=1,strategy=b (2 rounds logged, no summary.json)"
+    ]
 
 
 def test_summary_finished_flag_decides_and_old_summaries_compare_rounds(tmp_path: Path) -> None:
     fake_run(tmp_path, "0_old", [0.1, 0.2], overrides=["seed=0"], num_rounds=5)  # no "finished": 2 of 5 rounds
-    fake_run(tmp_path, "1_interrupted", [0.1, 0.2], overrides=["seed=1"], num_rounds=5,
-             summary={"finished": False, "stop_reason": "interrupted after round 2"})
-    fake_run(tmp_path, "2_early_stop", [0.1, 0.9], overrides=["seed=2"], num_rounds=5,
-             summary={"finished": True, "stop_reason": "early stop: reached target accuracy 0.8 at round 2 (0.9000)"})
+    fake_run(
+        tmp_path,
+        "1_interrupted",
+        [0.1, 0.2],
+        overrides=["seed=1"],
+        num_rounds=5,
+        summary={"finished": False, "stop_reason": "interrupted after round 2"},
+    )
+    fake_run(
+        tmp_path,
+        "2_early_stop",
+        [0.1, 0.9],
+        overrides=["seed=2"],
+        num_rounds=5,
+        summary={"finished": True, "stop_reason": "early stop: reached target accuracy 0.8 at round 2 (0.9000)"},
+    )
     fake_run(tmp_path, "3_old_complete", [0.1, 0.2], overrides=["seed=3"])
     assert [(r.path.name, r.finished) for r in report.load_runs(tmp_path)] == [
-        ("0_old", False), ("1_interrupted", False), ("2_early_stop", True), ("3_old_complete", True)]
+        ("0_old", False),
+        ("1_interrupted", False),
+        ("2_early_stop", True),
+        ("3_old_complete", True),
+    ]
 
 
 def test_half_written_line_and_unevaluated_rounds_are_skipped(tmp_path: Path) -> None:
@@ -157,8 +199,9 @@ def test_mean_curve_averages_seeds_present_at_each_round(sweep: Path) -> None:
 # ---------------------------------------------------------------- command line on fake sweeps
 
 
-def test_main_prints_table_writes_csv_and_png(sweep: Path, tmp_path_factory: pytest.TempPathFactory,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_prints_table_writes_csv_and_png(
+    sweep: Path, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path_factory.mktemp("out")
     assert report.main([str(sweep), "--target", "0.6", "--out", str(out)]) == 0
     text = capsys.readouterr().out
@@ -182,8 +225,9 @@ def test_csv_without_target_has_no_target_columns_and_blank_single_seed_std(tmp_
     assert "target" not in row and row["final_accuracy_std"] == "" and row["final_accuracy_mean"] == "0.6"
 
 
-def test_without_matplotlib_says_so_and_still_writes_csv(sweep: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_matplotlib_says_so_and_still_writes_csv(
+    sweep: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     assert report.main([str(sweep)]) == 0
@@ -196,7 +240,9 @@ def test_without_matplotlib_says_so_and_still_writes_csv(sweep: Path, monkeypatc
 def test_no_runs_is_one_line_and_exit_2(tmp_path: Path, where: str, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "empty").mkdir()
     assert report.main([str(tmp_path / where)]) == 2
-    assert capsys.readouterr().err == f"fedsim.report: no runs (metrics.jsonl or summary.json) under {tmp_path / where}\n"
+    assert (
+        capsys.readouterr().err == f"fedsim.report: no runs (metrics.jsonl or summary.json) under {tmp_path / where}\n"
+    )
 
 
 def test_target_must_be_a_fraction(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -207,23 +253,55 @@ def test_target_must_be_a_fraction(sweep: Path, capsys: pytest.CaptureFixture[st
 
 # ---------------------------------------------------------------- a realistic sweep: 11 overrides, 2 differ; a failed job
 
-SHARED = ["num_rounds=3", "data.num_devices=10", "clients_per_round=3", "executor=serial", "logger=quiet",
-          "client.epochs=2", "client.batch_size=20", "data.alpha=0.5", "data.beta=0.5"]  # + strategy, lr: 11
+SHARED = [
+    "num_rounds=3",
+    "data.num_devices=10",
+    "clients_per_round=3",
+    "executor=serial",
+    "logger=quiet",
+    "client.epochs=2",
+    "client.batch_size=20",
+    "data.alpha=0.5",
+    "data.beta=0.5",
+]  # + strategy, lr: 11
 STRATEGIES, LRS = ("fedavg", "fedprox"), ("0.05", "0.1")
 
 
 def metrics_row(round_num: int, acc: float, round_s: float) -> dict[str, Any]:
     """One metrics.jsonl record with the fields a real serial run logs (copied from one)."""
-    return {"round": round_num, "train/loss": 0.9, "client/num_sampled": 3.0, "client/num_failed": 0.0,
-            "client/num_examples": 384.0, "client/num_rejected": 0.0, "client/num_aggregated": 3.0,
-            "eval/loss": 2.0 - acc, "eval/accuracy": acc, "eval_global/loss": 0.97, "eval_global/accuracy": 0.76,
-            "time/eval_s": 0.15, "time/fit_s": round_s - 0.15, "time/round_s": round_s, "system/rss_mb": 682.8,
-            "clients": [{"client_id": 0, "num_examples": 77, "train_loss": 0.37, "update_norm": 0.65,
-                         "epoch_losses": [0.7, 0.04], "worker": "serial", "device": "cpu"}]}
+    return {
+        "round": round_num,
+        "train/loss": 0.9,
+        "client/num_sampled": 3.0,
+        "client/num_failed": 0.0,
+        "client/num_examples": 384.0,
+        "client/num_rejected": 0.0,
+        "client/num_aggregated": 3.0,
+        "eval/loss": 2.0 - acc,
+        "eval/accuracy": acc,
+        "eval_global/loss": 0.97,
+        "eval_global/accuracy": 0.76,
+        "time/eval_s": 0.15,
+        "time/fit_s": round_s - 0.15,
+        "time/round_s": round_s,
+        "system/rss_mb": 682.8,
+        "clients": [
+            {
+                "client_id": 0,
+                "num_examples": 77,
+                "train_loss": 0.37,
+                "update_norm": 0.65,
+                "epoch_losses": [0.7, 0.04],
+                "worker": "serial",
+                "device": "cpu",
+            }
+        ],
+    }
 
 
-def hydra_job(root: Path, num: int, overrides: list[str], accs: list[float], *, round_s: float = 0.5,
-              error: str | None = None) -> Path:
+def hydra_job(
+    root: Path, num: int, overrides: list[str], accs: list[float], *, round_s: float = 0.5, error: str | None = None
+) -> Path:
     """A job dir as a Hydra multirun of fedsim leaves it: ``<num>_<sorted overrides>`` with ``.hydra/overrides.yaml``
     (command-line order), ``.hydra/config.yaml``, metrics.jsonl (none before the first round) and summary.json
     as ``fedsim.cli.run_summary.record_summary`` writes it (``error``: ``finished`` false, ``stop_reason`` ``error: ...``)."""
@@ -235,9 +313,15 @@ def hydra_job(root: Path, num: int, overrides: list[str], accs: list[float], *, 
     if accs:
         rows = [metrics_row(i + 1, acc, round_s) for i, acc in enumerate(accs)]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    summary = {"rounds": len(accs), "final_accuracy": accs[-1] if accs else None, "final_loss": 2.0 - accs[-1] if accs else None,
-               "best_accuracy": max(accs) if accs else None, "wall_time_s": round_s * len(accs) + 0.5,
-               "finished": error is None, "stop_reason": f"error: {error}" if error else "completed"}
+    summary = {
+        "rounds": len(accs),
+        "final_accuracy": accs[-1] if accs else None,
+        "final_loss": 2.0 - accs[-1] if accs else None,
+        "best_accuracy": max(accs) if accs else None,
+        "wall_time_s": round_s * len(accs) + 0.5,
+        "finished": error is None,
+        "stop_reason": f"error: {error}" if error else "completed",
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return run_dir
 
@@ -251,8 +335,13 @@ def realistic(tmp_path: Path) -> Path:
         for lr in LRS:
             for seed in (0, 1):
                 accs = [0.3 + 0.1 * seed, 0.5 + float(lr), 0.6 + float(lr) + 0.05 * seed]
-                hydra_job(root, num, [f"strategy={strategy}", f"client.optimizer.lr={lr}", f"seed={seed}", *SHARED],
-                          accs, round_s=0.2 if strategy == "fedavg" else 0.4)
+                hydra_job(
+                    root,
+                    num,
+                    [f"strategy={strategy}", f"client.optimizer.lr={lr}", f"seed={seed}", *SHARED],
+                    accs,
+                    round_s=0.2 if strategy == "fedavg" else 0.4,
+                )
                 num += 1
     last = [f"strategy={STRATEGIES[-1]}", f"client.optimizer.lr={LRS[-1]}"]
     hydra_job(root, num, [*last, "seed=2", *SHARED], [], error="round 1 failed: 3 of 3 clients failed (client 4: boom)")
@@ -272,8 +361,11 @@ def test_realistic_labels_name_only_the_two_differing_overrides(realistic: Path)
 
 def test_legend_keys_shortened_only_while_unique_and_long_values_cut() -> None:
     assert report_plot.short_keys(["client.optimizer.lr", "server.optimizer.lr", "strategy.mu", "+x.y"]) == {
-        "client.optimizer.lr": "client.optimizer.lr", "server.optimizer.lr": "server.optimizer.lr",
-        "strategy.mu": "mu", "+x.y": "y"}
+        "client.optimizer.lr": "client.optimizer.lr",
+        "server.optimizer.lr": "server.optimizer.lr",
+        "strategy.mu": "mu",
+        "+x.y": "y",
+    }
     long_a, long_b = "data.root=/very/long/path/to/the/dataset/a", "data.root=/very/long/path/to/the/dataset/b"
     names = report_plot.legend_labels([("n=1", long_a), ("n=1", long_b)])
     assert list(names.values()) == ["root=/very/long/…he/dataset/a", "root=/very/long/…he/dataset/b"]
@@ -284,6 +376,7 @@ def test_legend_keys_shortened_only_while_unique_and_long_values_cut() -> None:
 
 def _draw(groups: dict[tuple[str, ...], list[report.Run]], **kwargs: Any) -> tuple[Any, Any]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     fig = report_plot.draw(groups, **kwargs)
     assert fig is not None
     FigureCanvasAgg(fig).draw()
@@ -308,11 +401,16 @@ def _png_size(path: Path) -> tuple[int, int]:
 @pytest.mark.parametrize("num_configs", [1, 4, 20])
 def test_legend_outside_axes_and_every_text_inside_the_saved_png(tmp_path: Path, num_configs: int) -> None:
     from matplotlib.text import Text
+
     root = tmp_path / "sweep"
     for i in range(num_configs):
         for seed in (0, 1):
-            hydra_job(root, 2 * i + seed, [f"strategy=s{i % 5}", f"client.optimizer.lr=0.{i // 5 + 1}", f"seed={seed}",
-                                           *SHARED], [0.1 * seed + 0.01 * i, 0.5, 0.6 + 0.01 * i])
+            hydra_job(
+                root,
+                2 * i + seed,
+                [f"strategy=s{i % 5}", f"client.optimizer.lr=0.{i // 5 + 1}", f"seed={seed}", *SHARED],
+                [0.1 * seed + 0.01 * i, 0.5, 0.6 + 0.01 * i],
+            )
     groups = report.group_runs(report.load_runs(root))
     assert len(groups) == num_configs
     fig, renderer = _draw(groups, target=0.55)
@@ -344,21 +442,36 @@ def test_failed_jobs_listed_with_their_reason(realistic: Path, capsys: pytest.Ca
     assert lines[1].split()[:4] == ["configuration", "seeds", "failed", "rounds"]
     assert re.match(r"client\.optimizer\.lr=0\.1,strategy=fedprox\s+2/4\s+2\s+0-3\s", lines[5])
     failed = [line for line in lines if line.startswith("failed: ")]
-    assert failed == [f"failed: {next(realistic.glob('8_*')).name} (0 rounds logged): error: round 1 failed: 3 of 3 "
-                      "clients failed (client 4: boom)",
-                      f"failed: {next(realistic.glob('9_*')).name} (1 rounds logged): error: RuntimeError: CUDA out of memory"]
+    assert failed == [
+        f"failed: {next(realistic.glob('8_*')).name} (0 rounds logged): error: round 1 failed: 3 of 3 "
+        "clients failed (client 4: boom)",
+        f"failed: {next(realistic.glob('9_*')).name} (1 rounds logged): error: RuntimeError: CUDA out of memory",
+    ]
     rows = list(csv.DictReader(open(realistic / "out" / "report.csv")))
     assert [r["status"] for r in rows] == ["finished", "finished", "finished", "failed"]
     assert [r["seeds_failed"] for r in rows] == ["0", "0", "0", "2"]
-    assert rows[3]["failures"] == ("seed=2: error: round 1 failed: 3 of 3 clients failed (client 4: boom); "
-                                   "seed=3: error: RuntimeError: CUDA out of memory")
+    assert rows[3]["failures"] == (
+        "seed=2: error: round 1 failed: 3 of 3 clients failed (client 4: boom); "
+        "seed=3: error: RuntimeError: CUDA out of memory"
+    )
     assert (rows[3]["seeds_finished"], rows[3]["seeds_total"]) == ("2", "4")
 
 
-def test_any_metric_plotted_one_png_each_against_rounds_or_wall_time(realistic: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_any_metric_plotted_one_png_each_against_rounds_or_wall_time(
+    realistic: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = realistic / "out"
-    argv = [str(realistic), "--out", str(out), "--plot", "eval/loss", "--plot", "eval/accuracy", "--plot", "fit/nothing"]
+    argv = [
+        str(realistic),
+        "--out",
+        str(out),
+        "--plot",
+        "eval/loss",
+        "--plot",
+        "eval/accuracy",
+        "--plot",
+        "fit/nothing",
+    ]
     assert report.main([*argv, "--x", "wall_time"]) == 0
     text = capsys.readouterr().out
     assert "fedsim.report: no run logged fit/nothing with time/round_s; skipped fit_nothing.png" in text
@@ -367,7 +480,8 @@ def test_any_metric_plotted_one_png_each_against_rounds_or_wall_time(realistic: 
     runs = report.load_runs(realistic, series=["eval/loss", "time/round_s"])
     fedavg = report.group_runs(runs)[tuple(sorted(["client.optimizer.lr=0.05", "strategy=fedavg", *SHARED]))]
     assert [v for point in report.mean_curve(fedavg, "eval/loss", "wall_time") for v in point] == pytest.approx(
-        [0.2, 1.65, 1.6, 1.7, 0.4, 1.45, 1.45, 1.45, 0.6, 1.325, 1.3, 1.35])
+        [0.2, 1.65, 1.6, 1.7, 0.4, 1.45, 1.45, 1.45, 0.6, 1.325, 1.3, 1.35]
+    )
     assert [x for x, *_ in report.mean_curve(fedavg)] == [1, 2, 3]
     fig, _ = _draw(report.group_runs(runs), metric="eval/loss", x="wall_time", target=0.5)
     assert fig.axes[0].get_xlabel() == "wall time, s (mean over seeds)" and fig.axes[0].get_ylabel() == "eval/loss"

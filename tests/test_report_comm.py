@@ -38,8 +38,10 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     root = tmp_path_factory.mktemp("comm") / "sweep"
     for compression, seed in RUNS:
-        run_config(compose(["num_rounds=3", "logger=quiet", f"compression={compression}", f"seed={seed}"]),
-                   run_dir=root / _dir(compression, seed))
+        run_config(
+            compose(["num_rounds=3", "logger=quiet", f"compression={compression}", f"seed={seed}"]),
+            run_dir=root / _dir(compression, seed),
+        )
     return root
 
 
@@ -71,8 +73,9 @@ def test_the_runs_count_their_bytes_as_computed_by_hand(sweep: Path) -> None:
 # ---------------------------------------------------------------- MB to target: table and report.csv
 
 
-def test_mb_to_target_is_comm_mb_total_at_the_first_round_reaching_it(sweep: Path, tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_mb_to_target_is_comm_mb_total_at_the_first_round_reaching_it(
+    sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     target = _target([sweep / _dir(*run) for run in RUNS])
     _report(sweep, tmp_path, "--target", f"{target}")
     lines = capsys.readouterr().out.splitlines()
@@ -97,8 +100,9 @@ def test_mb_to_target_is_comm_mb_total_at_the_first_round_reaching_it(sweep: Pat
         assert re.search(rf"\s{re.escape(cell)} \({len(mb)}/{len(mb)}\)\s+\d+\.\d$", line), (cell, line)
 
 
-def test_seeds_that_miss_the_target_are_counted_not_averaged(sweep: Path, tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_seeds_that_miss_the_target_are_counted_not_averaged(
+    sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     fp16 = [_records(sweep / _dir("fp16", s)) for s in (0, 1)]
     top = max(r["eval/accuracy"] for rs in fp16 for r in rs)  # only the seed that logged it reaches it
     target = float(f"{top:g}") - 1e-6
@@ -106,7 +110,11 @@ def test_seeds_that_miss_the_target_are_counted_not_averaged(sweep: Path, tmp_pa
     hits = [first["comm/mb_total"] for rs in fp16 if (first := _first_at(rs, target)) is not None]
     assert len(hits) == 1
     (row,) = [r for r in csv.DictReader(open(tmp_path / "report.csv")) if r["configuration"] == "compression=fp16"]
-    assert (float(row["mb_to_target_mean"]), row["mb_to_target_std"], row["seeds_reached_target_mb"]) == (hits[0], "", "1")
+    assert (float(row["mb_to_target_mean"]), row["mb_to_target_std"], row["seeds_reached_target_mb"]) == (
+        hits[0],
+        "",
+        "1",
+    )
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("compression=fp16 "))
     assert re.search(rf"\s{hits[0]:#.3g} \(1/2\)\s+\d+\.\d$", line)
     _report(sweep, tmp_path, "--target", "1")  # nobody reaches 100 %
@@ -118,8 +126,19 @@ def test_clocked_runs_get_sim_s_then_mb(tmp_path: Path, capsys: pytest.CaptureFi
     from fedsim.cli.run import compose, run_config
 
     run_dir = tmp_path / "sweep" / "0_compression=qsgd,seed=0"
-    run_config(compose(["num_rounds=2", "logger=quiet", "compression=qsgd", "clock=sampled", "data.num_devices=10",
-                        "clients_per_round=3"]), run_dir=run_dir)
+    run_config(
+        compose(
+            [
+                "num_rounds=2",
+                "logger=quiet",
+                "compression=qsgd",
+                "clock=sampled",
+                "data.num_devices=10",
+                "clients_per_round=3",
+            ]
+        ),
+        run_dir=run_dir,
+    )
     records = _records(run_dir)
     target = float(f"{records[0]['eval/accuracy']:g}") - 1e-6  # reached in round 1
     _report(tmp_path / "sweep", tmp_path / "out", "--target", f"{target}")
@@ -129,7 +148,9 @@ def test_clocked_runs_get_sim_s_then_mb(tmp_path: Path, capsys: pytest.CaptureFi
     assert float(row["sim_seconds_to_target_mean"]) == records[0]["sim/time_s"]
     # 3 clients download 610 float32 weights and upload QSGD, 8 bits: 610 bytes of levels and a float32 norm for
     # each of the 2 buckets of 512 values
-    assert float(row["mb_to_target_mean"]) == records[0]["comm/mb_total"] == pytest.approx(3 * (2440 + 610 + 2 * 4) / 1e6)
+    assert (
+        float(row["mb_to_target_mean"]) == records[0]["comm/mb_total"] == pytest.approx(3 * (2440 + 610 + 2 * 4) / 1e6)
+    )
 
 
 # ---------------------------------------------------------------- runs written before fedsim counted bytes
@@ -160,7 +181,10 @@ def test_old_runs_report_without_mb(mixed: Path, tmp_path: Path, capsys: pytest.
     old = next(line for line in lines if line.startswith("compression=none "))
     assert re.search(r"\s- \(no bytes\)\s+\d+\.\d$", old)
     rows = {r["configuration"]: r for r in csv.DictReader(open(tmp_path / "report.csv"))}
-    assert (rows["compression=none"]["mb_to_target_mean"], rows["compression=none"]["seeds_reached_target_mb"]) == ("", "0")
+    assert (rows["compression=none"]["mb_to_target_mean"], rows["compression=none"]["seeds_reached_target_mb"]) == (
+        "",
+        "0",
+    )
     first = _first_at(_records(mixed / _dir("fp16", 0)), target)
     assert first is not None and float(rows["compression=fp16"]["mb_to_target_mean"]) == first["comm/mb_total"]
     # only old runs: no MB column, no MB fields, as before
@@ -170,44 +194,63 @@ def test_old_runs_report_without_mb(mixed: Path, tmp_path: Path, capsys: pytest.
     assert not [name for name in row if "mb" in name]
 
 
-def test_x_comm_mb_leaves_out_old_runs_and_says_so(mixed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_x_comm_mb_leaves_out_old_runs_and_says_so(
+    mixed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _report(mixed, tmp_path, "--x", "comm_mb")
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fedsim.report:")]
-    assert notes == [f"fedsim.report: {_dir('none', 0)} logged no comm/mb_total (written before fedsim counted bytes); "
-                     "left out of the comm_mb plots"]
+    assert notes == [
+        f"fedsim.report: {_dir('none', 0)} logged no comm/mb_total (written before fedsim counted bytes); "
+        "left out of the comm_mb plots"
+    ]
     assert (tmp_path / "accuracy.png").read_bytes()[:8] == PNG_MAGIC
     _report(mixed / _dir("none", 0), tmp_path / "old", "--x", "comm_mb")
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fedsim.report:")]
-    assert notes == ["fedsim.report: no run logged comm/mb_total (runs written before fedsim counted bytes); nothing to "
-                     "plot against comm_mb",
-                     "fedsim.report: no run logged eval/accuracy with comm/mb_total; skipped accuracy.png"]
+    assert notes == [
+        "fedsim.report: no run logged comm/mb_total (runs written before fedsim counted bytes); nothing to "
+        "plot against comm_mb",
+        "fedsim.report: no run logged eval/accuracy with comm/mb_total; skipped accuracy.png",
+    ]
     assert not (tmp_path / "old" / "accuracy.png").exists()
 
 
 # ---------------------------------------------------------------- --x comm_mb
 
 
-def test_x_comm_mb_plots_the_seeds_mean_against_megabytes(sweep: Path, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_x_comm_mb_plots_the_seeds_mean_against_megabytes(
+    sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _report(sweep, tmp_path, "--x", "comm_mb", "--plot", "eval/accuracy", "--plot", "eval/loss")
     text = capsys.readouterr().out
     assert not [line for line in text.splitlines() if line.startswith("fedsim.report:")]
-    assert text.splitlines()[-1] == f"wrote {tmp_path / 'report.csv'}, {tmp_path / 'accuracy.png'}, {tmp_path / 'eval_loss.png'}"
+    assert (
+        text.splitlines()[-1]
+        == f"wrote {tmp_path / 'report.csv'}, {tmp_path / 'accuracy.png'}, {tmp_path / 'eval_loss.png'}"
+    )
     for name in ("accuracy.png", "eval_loss.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
     groups = report.group_runs(report.load_runs(sweep, series=["eval/loss"]))
     fp16 = [_records(sweep / _dir("fp16", s)) for s in (0, 1)]
     curve = report.mean_curve(groups[("compression=fp16",)], x="comm_mb")
     # both seeds send the same bytes each round, so each point is a round: the mean, min and max of their accuracies
-    expected = [(a["comm/mb_total"], statistics.fmean((a["eval/accuracy"], b["eval/accuracy"])),
-                 min(a["eval/accuracy"], b["eval/accuracy"]), max(a["eval/accuracy"], b["eval/accuracy"]))
-                for a, b in zip(*fp16, strict=True)]
+    expected = [
+        (
+            a["comm/mb_total"],
+            statistics.fmean((a["eval/accuracy"], b["eval/accuracy"])),
+            min(a["eval/accuracy"], b["eval/accuracy"]),
+            max(a["eval/accuracy"], b["eval/accuracy"]),
+        )
+        for a, b in zip(*fp16, strict=True)
+    ]
     for got, want in zip(curve, expected, strict=True):
         assert got == pytest.approx(want, rel=1e-12)
     loss = report.mean_curve(groups[("compression=fp16",)], "eval/loss", "comm_mb")
-    assert [m for _, m, *_ in loss] == pytest.approx([statistics.fmean((a["eval/loss"], b["eval/loss"])) for a, b in zip(*fp16)])
+    assert [m for _, m, *_ in loss] == pytest.approx(
+        [statistics.fmean((a["eval/loss"], b["eval/loss"])) for a, b in zip(*fp16)]
+    )
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     fig = report_plot.draw(groups, x="comm_mb")
     FigureCanvasAgg(fig).draw()
     (ax,) = fig.axes

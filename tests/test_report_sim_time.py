@@ -15,10 +15,10 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fedsim.report import command as report
-from fedsim.report import plot as report_plot
 from fedsim.observe.run_logger import RunLogger
 from fedsim.observe.tensorboard_log import add_sim_time_scalars, after_existing_files, sim_time_scalars
+from fedsim.report import command as report
+from fedsim.report import plot as report_plot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -32,8 +32,12 @@ def clocked_run(root: Path, name: str, rounds: list[tuple[float | None, float | 
     for i, (clock, acc) in enumerate(rounds, start=1):
         record: dict[str, Any] = {"round": i, "train/loss": 1.0, "client/num_sampled": 3.0}
         if clock is not None:
-            record |= {"sim/time_s": clock, "sim/round_s": clock - (records[-1].get("sim/time_s", 0.0) if records else 0.0),
-                       "sim/online": 10.0, "sim/utilisation": 0.5}
+            record |= {
+                "sim/time_s": clock,
+                "sim/round_s": clock - (records[-1].get("sim/time_s", 0.0) if records else 0.0),
+                "sim/online": 10.0,
+                "sim/utilisation": 0.5,
+            }
         if acc is not None:
             record |= {"eval/loss": 1.0 - acc, "eval/accuracy": acc}
         records.append(record | {"time/round_s": 0.01})
@@ -41,8 +45,9 @@ def clocked_run(root: Path, name: str, rounds: list[tuple[float | None, float | 
     (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
     seed = int(next(o.split("=")[1] for o in overrides if o.startswith("seed=")))
     (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "num_rounds": len(rounds)}))
-    (run_dir / "summary.json").write_text(json.dumps({"rounds": len(rounds), "wall_time_s": 0.1, "finished": True,
-                                                      "stop_reason": "completed"}))
+    (run_dir / "summary.json").write_text(
+        json.dumps({"rounds": len(rounds), "wall_time_s": 0.1, "finished": True, "stop_reason": "completed"})
+    )
     return run_dir
 
 
@@ -67,7 +72,13 @@ def test_mean_curve_on_sim_time_takes_each_seeds_latest_value_on_the_union_of_ti
     curve = report.mean_curve(_groups(sweep)[("strategy=a",)], x="sim_time")
     # at 10 s only seed 0 has a value (0.2); at 15 s seed 1 joins (0.4); at 20 s seed 0 has 0.5, seed 1 still 0.4
     # (its 20 s round was not evaluated); at 25 s 0.5 and 0.7; at 30 s seed 1 keeps 0.7 after its last round
-    expected = [(10, 0.2, 0.2, 0.2), (15, 0.3, 0.2, 0.4), (20, 0.45, 0.4, 0.5), (25, 0.6, 0.5, 0.7), (30, 0.65, 0.6, 0.7)]
+    expected = [
+        (10, 0.2, 0.2, 0.2),
+        (15, 0.3, 0.2, 0.4),
+        (20, 0.45, 0.4, 0.5),
+        (25, 0.6, 0.5, 0.7),
+        (30, 0.65, 0.6, 0.7),
+    ]
     for got, want in zip(curve, expected, strict=True):
         assert got == pytest.approx(want)
     loss = report.mean_curve(_groups(sweep)[("strategy=a",)], "eval/loss", "sim_time")  # any scalar: 1 - accuracy
@@ -99,7 +110,11 @@ def test_table_and_csv_give_simulated_seconds_to_target(sweep: Path, capsys: pyt
     assert float(a["sim_seconds_to_target_mean"]) == 22.5
     assert float(a["sim_seconds_to_target_std"]) == pytest.approx(math.sqrt(12.5))
     assert a["seeds_reached_target_sim"] == "2" and a["seeds_reached_target"] == "2"
-    assert (b["sim_seconds_to_target_mean"], b["sim_seconds_to_target_std"], b["seeds_reached_target_sim"]) == ("", "", "0")
+    assert (b["sim_seconds_to_target_mean"], b["sim_seconds_to_target_std"], b["seeds_reached_target_sim"]) == (
+        "",
+        "",
+        "0",
+    )
 
 
 def test_seeds_that_missed_the_target_are_counted_not_averaged(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -124,14 +139,21 @@ def test_without_a_clock_nothing_changes(sweep: Path, capsys: pytest.CaptureFixt
 
 def test_x_sim_time_plots_and_names_runs_without_a_clock(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = sweep / "out"
-    assert report.main([str(sweep), "--x", "sim_time", "--plot", "eval/accuracy", "--plot", "eval/loss",
-                        "--out", str(out)]) == 0
+    assert (
+        report.main(
+            [str(sweep), "--x", "sim_time", "--plot", "eval/accuracy", "--plot", "eval/loss", "--out", str(out)]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     notes = [line for line in text.splitlines() if line.startswith("fedsim.report:")]
-    assert notes == ["fedsim.report: 2_seed=0,strategy=b logged no sim/time_s (no clock); left out of the sim_time plots"]
+    assert notes == [
+        "fedsim.report: 2_seed=0,strategy=b logged no sim/time_s (no clock); left out of the sim_time plots"
+    ]
     assert text.splitlines()[-1] == f"wrote {out / 'report.csv'}, {out / 'accuracy.png'}, {out / 'eval_loss.png'}"
     assert (out / "accuracy.png").read_bytes()[:8] == PNG_MAGIC
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     fig = report_plot.draw(_groups(sweep), x="sim_time")
     FigureCanvasAgg(fig).draw()
     (ax,) = fig.axes
@@ -144,9 +166,11 @@ def test_x_sim_time_without_any_clock_says_so_once(sweep: Path, capsys: pytest.C
     b = sweep / "2_seed=0,strategy=b"
     assert report.main([str(b), "--x", "sim_time", "--out", str(sweep / "out")]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fedsim.report:")]
-    assert notes == ["fedsim.report: no run logged sim/time_s (run with clock=sampled or clock=trace); nothing to plot "
-                     "against sim_time",
-                     "fedsim.report: no run logged eval/accuracy with sim/time_s; skipped accuracy.png"]
+    assert notes == [
+        "fedsim.report: no run logged sim/time_s (run with clock=sampled or clock=trace); nothing to plot "
+        "against sim_time",
+        "fedsim.report: no run logged eval/accuracy with sim/time_s; skipped accuracy.png",
+    ]
     assert not (sweep / "out" / "accuracy.png").exists()
 
 
@@ -155,10 +179,23 @@ def test_real_clocked_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
     root = tmp_path / "sweep"
     for seed in (0, 1):
-        run_config(compose(["clock=sampled", "num_rounds=3", "logger=quiet", "data.num_devices=10", "clients_per_round=3",
-                            f"seed={seed}"]), run_dir=root / f"{seed}_seed={seed}")
-    records = [[json.loads(line) for line in (root / f"{s}_seed={s}" / "metrics.jsonl").read_text().splitlines()]
-               for s in (0, 1)]
+        run_config(
+            compose(
+                [
+                    "clock=sampled",
+                    "num_rounds=3",
+                    "logger=quiet",
+                    "data.num_devices=10",
+                    "clients_per_round=3",
+                    f"seed={seed}",
+                ]
+            ),
+            run_dir=root / f"{seed}_seed={seed}",
+        )
+    records = [
+        [json.loads(line) for line in (root / f"{s}_seed={s}" / "metrics.jsonl").read_text().splitlines()]
+        for s in (0, 1)
+    ]
     target = min(r["eval/accuracy"] for rs in records for r in rs)  # every seed reaches it in round 1
     assert report.main([str(root), "--x", "sim_time", "--target", f"{target}", "--out", str(tmp_path / "out")]) == 0
     assert "logged no sim/time_s" not in capsys.readouterr().out
@@ -196,8 +233,11 @@ def test_sim_time_scalars_are_stepped_by_whole_simulated_seconds(tmp_path: Path)
         for _, metrics in ROUNDS:
             add_sim_time_scalars(writer, metrics)
     events = _events(tmp_path)
-    assert sorted(events.Tags()["scalars"]) == ["by_sim_time/eval/accuracy", "by_sim_time/eval/loss",
-                                                "by_sim_time/train/loss"]
+    assert sorted(events.Tags()["scalars"]) == [
+        "by_sim_time/eval/accuracy",
+        "by_sim_time/eval/loss",
+        "by_sim_time/train/loss",
+    ]
     assert _steps(events, "by_sim_time/eval/accuracy") == [(12, 0.25), (34, 0.5)]  # int(round(33.5)) = 34
     assert _steps(events, "by_sim_time/train/loss") == [(12, 0.9), (21, 0.8), (34, 0.7)]
     assert sim_time_scalars({"sim/time_s": None, "eval/accuracy": 0.5}) == []  # a null clock: nothing

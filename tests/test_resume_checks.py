@@ -10,8 +10,8 @@ import pytest
 import torch
 from cli_runner import run_cli
 
-from fedsim.core.checkpoint import CheckpointError, load_latest, save_checkpoint
 from fedsim.cli.run import compose, run_config
+from fedsim.core.checkpoint import CheckpointError, load_latest, save_checkpoint
 
 BASE = ["num_rounds=3", "clients_per_round=4", "logger.progress=false", "logger.tensorboard=false", "+data.max_size=60"]
 
@@ -43,18 +43,26 @@ def test_an_allowed_change_runs_and_is_recorded(finished: Path, tmp_path: Path) 
 
 
 def test_the_executor_and_num_rounds_may_change_freely(finished: Path, tmp_path: Path) -> None:
-    resumed = run_config(compose([*BASE, "num_rounds=5", "resume=true", "executor=process", "executor.devices=cpu",
-                                  "executor.workers=2"]), run_dir=finished)
+    resumed = run_config(
+        compose(
+            [*BASE, "num_rounds=5", "resume=true", "executor=process", "executor.devices=cpu", "executor.workers=2"]
+        ),
+        run_dir=finished,
+    )
     straight = run_config(compose([*BASE, "num_rounds=5"]), run_dir=tmp_path / "straight")
     assert torch.equal(resumed.params, straight.params)
     assert not (finished / "resume_changes.jsonl").exists()
 
 
 def test_another_strategy_is_refused_and_a_state_that_does_not_fit_is_one_line(finished: Path) -> None:
-    with pytest.raises(CheckpointError, match=r"strategy._target_ \('fedsim.strategy.FedAvg' -> 'fedsim.strategy.FedAdam'\)"):
+    with pytest.raises(
+        CheckpointError, match=r"strategy._target_ \('fedsim.strategy.FedAvg' -> 'fedsim.strategy.FedAdam'\)"
+    ):
         run_config(compose([*BASE, "num_rounds=5", "resume=true", "strategy=fedadam"]), run_dir=finished)
     allow = "resume_allow_changes=[strategy._target_,strategy.server_lr,strategy.momentum,strategy.beta2,strategy.tau,strategy.bias_correction]"
-    with pytest.raises(CheckpointError, match=r"its strategy state does not fit FedOpt \(KeyError: 'step'\); resume with the strategy"):
+    with pytest.raises(
+        CheckpointError, match=r"its strategy state does not fit FedOpt \(KeyError: 'step'\); resume with the strategy"
+    ):
         run_config(compose([*BASE, "num_rounds=5", "resume=true", "strategy=fedadam", allow]), run_dir=finished)
 
 
@@ -73,7 +81,9 @@ def test_a_refused_resume_from_the_command_line_is_one_line_and_exit_2(finished:
     done = run_cli([*BASE, "resume=true", "client.epochs=2", f"hydra.run.dir={finished}"])
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("fedsim: error: resume from ") and "client.epochs (1 -> 2)" in lines[0]
+    assert (
+        len(lines) == 1 and lines[0].startswith("fedsim: error: resume from ") and "client.epochs (1 -> 2)" in lines[0]
+    )
 
 
 def test_a_checkpoint_from_before_compression_resumes_and_still_refuses_a_codec(finished: Path, tmp_path: Path) -> None:

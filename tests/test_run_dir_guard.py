@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.core.checkpoint import CheckpointError
 from fedsim.cli.run import build_server, compose, run_config
 from fedsim.cli.run_dir_guard import removing_new_files
+from fedsim.core.checkpoint import CheckpointError
 
 BASE = ["num_rounds=2", "clients_per_round=4", "logger.progress=false", "+data.max_size=60"]
 
@@ -19,10 +19,16 @@ def contents(run_dir: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(run_dir)): None if p.is_dir() else p.read_bytes() for p in sorted(run_dir.rglob("*"))}
 
 
-@pytest.mark.parametrize("overrides", [
-    ["dp=central", "clock=sampled"],  # refused by the server, after the logger, the checkpoint probe and TensorBoard
-    ["attack=sign_flip", "strategy=fedbuff"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [
+            "dp=central",
+            "clock=sampled",
+        ],  # refused by the server, after the logger, the checkpoint probe and TensorBoard
+        ["attack=sign_flip", "strategy=fedbuff"],
+    ],
+)
 def test_a_refused_combination_leaves_an_empty_run_dir(tmp_path: Path, overrides: list[str]) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -49,18 +55,20 @@ def test_the_guard_closes_first_and_removes_only_what_is_new_under_fedsims_names
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "round-000001.ckpt").write_text("earlier run")
     closed = []
-    with pytest.raises(RuntimeError, match="refused"):
-        with removing_new_files(tmp_path) as on_failure:
-            on_failure.append(lambda: closed.append(True))
-            (tmp_path / "checkpoints" / ".write-test").write_text("x")
-            (tmp_path / "tensorboard" / "deeper").mkdir(parents=True)
-            (tmp_path / "tensorboard" / "deeper" / "events.out").write_bytes(b"\0")
-            (tmp_path / "metrics.jsonl").write_text("")
-            (tmp_path / "notes.txt").write_text("someone else's")
-            raise RuntimeError("refused")
+    with pytest.raises(RuntimeError, match="refused"), removing_new_files(tmp_path) as on_failure:
+        on_failure.append(lambda: closed.append(True))
+        (tmp_path / "checkpoints" / ".write-test").write_text("x")
+        (tmp_path / "tensorboard" / "deeper").mkdir(parents=True)
+        (tmp_path / "tensorboard" / "deeper" / "events.out").write_bytes(b"\0")
+        (tmp_path / "metrics.jsonl").write_text("")
+        (tmp_path / "notes.txt").write_text("someone else's")
+        raise RuntimeError("refused")
     assert closed == [True]
-    assert contents(tmp_path) == {"checkpoints": None, "checkpoints/round-000001.ckpt": b"earlier run",
-                                  "notes.txt": b"someone else's"}
+    assert contents(tmp_path) == {
+        "checkpoints": None,
+        "checkpoints/round-000001.ckpt": b"earlier run",
+        "notes.txt": b"someone else's",
+    }
 
 
 def test_a_new_run_dir_that_the_refused_build_created_goes_too(tmp_path: Path) -> None:

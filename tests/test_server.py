@@ -17,25 +17,30 @@ from torch import nn
 
 from fedsim.client.base import Client
 from fedsim.client.federation import FederatedData, federate, make_clients
+from fedsim.core.params import flatten
+from fedsim.core.seeding import sampling_rng
+from fedsim.core.types import ClientUpdate
 from fedsim.data.partition import iid, natural
 from fedsim.data.synthetic import synthetic
 from fedsim.data.tensor_data import DataSplit, TensorData
 from fedsim.executor import SerialExecutor
-from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression
-from fedsim.core.params import flatten
-from fedsim.core.seeding import sampling_rng
+from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RoundFailedError, RunResult, Server
 from fedsim.strategy import FedAvg, Strategy
-from fedsim.core.types import ClientUpdate
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _federation(num_devices: int = 12) -> FederatedData:
     """Tiny Synthetic(1, 1): 12 devices of 30..60 examples, 10 features, 5 classes, natural clients."""
     split = synthetic(
-        num_devices=num_devices, num_features=10, num_classes=5, min_size=30, size_sigma_log=0.5,
-        max_size=60, seed=3,
+        num_devices=num_devices,
+        num_features=10,
+        num_classes=5,
+        min_size=30,
+        size_sigma_log=0.5,
+        max_size=60,
+        seed=3,
     )
     return federate(split, natural, client_test_fraction=0.2, seed=0)
 
@@ -53,7 +58,9 @@ def _server(
     lr: float = 0.05,
 ) -> Server:
     data = _federation()
-    factory = functools.partial(client_cls, epochs=2, batch_size=10, optimizer=functools.partial(torch.optim.SGD, lr=lr))
+    factory = functools.partial(
+        client_cls, epochs=2, batch_size=10, optimizer=functools.partial(torch.optim.SGD, lr=lr)
+    )
     return Server(
         model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
         clients=make_clients(data, factory),
@@ -199,8 +206,14 @@ def test_failing_client_with_lenient_policy_is_recorded(tmp_path: Path) -> None:
 
     strategy = RecordingFedAvg()
     logger = RunLogger(tmp_path, tensorboard=True, progress=False)
-    result = _server(client_cls=FlakyClient, strategy=strategy, clients_per_round=12, num_rounds=2,
-                     min_success_fraction=0.5, logger=logger).run()
+    result = _server(
+        client_cls=FlakyClient,
+        strategy=strategy,
+        clients_per_round=12,
+        num_rounds=2,
+        min_success_fraction=0.5,
+        logger=logger,
+    ).run()
     assert [r["client/num_failed"] for r in result.history] == [1.0, 1.0]
     assert all(BAD_CLIENT not in ids and len(ids) == 11 for ids in strategy.seen.values())
     sizes = [len(t) for i, t in enumerate(_federation().client_train) if i != BAD_CLIENT]

@@ -24,35 +24,55 @@ import fault_clients  # noqa: E402
 from cli_runner import run_cli  # noqa: E402
 from failing_strategies import BadReturnFedAvg, FlakyFedAdam, NaNFedAvg  # noqa: E402
 
-from fedsim.core.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest  # noqa: E402
+from fedsim.cli.run import compose, run_config  # noqa: E402
 from fedsim.client.base import Client  # noqa: E402
 from fedsim.client.federation import federate, make_clients  # noqa: E402
+from fedsim.core.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest  # noqa: E402
 from fedsim.data.partition import natural  # noqa: E402
 from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.executor import SerialExecutor  # noqa: E402
-from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.models import LogisticRegression  # noqa: E402
+from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.report.runs import load_run  # noqa: E402
-from fedsim.cli.run import compose, run_config  # noqa: E402
 from fedsim.server.server import RoundFailedError, Server, StrategyError  # noqa: E402
 from fedsim.strategy import FedAvg, Krum, Strategy, TrimmedMean  # noqa: E402
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _data():  # noqa: ANN202 - FederatedData
-    return federate(synthetic(num_devices=10, num_features=10, num_classes=5, min_size=20, max_size=40, seed=3), natural,
-                    client_test_fraction=0.2, seed=0)
+    return federate(
+        synthetic(num_devices=10, num_features=10, num_classes=5, min_size=20, max_size=40, seed=3),
+        natural,
+        client_test_fraction=0.2,
+        seed=0,
+    )
 
 
-def _server(strategy: Strategy, run_dir: Path | None = None, *, num_rounds: int = 3, clients_per_round: int = 4,
-            client_cls: Any = Client, min_success_fraction: float = 1.0, checkpoint: bool = False, **client_kwargs: Any) -> Server:
+def _server(
+    strategy: Strategy,
+    run_dir: Path | None = None,
+    *,
+    num_rounds: int = 3,
+    clients_per_round: int = 4,
+    client_cls: Any = Client,
+    min_success_fraction: float = 1.0,
+    checkpoint: bool = False,
+    **client_kwargs: Any,
+) -> Server:
     data = _data()
     factory = functools.partial(client_cls, epochs=1, batch_size=10, **client_kwargs)
     return Server(
         model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-        clients=make_clients(data, factory), train_data=data.train, test_data=data.test, strategy=strategy,
-        executor=SerialExecutor(), num_rounds=num_rounds, clients_per_round=clients_per_round, seed=1,
-        min_success_fraction=min_success_fraction, logger=RunLogger(run_dir, tensorboard=False, progress=False),
+        clients=make_clients(data, factory),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=strategy,
+        executor=SerialExecutor(),
+        num_rounds=num_rounds,
+        clients_per_round=clients_per_round,
+        seed=1,
+        min_success_fraction=min_success_fraction,
+        logger=RunLogger(run_dir, tensorboard=False, progress=False),
         checkpoint_dir=run_dir / "checkpoints" if checkpoint and run_dir is not None else None,
     )
 
@@ -74,8 +94,9 @@ def test_nan_from_the_strategy_stops_the_round_naming_it_before_any_client_is_bl
     with caplog.at_level(logging.INFO, logger="fedsim"), pytest.raises(StrategyError) as info:
         server.run()
     assert isinstance(info.value, RoundFailedError)  # existing handlers (python -m fedsim: exit 1) catch it
-    assert _one_line(info.value) == ("round 2: NaNFedAvg.aggregate returned 5 non-finite values (NaN or inf); "
-                                     "the model of round 1 is kept")
+    assert _one_line(info.value) == (
+        "round 2: NaNFedAvg.aggregate returned 5 non-finite values (NaN or inf); the model of round 1 is kept"
+    )
     assert torch.equal(server.params, after_round_1)  # the NaNs never became the global model
     assert [r["round"] for r in server.logger.history] == [1]
     assert server.logger.history[0]["client/num_rejected"] == 0.0
@@ -96,7 +117,9 @@ def test_nan_from_the_strategy_stops_the_round_naming_it_before_any_client_is_bl
 def test_wrong_shape_dtype_or_type_from_the_strategy_stops_the_round_naming_it(how: str, problem: str) -> None:
     server = _server(BadReturnFedAvg(how=how, bad_round=1))
     initial = server.params.clone()
-    with pytest.raises(StrategyError, match=rf"^round 1: BadReturnFedAvg\.aggregate {problem}; the model of round 0 is kept$") as info:
+    with pytest.raises(
+        StrategyError, match=rf"^round 1: BadReturnFedAvg\.aggregate {problem}; the model of round 0 is kept$"
+    ) as info:
         server.run()
     _one_line(info.value)
     assert torch.equal(server.params, initial) and server.logger.history == []
@@ -105,7 +128,10 @@ def test_wrong_shape_dtype_or_type_from_the_strategy_stops_the_round_naming_it(h
 @pytest.mark.parametrize(
     ("error", "expected"),
     [
-        ("RuntimeError", "round 2: FlakyFedAdam.aggregate raised RuntimeError: moments updated, then exploded in round 2"),
+        (
+            "RuntimeError",
+            "round 2: FlakyFedAdam.aggregate raised RuntimeError: moments updated, then exploded in round 2",
+        ),
         ("ValueError", "round 2: FlakyFedAdam could not aggregate: moments updated, then exploded in round 2"),
     ],
 )
@@ -119,13 +145,21 @@ def test_an_exception_from_aggregate_becomes_one_line_naming_the_strategy(error:
 
 # --- the run stops resumable ------------------------------------------------------------------------------------
 
-BASE = ["num_rounds=5", "clients_per_round=5", "checkpoint_every=0", "logger.progress=false", "logger.tensorboard=false",
-        "+data.max_size=60"]
+BASE = [
+    "num_rounds=5",
+    "clients_per_round=5",
+    "checkpoint_every=0",
+    "logger.progress=false",
+    "logger.tensorboard=false",
+    "+data.max_size=60",
+]
 FIXED = ["strategy=fedadam"]
 BROKEN = [*FIXED, "strategy._target_=failing_strategies.FlakyFedAdam", "+strategy.fail_round=3"]
 
 
-def test_a_strategy_raising_in_round_3_leaves_summary_and_round_2_checkpoint_and_resumes_bitwise(tmp_path: Path) -> None:
+def test_a_strategy_raising_in_round_3_leaves_summary_and_round_2_checkpoint_and_resumes_bitwise(
+    tmp_path: Path,
+) -> None:
     full = run_config(compose([*BASE, *FIXED]), run_dir=tmp_path / "full")
 
     run_dir = tmp_path / "broken"
@@ -142,13 +176,18 @@ def test_a_strategy_raising_in_round_3_leaves_summary_and_round_2_checkpoint_and
     assert summary["final_accuracy"] == full.history[1]["eval/accuracy"]  # the rounds done so far
     assert load_run(run_dir, tmp_path).finished is False  # reports count it as unfinished
 
-    with pytest.raises(CheckpointError, match=r"strategy._target_ \('failing_strategies.FlakyFedAdam' -> 'fedsim.strategy.FedAdam'\)"):
+    with pytest.raises(
+        CheckpointError, match=r"strategy._target_ \('failing_strategies.FlakyFedAdam' -> 'fedsim.strategy.FedAdam'\)"
+    ):
         run_config(compose([*BASE, *FIXED, "resume=true"]), run_dir=run_dir)  # another class: refused unless allowed
     allow = "resume_allow_changes=[strategy._target_,strategy.fail_round]"
     resumed = run_config(compose([*BASE, *FIXED, "resume=true", allow]), run_dir=run_dir)
     assert torch.equal(resumed.params, full.params)
     [line] = (run_dir / "resume_changes.jsonl").read_text().splitlines()  # the change is on record
-    assert json.loads(line)["changes"]["strategy._target_"] == ["failing_strategies.FlakyFedAdam", "fedsim.strategy.FedAdam"]
+    assert json.loads(line)["changes"]["strategy._target_"] == [
+        "failing_strategies.FlakyFedAdam",
+        "fedsim.strategy.FedAdam",
+    ]
     assert torch.equal(load_latest(run_dir / "checkpoints")[1]["params"], full.params)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["finished"] is True and summary["stop_reason"] == "completed" and summary["rounds"] == 5
@@ -162,8 +201,9 @@ def test_a_failure_in_round_1_writes_no_checkpoint_and_a_summary_of_zero_rounds(
     assert list_checkpoints(tmp_path / "checkpoints") == []
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["finished"] is False and summary["rounds"] == 0 and summary["final_accuracy"] is None
-    assert summary["stop_reason"] == ("error: round 1: NaNFedAvg.aggregate returned 5 non-finite values (NaN or inf); "
-                                      "the model of round 0 is kept")
+    assert summary["stop_reason"] == (
+        "error: round 1: NaNFedAvg.aggregate returned 5 non-finite values (NaN or inf); the model of round 0 is kept"
+    )
 
 
 def test_an_executor_error_also_leaves_the_last_good_checkpoint(tmp_path: Path) -> None:
@@ -187,13 +227,21 @@ def test_without_checkpoints_an_error_writes_none(tmp_path: Path) -> None:
 
 
 def test_the_command_line_prints_one_line_exits_1_and_writes_the_summary(tmp_path: Path) -> None:
-    done = run_cli([*BASE, "strategy._target_=failing_strategies.NaNFedAvg", "+strategy.nan_round=2", f"hydra.run.dir={tmp_path}"],
-                   pythonpath=[TESTS])
+    done = run_cli(
+        [*BASE, "strategy._target_=failing_strategies.NaNFedAvg", "+strategy.nan_round=2", f"hydra.run.dir={tmp_path}"],
+        pythonpath=[TESTS],
+    )
     assert done.returncode == 1, done.stderr
-    assert done.stderr.strip() == ("fedsim: error: round 2: NaNFedAvg.aggregate returned 5 non-finite values (NaN or inf); "
-                                   "the model of round 1 is kept")
+    assert done.stderr.strip() == (
+        "fedsim: error: round 2: NaNFedAvg.aggregate returned 5 non-finite values (NaN or inf); "
+        "the model of round 1 is kept"
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["finished"] is False and summary["rounds"] == 1 and summary["stop_reason"].startswith("error: round 2: ")
+    assert (
+        summary["finished"] is False
+        and summary["rounds"] == 1
+        and summary["stop_reason"].startswith("error: round 2: ")
+    )
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["round-000001.ckpt"]
 
 
@@ -202,8 +250,13 @@ def test_the_command_line_prints_one_line_exits_1_and_writes_the_summary(tmp_pat
 
 def test_trimmed_mean_refuses_a_round_that_a_failed_client_left_without_trimming() -> None:
     # 10 clients per round: beta=0.1 trims floor(1.0) = 1 at each end; one failure leaves 9, floor(0.9) = 0
-    server = _server(TrimmedMean(beta=0.1), clients_per_round=10, client_cls=fault_clients.RaisingClient,
-                     min_success_fraction=0.5, bad_ids=(3,))
+    server = _server(
+        TrimmedMean(beta=0.1),
+        clients_per_round=10,
+        client_cls=fault_clients.RaisingClient,
+        min_success_fraction=0.5,
+        bad_ids=(3,),
+    )
     with pytest.raises(StrategyError) as info:
         server.run()
     assert _one_line(info.value) == (
@@ -214,19 +267,31 @@ def test_trimmed_mean_refuses_a_round_that_a_failed_client_left_without_trimming
 
 
 def test_trimmed_mean_with_every_client_still_trims() -> None:
-    result = _server(TrimmedMean(beta=0.1), clients_per_round=10, num_rounds=1, client_cls=fault_clients.RaisingClient,
-                     min_success_fraction=0.5).run()
+    result = _server(
+        TrimmedMean(beta=0.1),
+        clients_per_round=10,
+        num_rounds=1,
+        client_cls=fault_clients.RaisingClient,
+        min_success_fraction=0.5,
+    ).run()
     assert result.history[0]["client/num_aggregated"] == 10.0
 
 
 def test_krum_refuses_a_round_that_failed_clients_left_too_small() -> None:
     # f=3 needs 2f+3 = 9 updates: all 10 clients are sampled, two fail, 8 are left
-    server = _server(Krum(f=3), clients_per_round=10, client_cls=fault_clients.RaisingClient, min_success_fraction=0.5,
-                     bad_ids=(3, 7))
+    server = _server(
+        Krum(f=3),
+        clients_per_round=10,
+        client_cls=fault_clients.RaisingClient,
+        min_success_fraction=0.5,
+        bad_ids=(3, 7),
+    )
     with pytest.raises(StrategyError) as info:
         server.run()
-    assert _one_line(info.value) == ("round 1: Krum could not aggregate: strategy=krum needs at least 2f+3 = 9 clients "
-                                     "per round (f=3) but the round has 8; lower strategy.f or raise clients_per_round")
+    assert _one_line(info.value) == (
+        "round 1: Krum could not aggregate: strategy=krum needs at least 2f+3 = 9 clients "
+        "per round (f=3) but the round has 8; lower strategy.f or raise clients_per_round"
+    )
 
 
 def test_a_float64_result_is_cast_back_and_the_run_goes_on() -> None:

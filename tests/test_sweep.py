@@ -23,18 +23,41 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TIMEOUT_S = 180
-FIXED = ["clients_per_round=5", "evaluate_clients=all", "logger.progress=False", "num_rounds=2", "partition.num_clients=20", "partition=dirichlet"]
+FIXED = [
+    "clients_per_round=5",
+    "evaluate_clients=all",
+    "logger.progress=False",
+    "num_rounds=2",
+    "partition.num_clients=20",
+    "partition=dirichlet",
+]
 CONFIGS = [(strategy, alpha) for strategy in ("fedavg", "ditto") for alpha in ("0.1", "1.0")]  # job order
 SEEDS = (0, 1)
-CSV_COLUMNS = ["configuration", "seeds_finished", "seeds_total", "rounds_min", "rounds_max", "final_accuracy_mean",
-               "final_accuracy_std", "best_accuracy_mean", "best_accuracy_std", "wall_time_s_mean"]
+CSV_COLUMNS = [
+    "configuration",
+    "seeds_finished",
+    "seeds_total",
+    "rounds_min",
+    "rounds_max",
+    "final_accuracy_mean",
+    "final_accuracy_std",
+    "best_accuracy_mean",
+    "best_accuracy_std",
+    "wall_time_s_mean",
+]
 
 
 def _fedsim(args: list[str], cwd: Path, tag: str) -> subprocess.Popen[str]:
     env = {**os.environ, "FEDSIM_REPORT_TEST": tag}  # inherited by worker processes: finds leftovers exactly
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.Popen([sys.executable, "-m", "fedsim", "-m", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedsim", "-m", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,21 +67,42 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     grid = ["strategy=fedavg,ditto", "partition.alpha=0.1,1.0", "seed=0,1", *FIXED]
     procs = {
         "grid": _fedsim([*grid, f"hydra.sweep.dir={cwd / 'grid'}"], cwd, tag),
-        "process": _fedsim(["seed=0,1", "num_rounds=1", "logger=quiet", "executor=process", "executor.devices=cpu",
-                            "executor.workers=1", f"hydra.sweep.dir={cwd / 'process'}"], cwd, tag),
+        "process": _fedsim(
+            [
+                "seed=0,1",
+                "num_rounds=1",
+                "logger=quiet",
+                "executor=process",
+                "executor.devices=cpu",
+                "executor.workers=1",
+                f"hydra.sweep.dir={cwd / 'process'}",
+            ],
+            cwd,
+            tag,
+        ),
     }
     outputs = {name: proc.communicate(timeout=TIMEOUT_S)[0] for name, proc in procs.items()}
-    rep = subprocess.run([sys.executable, "-m", "fedsim.report", str(cwd / "grid")], cwd=cwd,
-                         capture_output=True, text=True, timeout=TIMEOUT_S)
+    rep = subprocess.run(
+        [sys.executable, "-m", "fedsim.report", str(cwd / "grid")],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     return {"cwd": cwd, "tag": tag, "procs": procs, "outputs": outputs, "report": rep}
 
 
 def job_dirs(root: Path) -> dict[tuple[str, str, int], Path]:
     """Where each (strategy, alpha, seed) job must have written: ``<job number>_<sorted overrides>``."""
     jobs = [(s, a, seed) for s, a in CONFIGS for seed in SEEDS]
-    return {(s, a, seed): root / (f"{i}_clients_per_round=5,evaluate_clients=all,logger.progress=False,num_rounds=2,partition.alpha={a},"
-                                  f"partition.num_clients=20,partition=dirichlet,seed={seed},strategy={s}")
-            for i, (s, a, seed) in enumerate(jobs)}
+    return {
+        (s, a, seed): root
+        / (
+            f"{i}_clients_per_round=5,evaluate_clients=all,logger.progress=False,num_rounds=2,partition.alpha={a},"
+            f"partition.num_clients=20,partition=dirichlet,seed={seed},strategy={s}"
+        )
+        for i, (s, a, seed) in enumerate(jobs)
+    }
 
 
 def seed_stats(root: Path, strategy: str, alpha: str, key: str) -> tuple[float, float]:
@@ -78,12 +122,22 @@ def test_each_job_has_its_own_dir_events_metrics_and_summary(real: dict[str, Any
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert [r["round"] for r in records] == [1, 2]
         summary = json.loads((run_dir / "summary.json").read_text())
-        assert (summary["rounds"], summary["finished"], summary["final_accuracy"]) == (2, True, records[-1]["eval/accuracy"])
+        assert (summary["rounds"], summary["finished"], summary["final_accuracy"]) == (
+            2,
+            True,
+            records[-1]["eval/accuracy"],
+        )
         assert any((run_dir / "tensorboard").glob("events.out.tfevents.*"))
         scalars = EventAccumulator(str(run_dir / "tensorboard")).Reload().Scalars("eval/accuracy")
-        assert [s.value for s in scalars] == pytest.approx([r["eval/accuracy"] for r in records], abs=1e-6)  # this job's
+        assert [s.value for s in scalars] == pytest.approx(
+            [r["eval/accuracy"] for r in records], abs=1e-6
+        )  # this job's
         overrides = (run_dir / ".hydra" / "overrides.yaml").read_text()
-        assert f"strategy={strategy}" in overrides and f"partition.alpha={alpha}" in overrides and f"seed={seed}" in overrides
+        assert (
+            f"strategy={strategy}" in overrides
+            and f"partition.alpha={alpha}" in overrides
+            and f"seed={seed}" in overrides
+        )
 
 
 @pytest.mark.slow
@@ -95,7 +149,10 @@ def test_report_table_has_the_four_configurations_with_mean_and_std_over_seeds(r
     assert lines[1].split() == ["configuration", "seeds", "rounds", "final", "acc", "best", "acc", "wall", "s"]
     assert len(lines) == 2 + len(CONFIGS) + 1 and lines[-1].startswith("wrote ")
     for line, (strategy, alpha) in zip(lines[2:6], CONFIGS, strict=True):
-        final, best = seed_stats(root, strategy, alpha, "final_accuracy"), seed_stats(root, strategy, alpha, "best_accuracy")
+        final, best = (
+            seed_stats(root, strategy, alpha, "final_accuracy"),
+            seed_stats(root, strategy, alpha, "best_accuracy"),
+        )
         cells = rf"{final[0]:.4f} ± {final[1]:.4f}\s+{best[0]:.4f} ± {best[1]:.4f}"
         assert re.fullmatch(rf"partition\.alpha={alpha},strategy={strategy}\s+2/2\s+2\s+{cells}\s+\d+\.\d", line), line
 
@@ -108,7 +165,8 @@ def test_report_csv_has_one_row_per_configuration(real: dict[str, Any]) -> None:
         rows = list(reader)
     assert reader.fieldnames == CSV_COLUMNS
     assert [r["configuration"] for r in rows] == [
-        ",".join(sorted([*FIXED, f"partition.alpha={a}", f"strategy={s}"])) for s, a in CONFIGS]
+        ",".join(sorted([*FIXED, f"partition.alpha={a}", f"strategy={s}"])) for s, a in CONFIGS
+    ]
     for row, (strategy, alpha) in zip(rows, CONFIGS, strict=True):
         assert (row["seeds_finished"], row["seeds_total"], row["rounds_min"], row["rounds_max"]) == ("2", "2", "2", "2")
         for key in ("final_accuracy", "best_accuracy"):
@@ -126,8 +184,9 @@ def test_report_png_is_a_real_image(real: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-def test_report_tables_and_plots_a_per_client_statistic(real: dict[str, Any], tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_tables_and_plots_a_per_client_statistic(
+    real: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``--metric eval_personal/accuracy_worst10``: a column (mean ± std over seeds of the final value; only Ditto has
     personal models) and a plot of it."""
     from fedsim.report import command as report

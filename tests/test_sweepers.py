@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from cli_runner import run_cli
-from fedsim.report import command as report
+
 from fedsim.cli.objective import objective_value
+from fedsim.report import command as report
 
 FAST = ["num_rounds=2", "data.num_devices=10", "clients_per_round=3", "logger=quiet"]
 
@@ -34,8 +34,12 @@ def _summaries(sweep_dir: Path) -> dict[str, dict]:
 
 
 def test_objective_reduces_a_metric_over_the_rounds() -> None:
-    history = [{"eval/accuracy": 0.5, "eval/loss": 2.0}, {"eval/accuracy": None}, {"eval/accuracy": 0.7, "eval/loss": 1.0},
-               {"eval/accuracy": 0.6, "eval/loss": 1.5}]
+    history = [
+        {"eval/accuracy": 0.5, "eval/loss": 2.0},
+        {"eval/accuracy": None},
+        {"eval/accuracy": 0.7, "eval/loss": 1.0},
+        {"eval/accuracy": 0.6, "eval/loss": 1.5},
+    ]
     assert objective_value(history, "eval/accuracy", "final") == 0.6
     assert objective_value(history, "eval/accuracy", "max") == 0.7
     assert objective_value(history, "eval/loss", "min") == 1.0
@@ -47,11 +51,15 @@ def test_a_failing_job_is_recorded_and_the_others_run(tmp_path: Path, capsys: py
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (
         "fedsim: error: client.optimizer.lr must be > 0 (got -1); e.g. client.optimizer.lr=0.01 (a job of the sweep; "
-        "the others ran: python -m fedsim.report <sweep dir> lists them)")
+        "the others ran: python -m fedsim.report <sweep dir> lists them)"
+    )
     assert "Traceback" not in done.stderr
     summaries = _summaries(tmp_path)
     assert [summaries[job]["finished"] for job in ("0", "1", "2")] == [True, False, True]
-    assert summaries["1"]["stop_reason"] == "error: client.optimizer.lr must be > 0 (got -1); e.g. client.optimizer.lr=0.01"
+    assert (
+        summaries["1"]["stop_reason"]
+        == "error: client.optimizer.lr must be > 0 (got -1); e.g. client.optimizer.lr=0.01"
+    )
     capsys.readouterr()
     assert report.main([str(tmp_path)]) == 0
     assert "client.optimizer.lr must be > 0 (got -1)" in capsys.readouterr().out
@@ -59,8 +67,14 @@ def test_a_failing_job_is_recorded_and_the_others_run(tmp_path: Path, capsys: py
 
 def test_optuna_sweeper_gets_the_objective_of_every_trial(tmp_path: Path) -> None:
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="the test extra installs hydra-optuna-sweeper")
-    done = _sweep(tmp_path, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.direction=maximize",
-                  "hydra.sweeper.sampler.seed=0", "client.optimizer.lr=interval(0.01,0.3)")
+    done = _sweep(
+        tmp_path,
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.direction=maximize",
+        "hydra.sweeper.sampler.seed=0",
+        "client.optimizer.lr=interval(0.01,0.3)",
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     finals = [s["final_accuracy"] for s in _summaries(tmp_path).values()]
     assert len(finals) == 4 and all(s is not None for s in finals)
@@ -70,9 +84,20 @@ def test_optuna_sweeper_gets_the_objective_of_every_trial(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_submitit_local_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> None:
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the test extra installs hydra-submitit-launcher")
-    done = subprocess.run([sys.executable, "-m", "fedsim", *_args(tmp_path, "hydra/launcher=submitit_local",
-                          "client.optimizer.lr=0.05,0.1", "resume=auto")], capture_output=True, text=True, timeout=300)
+    pytest.importorskip(
+        "hydra_plugins.hydra_submitit_launcher", reason="the test extra installs hydra-submitit-launcher"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedsim",
+            *_args(tmp_path, "hydra/launcher=submitit_local", "client.optimizer.lr=0.05,0.1", "resume=auto"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     summaries = _summaries(tmp_path)
     assert sorted(summaries) == ["0", "1"] and all(s["finished"] and s["rounds"] == 2 for s in summaries.values())

@@ -15,26 +15,33 @@ from typing import Any
 import pytest
 import torch
 
+from fedsim.cli.run import compose
 from fedsim.client.base import Client
 from fedsim.client.federation import FederatedData, federate, make_clients
+from fedsim.core.extras import MissingExtraError
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import SerialExecutor
-from fedsim.core.extras import MissingExtraError
-from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression
-from fedsim.cli.run import compose
+from fedsim.observe.run_logger import RunLogger
+from fedsim.observe.trackers import MLflowTracker, TrackedLogger, Tracker, WandbTracker, make_logger
 from fedsim.server.server import Server
 from fedsim.strategy import FedAvg
-from fedsim.observe.trackers import MLflowTracker, TrackedLogger, Tracker, WandbTracker, make_logger
 
-CONFIG = {"seed": 0, "client": {"optimizer": {"lr": 0.05}}, "strategy": {"_target_": "fedsim.strategy.FedAvg"},
-          "resume_allow_changes": [], "note": "x" * 7000}
+CONFIG = {
+    "seed": 0,
+    "client": {"optimizer": {"lr": 0.05}},
+    "strategy": {"_target_": "fedsim.strategy.FedAvg"},
+    "resume_allow_changes": [],
+    "note": "x" * 7000,
+}
 
 
 @functools.lru_cache(maxsize=1)
 def _federation() -> FederatedData:
-    split = synthetic(num_devices=8, num_features=10, num_classes=5, min_size=30, size_sigma_log=0.5, max_size=60, seed=3)
+    split = synthetic(
+        num_devices=8, num_features=10, num_classes=5, min_size=30, size_sigma_log=0.5, max_size=60, seed=3
+    )
     return federate(split, natural, client_test_fraction=0.2, seed=0)
 
 
@@ -44,8 +51,15 @@ def _run(logger: RunLogger) -> list[dict[str, Any]]:
     factory = functools.partial(Client, epochs=1, batch_size=10, optimizer=functools.partial(torch.optim.SGD, lr=0.05))
     server = Server(
         model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-        clients=make_clients(data, factory), train_data=data.train, test_data=data.test, strategy=FedAvg(),
-        executor=SerialExecutor(), num_rounds=3, clients_per_round=4, seed=0, logger=logger,
+        clients=make_clients(data, factory),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=FedAvg(),
+        executor=SerialExecutor(),
+        num_rounds=3,
+        clients_per_round=4,
+        seed=0,
+        logger=logger,
     )
     logger.log_config("seed: 0")
     result = server.run()
@@ -54,16 +68,22 @@ def _run(logger: RunLogger) -> list[dict[str, Any]]:
 
 
 def _summary(history: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"rounds": len(history), "final_accuracy": history[-1]["eval/accuracy"], "final_loss": None,
-            "finished": True, "stop_reason": "completed"}
+    return {
+        "rounds": len(history),
+        "final_accuracy": history[-1]["eval/accuracy"],
+        "final_loss": None,
+        "finished": True,
+        "stop_reason": "completed",
+    }
 
 
 def test_mlflow_file_store_holds_config_rounds_and_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")  # the tracker sets it for its file store
-    logger = TrackedLogger(tmp_path, trackers=[MLflowTracker()], config=CONFIG, summary_follows=True,
-                           tensorboard=False, progress=False)
+    logger = TrackedLogger(
+        tmp_path, trackers=[MLflowTracker()], config=CONFIG, summary_follows=True, tensorboard=False, progress=False
+    )
     history = _run(logger)
 
     from mlflow.tracking import MlflowClient
@@ -84,8 +104,12 @@ def test_mlflow_file_store_holds_config_rounds_and_summary(tmp_path: Path, monke
 
 def _inspect(path: Path, *args: str) -> str:
     """W&B's own reader of a run's transaction log (``wandb leet inspect --json``)."""
-    done = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", *args, str(path)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", *args, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
@@ -96,8 +120,16 @@ def test_wandb_offline_run_holds_config_rounds_and_summary(tmp_path: Path, monke
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     start = time.perf_counter()
-    history = _run(TrackedLogger(tmp_path, trackers=[WandbTracker(project="fedsim-test")], config=CONFIG,
-                                 summary_follows=True, tensorboard=False, progress=False))
+    history = _run(
+        TrackedLogger(
+            tmp_path,
+            trackers=[WandbTracker(project="fedsim-test")],
+            config=CONFIG,
+            summary_follows=True,
+            tensorboard=False,
+            progress=False,
+        )
+    )
     assert time.perf_counter() - start < 30  # no network waits
 
     [log_file] = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
@@ -105,7 +137,10 @@ def test_wandb_offline_run_holds_config_rounds_and_summary(tmp_path: Path, monke
     assert run["project"] == "fedsim-test" and run["name"] == "/".join(tmp_path.parts[-2:])
     assert run["state"] == "finished" and run["exit_code"] == 0
     assert {k: v for k, v in run["config"].items() if k != "_wandb"} == CONFIG
-    assert run["summary"]["final_accuracy"] == history[-1]["eval/accuracy"] and run["summary"]["stop_reason"] == "completed"
+    assert (
+        run["summary"]["final_accuracy"] == history[-1]["eval/accuracy"]
+        and run["summary"]["stop_reason"] == "completed"
+    )
     records = [json.loads(line) for line in _inspect(log_file).splitlines()]
     rows = [r["history"] for r in records if r["type"] == "history"]
     accuracy = [(int(row["step"]["num"]), row["item"]["eval/accuracy"]) for row in rows]
@@ -135,8 +170,12 @@ def test_trackers_get_finite_scalars_only_and_a_failing_one_never_stops_the_run(
     logger.log_round(1, {"eval/accuracy": 0.5, "eval/loss": math.nan, "time/round_s": math.inf})
     logger.log_round(2, {"eval/accuracy": 0.6})
     logger.close()  # no summary follows: the trackers end here
-    assert good.calls == [("start", "fedsim", {"seed": 0}), ("round", 1, {"eval/accuracy": 0.5}),
-                          ("round", 2, {"eval/accuracy": 0.6}), ("finish", {}, True)]
+    assert good.calls == [
+        ("start", "fedsim", {"seed": 0}),
+        ("round", 1, {"eval/accuracy": 0.5}),
+        ("round", 2, {"eval/accuracy": 0.6}),
+        ("finish", {}, True),
+    ]
     assert logger.trackers == [good] and len(bad.calls) == 2  # dropped after its failure
     assert logger.history[0]["eval/loss"] is None  # fedsim's own record keeps every round's values
 

@@ -12,15 +12,15 @@ import torch
 
 from fedsim.client.base import Client
 from fedsim.client.federation import federate, make_clients
+from fedsim.core.types import ClientUpdate
+from fedsim.core.update_checks import rejection_reason
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import SerialExecutor
-from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression
+from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import Server
 from fedsim.strategy import FedAvg
-from fedsim.core.types import ClientUpdate
-from fedsim.core.update_checks import rejection_reason
 
 
 def _update(params: torch.Tensor, n: int = 3) -> ClientUpdate:
@@ -65,11 +65,20 @@ class NaNClient(Client):
 
 
 def _server(bad, run_dir=None) -> Server:  # type: ignore[no-untyped-def]
-    data = federate(synthetic(num_devices=6, min_size=20, max_size=40, seed=2), natural, client_test_fraction=0.2, seed=0)
+    data = federate(
+        synthetic(num_devices=6, min_size=20, max_size=40, seed=2), natural, client_test_fraction=0.2, seed=0
+    )
     return Server(
-        model_factory=functools.partial(LogisticRegression, (60,), 10), clients=make_clients(data, functools.partial(NaNClient, bad=bad)),
-        train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=SerialExecutor(), num_rounds=2,
-        clients_per_round=6, seed=0, logger=RunLogger(run_dir, progress=False),
+        model_factory=functools.partial(LogisticRegression, (60,), 10),
+        clients=make_clients(data, functools.partial(NaNClient, bad=bad)),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=FedAvg(),
+        executor=SerialExecutor(),
+        num_rounds=2,
+        clients_per_round=6,
+        seed=0,
+        logger=RunLogger(run_dir, progress=False),
     )
 
 

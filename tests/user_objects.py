@@ -28,7 +28,9 @@ def make_data(seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 class User:
     """One simulated user: its own examples, a DataLoader that shuffles them, its own model and SGD settings."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, *, lr: float = 0.1, epochs: int = 2, batch_size: int = 8) -> None:
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, *, lr: float = 0.1, epochs: int = 2, batch_size: int = 8
+    ) -> None:
         # shuffle=True draws from torch's global RNG, which fedsim seeds for every task
         self.loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True)
         self.model = make_model()

@@ -24,14 +24,34 @@ from pathlib import Path
 
 from fedsim.run import compose, run_config
 
-SETTING = ["model=mlp", "partition=iid", "partition.num_clients=20", "client.optimizer.lr=0.1", "client.batch_size=20",
-           "executor=serial", "logger=quiet"]
+SETTING = [
+    "model=mlp",
+    "partition=iid",
+    "partition.num_clients=20",
+    "client.optimizer.lr=0.1",
+    "client.batch_size=20",
+    "executor=serial",
+    "logger=quiet",
+]
 STRATEGIES = {
     "FedAvg": ["strategy=fedavg", "clients_per_round=20", "num_rounds=20"],
-    "FedBuff (K=5, C=10)": ["strategy=fedbuff", "strategy.buffer_size=5", "strategy.concurrency=10", "clock=sampled",
-                            "num_rounds=80", "eval_every=4"],
-    "BASGD (B=10, C=10, median)": ["strategy=basgd", "strategy.num_buffers=10", "strategy.concurrency=10",
-                                   "strategy.staleness_exponent=0.5", "clock=sampled", "num_rounds=20", "eval_every=2"],
+    "FedBuff (K=5, C=10)": [
+        "strategy=fedbuff",
+        "strategy.buffer_size=5",
+        "strategy.concurrency=10",
+        "clock=sampled",
+        "num_rounds=80",
+        "eval_every=4",
+    ],
+    "BASGD (B=10, C=10, median)": [
+        "strategy=basgd",
+        "strategy.num_buffers=10",
+        "strategy.concurrency=10",
+        "strategy.staleness_exponent=0.5",
+        "clock=sampled",
+        "num_rounds=20",
+        "eval_every=2",
+    ],
 }
 ATTACKS = {
     "none": ["attack=none"],
@@ -45,7 +65,11 @@ ATTACKS = {
 
 
 def cell(values: list[float]) -> dict:
-    return {"per_seed": values, "mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+    return {
+        "per_seed": values,
+        "mean": statistics.mean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+    }
 
 
 def table(results: dict, key: str, attacks: list[str]) -> str:
@@ -76,11 +100,20 @@ def main() -> None:
                     aggregated.append(sum(r.get("attack/malicious_aggregated", 0.0) for r in history))
                     updates.append(sum(r["client/num_aggregated"] for r in history))
                     print(f"{s_name:20s} {a_name:14s} seed {seed}  accuracy {accuracy[-1]:.4f}", flush=True)
-                results.setdefault(s_name, {})[a_name] = {"accuracy": cell(accuracy), "backdoor_success": cell(backdoor) if backdoor else None,
-                                                          "malicious_updates_aggregated": aggregated, "updates_aggregated": updates}
-    summary = {"command": "python experiments/async_attacks/run.py --seeds " + " ".join(map(str, args.seeds)),
-               "setting": SETTING, "strategies": STRATEGIES, "attacks": ATTACKS, "results": results,
-               "wall_s": time.perf_counter() - start}
+                results.setdefault(s_name, {})[a_name] = {
+                    "accuracy": cell(accuracy),
+                    "backdoor_success": cell(backdoor) if backdoor else None,
+                    "malicious_updates_aggregated": aggregated,
+                    "updates_aggregated": updates,
+                }
+    summary = {
+        "command": "python experiments/async_attacks/run.py --seeds " + " ".join(map(str, args.seeds)),
+        "setting": SETTING,
+        "strategies": STRATEGIES,
+        "attacks": ATTACKS,
+        "results": results,
+        "wall_s": time.perf_counter() - start,
+    }
     (args.out / "results.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     print(table(results, "accuracy", list(ATTACKS)))
     print(table(results, "backdoor_success", ["backdoor"]))

@@ -29,17 +29,34 @@ from pathlib import Path
 from fedsim.run import compose, run_config
 
 SETTING = [
-    "data=synthetic", "data.num_devices=100", "model=logreg", "client.epochs=2", "client.batch_size=10",
-    "client.optimizer.lr=0.01", "clock=sampled", "executor=serial", "logger=quiet", "clients_per_round=10",
+    "data=synthetic",
+    "data.num_devices=100",
+    "model=logreg",
+    "client.epochs=2",
+    "client.batch_size=10",
+    "client.optimizer.lr=0.01",
+    "clock=sampled",
+    "executor=serial",
+    "logger=quiet",
+    "clients_per_round=10",
 ]
 
 
 def configs(deadline: float, rounds: int, steps: int) -> dict[str, list[str]]:
     return {
         "FedAvg": ["strategy=fedavg", f"num_rounds={rounds}"],
-        f"FedAvg + deadline {deadline:g} s": ["strategy=fedavg", f"clock.deadline_s={deadline}", f"num_rounds={rounds}"],
-        "FedBuff (K=10, C=20)": ["strategy=fedbuff", "strategy.buffer_size=10", "strategy.concurrency=20",
-                                 f"num_rounds={steps}", f"eval_every={max(1, steps // rounds)}"],
+        f"FedAvg + deadline {deadline:g} s": [
+            "strategy=fedavg",
+            f"clock.deadline_s={deadline}",
+            f"num_rounds={rounds}",
+        ],
+        "FedBuff (K=10, C=20)": [
+            "strategy=fedbuff",
+            "strategy.buffer_size=10",
+            "strategy.concurrency=20",
+            f"num_rounds={steps}",
+            f"eval_every={max(1, steps // rounds)}",
+        ],
     }
 
 
@@ -58,12 +75,16 @@ def summarise(histories: list[list[dict]], targets: list[float]) -> dict:
     for target in targets:
         times = [time_to(h, target) for h in histories]
         reached = [t for t in times if t is not None]
-        to_target[str(target)] = {"per_seed_s": times, "reached": len(reached),
-                                  "mean_s": statistics.mean(reached) if reached else None}
+        to_target[str(target)] = {
+            "per_seed_s": times,
+            "reached": len(reached),
+            "mean_s": statistics.mean(reached) if reached else None,
+        }
     finals = [h[-1]["eval/accuracy"] for h in histories]
     return {
         "time_to_target": to_target,
-        "final_accuracy": finals, "final_accuracy_mean": statistics.mean(finals),
+        "final_accuracy": finals,
+        "final_accuracy_mean": statistics.mean(finals),
         "final_accuracy_std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
         "total_sim_time_s": [h[-1]["sim/time_s"] for h in histories],
         "dropped_deadline_per_round": statistics.mean(r.get("sim/dropped_deadline", 0.0) for h in histories for r in h),
@@ -73,8 +94,11 @@ def summarise(histories: list[list[dict]], targets: list[float]) -> dict:
 
 def table(results: dict, targets: list[float]) -> str:
     heads = " | ".join(f"simulated s to {t} (mean; seeds reaching)" for t in targets)
-    lines = [f"| configuration | {heads} | final accuracy (mean ± std) | simulated s, whole run (per seed) | late clients "
-             "dropped per round | gone offline per round |", "|---" * (len(targets) + 5) + "|"]
+    lines = [
+        f"| configuration | {heads} | final accuracy (mean ± std) | simulated s, whole run (per seed) | late clients "
+        "dropped per round | gone offline per round |",
+        "|---" * (len(targets) + 5) + "|",
+    ]
     for name, r in results["configs"].items():
         cells = []
         for t in targets:
@@ -82,8 +106,10 @@ def table(results: dict, targets: list[float]) -> str:
             mean = "–" if entry["mean_s"] is None else f"{entry['mean_s']:.0f}"
             cells.append(f"{mean} ({entry['reached']}/{len(r['final_accuracy'])})")
         total = ", ".join(f"{t:.0f}" for t in r["total_sim_time_s"])
-        lines.append(f"| {name} | {' | '.join(cells)} | {r['final_accuracy_mean']:.4f} ± {r['final_accuracy_std']:.4f} | "
-                     f"{total} | {r['dropped_deadline_per_round']:.2f} | {r['dropped_offline_per_round']:.2f} |")
+        lines.append(
+            f"| {name} | {' | '.join(cells)} | {r['final_accuracy_mean']:.4f} ± {r['final_accuracy_std']:.4f} | "
+            f"{total} | {r['dropped_deadline_per_round']:.2f} | {r['dropped_offline_per_round']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -106,15 +132,38 @@ def main() -> None:
                 cfg = compose([*SETTING, *availability(args), *overrides, f"seed={seed}"])
                 history = run_config(cfg, run_dir=Path(tmp) / f"s{seed}-{i}").history
                 histories.setdefault(name, []).append(history)
-                print(f"seed {seed}  {name:24s} final acc {history[-1]['eval/accuracy']:.4f}  "
-                      f"sim {history[-1]['sim/time_s']:.0f} s", flush=True)
-    results = {"command": "python experiments/async_fedbuff/run.py " + " ".join(
-                   [f"--rounds {args.rounds}", f"--steps {args.steps}", "--seeds " + " ".join(map(str, args.seeds)), "--targets " + " ".join(map(str, args.targets)),
-                    f"--deadline {args.deadline:g}"] + (["--availability", f"--period-h {args.period_h:g}"] if args.availability else [])),
-               "setting": SETTING + availability(args), "rounds": args.rounds, "steps": args.steps, "targets": args.targets, "deadline_s": args.deadline,
-               "configs": {name: summarise(h, args.targets) for name, h in histories.items()},
-               "wall_s": time.perf_counter() - start}
-    name = "results.json" if not args.availability else "results_availability.json" if args.period_h == 24 else f"results_availability_period{args.period_h:g}h.json"
+                print(
+                    f"seed {seed}  {name:24s} final acc {history[-1]['eval/accuracy']:.4f}  "
+                    f"sim {history[-1]['sim/time_s']:.0f} s",
+                    flush=True,
+                )
+    results = {
+        "command": "python experiments/async_fedbuff/run.py "
+        + " ".join(
+            [
+                f"--rounds {args.rounds}",
+                f"--steps {args.steps}",
+                "--seeds " + " ".join(map(str, args.seeds)),
+                "--targets " + " ".join(map(str, args.targets)),
+                f"--deadline {args.deadline:g}",
+            ]
+            + (["--availability", f"--period-h {args.period_h:g}"] if args.availability else [])
+        ),
+        "setting": SETTING + availability(args),
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "targets": args.targets,
+        "deadline_s": args.deadline,
+        "configs": {name: summarise(h, args.targets) for name, h in histories.items()},
+        "wall_s": time.perf_counter() - start,
+    }
+    name = (
+        "results.json"
+        if not args.availability
+        else "results_availability.json"
+        if args.period_h == 24
+        else f"results_availability_period{args.period_h:g}h.json"
+    )
     (args.out / name).write_text(json.dumps(results, indent=2) + "\n")
     print(table(results, args.targets))
 

@@ -66,14 +66,22 @@ def planning_us(server: Server, rounds: int, clocked: bool) -> float:
         start = time.perf_counter()
         if clocked:
             schedule, _ = clocked_round(
-                server.clock, server.strategy, round_num, sampling_rng(server.seed, round_num), clients=server.clients,
-                clients_per_round=server.clients_per_round, config_of=lambda c: server._client_config(round_num, c),
-                model_bytes=server.comm.down_bytes, update_bytes=server.comm.up_bytes,
+                server.clock,
+                server.strategy,
+                round_num,
+                sampling_rng(server.seed, round_num),
+                clients=server.clients,
+                clients_per_round=server.clients_per_round,
+                config_of=lambda c: server._client_config(round_num, c),
+                model_bytes=server.comm.down_bytes,
+                update_bytes=server.comm.up_bytes,
             )
             schedule.metrics()
             server.clock.advance(schedule)
         else:
-            ids = server.strategy.sample(round_num, len(server.clients), server.clients_per_round, sampling_rng(server.seed, round_num))
+            ids = server.strategy.sample(
+                round_num, len(server.clients), server.clients_per_round, sampling_rng(server.seed, round_num)
+            )
             {c: server._client_config(round_num, c) for c in ids}
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e6
@@ -94,18 +102,26 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     harness.add_common_args(p, repeats=("--rounds", 120, "timed rounds per contender"), warmup=5, quiet_wait=2.0)
     args = p.parse_args(argv)
-    report = {"command": " ".join(["python", *sys.argv]), **harness.new_report(args, harness.HERE / "results_clock.json")}
+    report = {
+        "command": " ".join(["python", *sys.argv]),
+        **harness.new_report(args, harness.HERE / "results_clock.json"),
+    }
     with harness.busy_machine(args.load) as load:
-        rows = harness.run_interleaved([ServerRounds("clock_off", []), ServerRounds("clock_sampled", ["clock=sampled"])],
-                                       args.warmup + args.rounds, tag="clock")
+        rows = harness.run_interleaved(
+            [ServerRounds("clock_off", []), ServerRounds("clock_sampled", ["clock=sampled"])],
+            args.warmup + args.rounds,
+            tag="clock",
+        )
         report["load"] = load.record()
     summary = {name: harness.summarize(row, args.warmup) for name, row in rows.items()}
     ratio = harness.ratio(summary["clock_sampled"]["median_round_s"], summary["clock_off"]["median_round_s"])
     report["rounds"], report["ratio_on_over_off"] = summary, ratio
     report["planning"] = planning(2000)
     harness.print_rows("per-round wall time, default experiment (serial)", summary)
-    print(f"\nclock on / off: {ratio:.4f} (target <= 1.02); the weights are equal: "
-          f"{rows['clock_off']['final_params_sum'] == rows['clock_sampled']['final_params_sum']}")
+    print(
+        f"\nclock on / off: {ratio:.4f} (target <= 1.02); the weights are equal: "
+        f"{rows['clock_off']['final_params_sum'] == rows['clock_sampled']['final_params_sum']}"
+    )
     harness.write_json(args.out, report)
 
 

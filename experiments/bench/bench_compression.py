@@ -42,11 +42,11 @@ import harness  # noqa: E402
 import workload  # noqa: E402
 
 from fedsim import Client, FedAvg, Server  # noqa: E402
-from fedsim.server.exchange import Exchange  # noqa: E402
 from fedsim.comm.pipeline import Compression  # noqa: E402
+from fedsim.core.threads import torch_threads  # noqa: E402
 from fedsim.executor import SerialExecutor, Workload  # noqa: E402
 from fedsim.run import build_compression, compose  # noqa: E402
-from fedsim.core.threads import torch_threads  # noqa: E402
+from fedsim.server.exchange import Exchange  # noqa: E402
 from fedsim.types import ClientUpdate  # noqa: E402
 
 SETTINGS: dict[str, list[str]] = {  # contender: the overrides a run would be given
@@ -72,11 +72,22 @@ class CodecRounds:
         self.name, self.bench, self.log_dir = name, bench, log_dir
         self.compression = compression_of(name)
         optimizer = functools.partial(torch.optim.SGD, lr=bench.lr)
-        clients = [Client(i, idx, epochs=bench.epochs, batch_size=bench.batch_size, optimizer=optimizer)
-                   for i, idx in enumerate(bench.client_indices)]
-        self.server = Server(model_factory=bench.model_factory, clients=clients, train_data=bench.data, test_data=None,
-                             strategy=FedAvg(), executor=SerialExecutor(threads=1), num_rounds=bench.total_rounds,
-                             clients_per_round=bench.per_round, seed=bench.seed, compression=self.compression)
+        clients = [
+            Client(i, idx, epochs=bench.epochs, batch_size=bench.batch_size, optimizer=optimizer)
+            for i, idx in enumerate(bench.client_indices)
+        ]
+        self.server = Server(
+            model_factory=bench.model_factory,
+            clients=clients,
+            train_data=bench.data,
+            test_data=None,
+            strategy=FedAvg(),
+            executor=SerialExecutor(threads=1),
+            num_rounds=bench.total_rounds,
+            clients_per_round=bench.per_round,
+            seed=bench.seed,
+            compression=self.compression,
+        )
         self.codec_s: list[float] = []  # per round: seconds inside Exchange.broadcast and Exchange.receive
         self.bytes_up: list[float] = []
         self._in_codec = 0.0
@@ -87,8 +98,13 @@ class CodecRounds:
         self._in_codec += seconds
 
     def start(self) -> None:
-        workload_ = Workload(self.bench.model_factory, self.server.clients, self.bench.data, log_dir=self.log_dir,
-                             local=self.server.strategy.local_training())
+        workload_ = Workload(
+            self.bench.model_factory,
+            self.server.clients,
+            self.bench.data,
+            log_dir=self.log_dir,
+            local=self.server.strategy.local_training(),
+        )
         self.server.local = workload_.local
         self.server.executor.start(workload_)
 
@@ -103,8 +119,12 @@ class CodecRounds:
         self.server.executor.close()
 
     def info(self) -> dict[str, Any]:
-        return {"compression": repr(self.compression), "codec_s": self.codec_s, "bytes_up_per_round": self.bytes_up,
-                "final_params_sum": float(self.server.params.double().sum())}
+        return {
+            "compression": repr(self.compression),
+            "codec_s": self.codec_s,
+            "bytes_up_per_round": self.bytes_up,
+            "final_params_sum": float(self.server.params.double().sum()),
+        }
 
 
 def codec_us(name: str, num_params: int, repeats: int) -> dict[str, Any]:
@@ -126,8 +146,11 @@ def codec_us(name: str, num_params: int, repeats: int) -> dict[str, Any]:
             start = time.perf_counter()
             exchange.receive(update, received, global_params, {})
             receive.append(time.perf_counter() - start)
-    return {"chain_us": statistics.median(chain) * 1e6, "receive_us": statistics.median(receive) * 1e6,
-            "bytes_up": compression.uplink.nbytes(num_params)}
+    return {
+        "chain_us": statistics.median(chain) * 1e6,
+        "receive_us": statistics.median(receive) * 1e6,
+        "bytes_up": compression.uplink.nbytes(num_params),
+    }
 
 
 def measure(model: str, data: Any, shares: Any, args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
@@ -135,11 +158,13 @@ def measure(model: str, data: Any, shares: Any, args: argparse.Namespace, names:
     bench = workload.make_bench(model, data, shares, args)
     num_params = bench.num_params()
     with tempfile.TemporaryDirectory() as log_dir:
-        rows = harness.run_interleaved([CodecRounds(n, bench, Path(log_dir)) for n in names], bench.total_rounds, tag=model)
+        rows = harness.run_interleaved(
+            [CodecRounds(n, bench, Path(log_dir)) for n in names], bench.total_rounds, tag=model
+        )
     summary = {name: harness.summarize(row, args.warmup) for name, row in rows.items()}
     base = summary["none"]
     for row in summary.values():
-        codec = row["codec_s"][args.warmup:]
+        codec = row["codec_s"][args.warmup :]
         row["median_codec_s"] = statistics.median(codec) if codec else None
         row["ratio_to_none"] = harness.ratio(row["median_round_s"], base["median_round_s"])
         # the same round of both (met in the same stretch of load), then the median over rounds
@@ -150,28 +175,40 @@ def measure(model: str, data: Any, shares: Any, args: argparse.Namespace, names:
     codecs = {}
     for name in names:
         codecs[name] = codec_us(name, num_params, args.codec_repeats)
-        print(f"[{model}] {name}: chain {codecs[name]['chain_us']:.0f} us, receive {codecs[name]['receive_us']:.0f} us",
-              file=sys.stderr)
+        print(
+            f"[{model}] {name}: chain {codecs[name]['chain_us']:.0f} us, receive {codecs[name]['receive_us']:.0f} us",
+            file=sys.stderr,
+        )
     return {"num_params": num_params, "rounds": summary, "codec": codecs}
 
 
 def print_model(model: str, result: dict[str, Any], per_round: int) -> None:
-    harness.print_rows(f"{model}: per-round wall time, serial executor ({result['num_params']:,} parameters)",
-                       result["rounds"], extra=(("ratio to none", "ratio_to_none"),))
-    print(f"\n{'setting':<13}{'KB up/update':>13}{'s/round':>9}{'ratio':>7}{'paired':>8}{'cpu':>7}{'codec ms/round':>16}"
-          f"{'share':>7}{'chain us':>10}{'receive us':>12}{f'x{per_round} ms':>10}")
+    harness.print_rows(
+        f"{model}: per-round wall time, serial executor ({result['num_params']:,} parameters)",
+        result["rounds"],
+        extra=(("ratio to none", "ratio_to_none"),),
+    )
+    print(
+        f"\n{'setting':<13}{'KB up/update':>13}{'s/round':>9}{'ratio':>7}{'paired':>8}{'cpu':>7}{'codec ms/round':>16}"
+        f"{'share':>7}{'chain us':>10}{'receive us':>12}{f'x{per_round} ms':>10}"
+    )
     nan = float("nan")
     for name, row in result["rounds"].items():
         codec = result["codec"][name]
-        print(f"{name:<13}{codec['bytes_up'] / 1e3:>13.1f}{row['median_round_s'] or nan:>9.4f}"
-              f"{row['ratio_to_none'] or nan:>7.3f}{row['paired_ratio_to_none'] or nan:>8.3f}"
-              f"{row['cpu_ratio_to_none'] or nan:>7.3f}{(row['median_codec_s'] or 0.0) * 1e3:>16.2f}"
-              f"{row['codec_share_of_none_round'] or nan:>7.3f}{codec['chain_us']:>10.0f}{codec['receive_us']:>12.0f}"
-              f"{codec['receive_us'] * per_round / 1e3:>10.2f}")
-    print("ratio: median s/round over none's; paired: median over rounds of the same round's ratio; cpu: median CPU "
-          "s/round over none's; codec ms/round: inside Exchange.broadcast + receive during the round; share: that over "
-          "none's median round; chain/receive us: one update alone (x{n}: receive times the clients of a round)"
-          .replace("{n}", str(per_round)))
+        print(
+            f"{name:<13}{codec['bytes_up'] / 1e3:>13.1f}{row['median_round_s'] or nan:>9.4f}"
+            f"{row['ratio_to_none'] or nan:>7.3f}{row['paired_ratio_to_none'] or nan:>8.3f}"
+            f"{row['cpu_ratio_to_none'] or nan:>7.3f}{(row['median_codec_s'] or 0.0) * 1e3:>16.2f}"
+            f"{row['codec_share_of_none_round'] or nan:>7.3f}{codec['chain_us']:>10.0f}{codec['receive_us']:>12.0f}"
+            f"{codec['receive_us'] * per_round / 1e3:>10.2f}"
+        )
+    print(
+        "ratio: median s/round over none's; paired: median over rounds of the same round's ratio; cpu: median CPU "
+        "s/round over none's; codec ms/round: inside Exchange.broadcast + receive during the round; share: that over "
+        "none's median round; chain/receive us: one update alone (x{n}: receive times the clients of a round)".replace(
+            "{n}", str(per_round)
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -185,8 +222,11 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [n for n in names if n not in SETTINGS]
     if unknown:
         p.error(f"unknown settings {unknown}; use: {', '.join(SETTINGS)}")
-    report = {"command": " ".join(["python", *sys.argv]), "settings": {n: SETTINGS[n] for n in names},
-              **harness.new_report(args, harness.HERE / "results_compression.json")}
+    report = {
+        "command": " ".join(["python", *sys.argv]),
+        "settings": {n: SETTINGS[n] for n in names},
+        **harness.new_report(args, harness.HERE / "results_compression.json"),
+    }
     data, shares = workload.mnist_clients(args)
     models = args.models.split(",")
     with harness.busy_machine(args.load) as load:

@@ -33,10 +33,10 @@ import harness  # noqa: E402
 import workload  # noqa: E402
 
 from fedsim import Client, FedAvg, Server  # noqa: E402
+from fedsim.core.threads import torch_threads  # noqa: E402
 from fedsim.executor import SerialExecutor, Workload  # noqa: E402
 from fedsim.privacy import CentralDP  # noqa: E402
 from fedsim.privacy.sampling import poisson_sample  # noqa: E402
-from fedsim.core.threads import torch_threads  # noqa: E402
 
 SETTINGS: dict[str, CentralDP | None] = {
     "plain": None,
@@ -58,20 +58,36 @@ class DPRounds:
     def __init__(self, name: str, bench: workload.Bench, log_dir: Path) -> None:
         self.name, self.bench, self.log_dir = name, bench, log_dir
         optimizer = functools.partial(torch.optim.SGD, lr=bench.lr)
-        clients = [Client(i, idx, epochs=bench.epochs, batch_size=bench.batch_size, optimizer=optimizer)
-                   for i, idx in enumerate(bench.client_indices)]
+        clients = [
+            Client(i, idx, epochs=bench.epochs, batch_size=bench.batch_size, optimizer=optimizer)
+            for i, idx in enumerate(bench.client_indices)
+        ]
         dp = SETTINGS[name]
-        self.server = Server(model_factory=bench.model_factory, clients=clients, train_data=bench.data, test_data=None,
-                             strategy=PoissonFedAvg() if dp is None else FedAvg(), executor=SerialExecutor(threads=1),
-                             num_rounds=bench.total_rounds, clients_per_round=bench.per_round, seed=bench.seed, privacy=dp)
+        self.server = Server(
+            model_factory=bench.model_factory,
+            clients=clients,
+            train_data=bench.data,
+            test_data=None,
+            strategy=PoissonFedAvg() if dp is None else FedAvg(),
+            executor=SerialExecutor(threads=1),
+            num_rounds=bench.total_rounds,
+            clients_per_round=bench.per_round,
+            seed=bench.seed,
+            privacy=dp,
+        )
         self.dp_s: list[float] = []
         self.cohorts: list[int] = []
         if self.server.privacy is not None:
             harness.time_calls(self.server.privacy, "aggregate_input", self.dp_s.append)
 
     def start(self) -> None:
-        workload_ = Workload(self.bench.model_factory, self.server.clients, self.bench.data, log_dir=self.log_dir,
-                             local=self.server.strategy.local_training())
+        workload_ = Workload(
+            self.bench.model_factory,
+            self.server.clients,
+            self.bench.data,
+            log_dir=self.log_dir,
+            local=self.server.strategy.local_training(),
+        )
         self.server.local = workload_.local
         self.server.executor.start(workload_)
 
@@ -96,19 +112,28 @@ def main(argv: list[str] | None = None) -> None:
     data, shares = workload.mnist_clients(args)
     bench = workload.make_bench(args.models.split(",")[0], data, shares, args)
     with harness.busy_machine(args.load) as load, tempfile.TemporaryDirectory() as log_dir:
-        rows = harness.run_interleaved([DPRounds(n, bench, Path(log_dir)) for n in SETTINGS], bench.total_rounds, tag="dp")
+        rows = harness.run_interleaved(
+            [DPRounds(n, bench, Path(log_dir)) for n in SETTINGS], bench.total_rounds, tag="dp"
+        )
         report["load"] = load.record()
     summary = {name: harness.summarize(row, args.warmup) for name, row in rows.items()}
     assert len({tuple(r["cohorts"]) for r in summary.values()}) == 1, "the contenders trained different cohorts"
     for row in summary.values():
         row["ratio_to_plain"] = harness.ratio(row["median_round_s"], summary["plain"]["median_round_s"])
         row["paired_ratio_to_plain"] = statistics.median(
-            t / b for t, b in zip(row["timed_round_s"], summary["plain"]["timed_round_s"]))
-        row["median_dp_ms"] = statistics.median(row["dp_s"][args.warmup:]) * 1e3 if row["dp_s"] else 0.0
+            t / b for t, b in zip(row["timed_round_s"], summary["plain"]["timed_round_s"])
+        )
+        row["median_dp_ms"] = statistics.median(row["dp_s"][args.warmup :]) * 1e3 if row["dp_s"] else 0.0
     report["rounds"] = summary
-    harness.print_rows(f"DP-FedAvg, {bench.num_params():,} parameters, serial executor", summary,
-                       extra=(("ratio to plain", "ratio_to_plain"), ("paired", "paired_ratio_to_plain"),
-                              ("DP step ms", "median_dp_ms")))
+    harness.print_rows(
+        f"DP-FedAvg, {bench.num_params():,} parameters, serial executor",
+        summary,
+        extra=(
+            ("ratio to plain", "ratio_to_plain"),
+            ("paired", "paired_ratio_to_plain"),
+            ("DP step ms", "median_dp_ms"),
+        ),
+    )
     for name in ("central", "adaptive"):
         ratio = summary[name]["paired_ratio_to_plain"]
         print(f"{name} / plain (paired): {ratio:.3f} (target <= 1.1): {'met' if ratio <= 1.1 else 'NOT met'}")

@@ -77,14 +77,25 @@ class ServerRounds:
         self.server.logger.close()
 
     def info(self) -> dict[str, Any]:
-        return {"params": self.server.params.clone(), "local_steps_per_round": sum(self.steps) / max(len(self.steps), 1),
-                "chunk_size": getattr(self.server.executor, "_chunk", None)}
+        return {
+            "params": self.server.params.clone(),
+            "local_steps_per_round": sum(self.steps) / max(len(self.steps), 1),
+            "chunk_size": getattr(self.server.executor, "_chunk", None),
+        }
 
 
 def contender(name: str, model: str, args: argparse.Namespace) -> ServerRounds:
-    base = ["logger=quiet", "num_rounds=100000", "eval_every=100000", f"seed={args.seed}", f"model={model}",
-            f"data.num_devices={args.devices}", f"+data.max_size={args.max_size}", f"clients_per_round={args.per_round}",
-            "client.optimizer.lr=0.05"]
+    base = [
+        "logger=quiet",
+        "num_rounds=100000",
+        "eval_every=100000",
+        f"seed={args.seed}",
+        f"model={model}",
+        f"data.num_devices={args.devices}",
+        f"+data.max_size={args.max_size}",
+        f"clients_per_round={args.per_round}",
+        "client.optimizer.lr=0.05",
+    ]
     executor = ["executor=vmap", f"executor.threads={args.threads}"] if name.startswith("vmap") else ["executor=serial"]
     if name.endswith("dpsgd"):
         return ServerRounds(name, [*base, *executor, "client=dpsgd", f"client.sampling_rate={args.sampling_rate}"])
@@ -109,7 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--models", default="logreg,mlp")
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--devices", type=int, default=1000, help="data.num_devices: clients of the federation")
-    p.add_argument("--max-size", type=int, default=200, help="data.max_size: examples per device at most (before the test splits)")
+    p.add_argument(
+        "--max-size", type=int, default=200, help="data.max_size: examples per device at most (before the test splits)"
+    )
     p.add_argument("--per-round", type=int, default=100)
     p.add_argument("--sampling-rate", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
@@ -117,7 +130,10 @@ def main(argv: list[str] | None = None) -> None:
     harness.add_common_args(p, repeats=("--rounds", 9, "timed rounds per contender"), warmup=1, quiet_wait=10.0)
     args = p.parse_args(argv)
     torch.set_num_threads(1)  # the server's own work, as server_threads=1 does in a run
-    report = {"command": " ".join(["python", *sys.argv]), **harness.new_report(args, harness.HERE / "results_dpsgd_vmap.json")}
+    report = {
+        "command": " ".join(["python", *sys.argv]),
+        **harness.new_report(args, harness.HERE / "results_dpsgd_vmap.json"),
+    }
     report["models"] = {}
     with harness.busy_machine(args.load) as load:
         for model in args.models.split(","):
@@ -126,18 +142,32 @@ def main(argv: list[str] | None = None) -> None:
             summary = {name: harness.summarize(row, args.warmup) for name, row in rows.items()}
             params = {name: row["params"] for name, row in rows.items()}
             reference = params.get("serial_dpsgd")
-            errors = {name: float((value - reference).norm() / reference.norm())
-                      for name, value in params.items() if reference is not None and name == "vmap_dpsgd"}
+            errors = {
+                name: float((value - reference).norm() / reference.norm())
+                for name, value in params.items()
+                if reference is not None and name == "vmap_dpsgd"
+            }
             noise = noise_seconds(contenders[0].server, math.ceil(1 / args.sampling_rate), args.per_round)
             median = {name: row.get("median_round_s") for name, row in summary.items()}
-            ratios = {"vmap_dpsgd/vmap_plain": harness.ratio(median.get("vmap_dpsgd"), median.get("vmap_plain")),
-                      "serial_dpsgd/vmap_dpsgd": harness.ratio(median.get("serial_dpsgd"), median.get("vmap_dpsgd"))}
-            report["models"][model] = {"contenders": summary, "ratios": ratios, "relative_error_vs_serial_dpsgd": errors,
-                                       "noise_s_per_round": noise}
-            harness.print_rows(f"{model}: seconds per round (median of {args.rounds} timed rounds)", summary,
-                               extra=(("steps/round", "local_steps_per_round"),))
-            print(f"  ratios: { {k: round(v, 3) if v else None for k, v in ratios.items()} }; one round's noise alone: "
-                  f"{noise:.4f} s; relative error vs serial_dpsgd: {errors}")
+            ratios = {
+                "vmap_dpsgd/vmap_plain": harness.ratio(median.get("vmap_dpsgd"), median.get("vmap_plain")),
+                "serial_dpsgd/vmap_dpsgd": harness.ratio(median.get("serial_dpsgd"), median.get("vmap_dpsgd")),
+            }
+            report["models"][model] = {
+                "contenders": summary,
+                "ratios": ratios,
+                "relative_error_vs_serial_dpsgd": errors,
+                "noise_s_per_round": noise,
+            }
+            harness.print_rows(
+                f"{model}: seconds per round (median of {args.rounds} timed rounds)",
+                summary,
+                extra=(("steps/round", "local_steps_per_round"),),
+            )
+            print(
+                f"  ratios: { {k: round(v, 3) if v else None for k, v in ratios.items()} }; one round's noise alone: "
+                f"{noise:.4f} s; relative error vs serial_dpsgd: {errors}"
+            )
         report["load"] = load.record()
     harness.write_json(args.out, report)
 

@@ -33,8 +33,9 @@ import functools
 import hashlib
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,23 +51,32 @@ from fedsim.data.partition import natural  # noqa: E402
 from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor, Workload  # noqa: E402
 from fedsim.executor.eval_task import EVAL_BATCH  # noqa: E402
-from fedsim.models import LogisticRegression, MLP2NN  # noqa: E402
+from fedsim.models import MLP2NN, LogisticRegression  # noqa: E402
 from fedsim.params import flatten, load_flat  # noqa: E402
 from fedsim.seeding import init_seed  # noqa: E402
 from fedsim.types import ClientFailure  # noqa: E402
 
 MODELS = {"mlr": LogisticRegression, "2nn": MLP2NN}
 CONTENDERS = ("central", "central_sum", "serial", "process_w2", "vmap", "server_process_w2", "server_vmap")
-EXECUTORS = {"serial": lambda: SerialExecutor(threads=1), "process_w2": lambda: ProcessExecutor(devices="cpu", workers=2, threads=1),
-             "vmap": lambda: VmapExecutor(threads=1)}
+EXECUTORS = {
+    "serial": lambda: SerialExecutor(threads=1),
+    "process_w2": lambda: ProcessExecutor(devices="cpu", workers=2, threads=1),
+    "vmap": lambda: VmapExecutor(threads=1),
+}
 GOALS = {"vmap": 2.0, "process_w2": 3.0}
 
 
 class Contender:
     """``call()`` timed once per round (its value kept as ``last``); ``start``/``close`` around the whole run."""
 
-    def __init__(self, name: str, call: Callable[[], Any], start: Callable[[], Any] = lambda: None,
-                 close: Callable[[], Any] = lambda: None, **info: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        call: Callable[[], Any],
+        start: Callable[[], Any] = lambda: None,
+        close: Callable[[], Any] = lambda: None,
+        **info: Any,
+    ) -> None:
         self.name, self.call, self.start, self.close, self.extra, self.last = name, call, start, close, info, None
 
     def run_round(self, round_num: int) -> None:
@@ -86,34 +96,68 @@ def tasks_with(clients: list[Client], examples_per_task: int | None) -> list:
         client_eval.EXAMPLES_PER_TASK = default
 
 
-def make_contenders(names: list[str], epts: list[int], factory: Callable, clients: list[Client], data: Any,
-                    params: torch.Tensor, seed: int) -> list[Contender]:
+def make_contenders(
+    names: list[str],
+    epts: list[int],
+    factory: Callable,
+    clients: list[Client],
+    data: Any,
+    params: torch.Tensor,
+    seed: int,
+) -> list[Contender]:
     rows = torch.from_numpy(np.concatenate([c.test_indices for c in clients]))
     out = []
     for name in names:
         if name.startswith("central"):  # the weights loaded in each call, as every evaluation task does
+
             def call(m: torch.nn.Module = factory(), sums: bool = name == "central_sum") -> Any:
                 load_flat(m, params)
                 evaluate = evaluate_indices if sums else functools.partial(example_losses, clients[0])
                 return evaluate(m, data, rows, batch_size=EVAL_BATCH)
+
             out.append(Contender(name, call))
         elif name.startswith("server_"):
             ex = EXECUTORS[name[7:]]()
-            server = Server(model_factory=factory, clients=clients, train_data=data, test_data=None, strategy=FedAvg(), executor=ex,
-                            num_rounds=1, clients_per_round=1, seed=seed, client_eval=client_eval.ClientEvaluation("all"))
+            server = Server(
+                model_factory=factory,
+                clients=clients,
+                train_data=data,
+                test_data=None,
+                strategy=FedAvg(),
+                executor=ex,
+                num_rounds=1,
+                clients_per_round=1,
+                seed=seed,
+                client_eval=client_eval.ClientEvaluation("all"),
+            )
             assert torch.equal(server.params, params)
-            out.append(Contender(name, functools.partial(server.evaluate_clients, 1, []),
-                                 functools.partial(ex.start, server._workload()), ex.close))  # noqa: SLF001 (what run() starts)
+            out.append(
+                Contender(
+                    name,
+                    functools.partial(server.evaluate_clients, 1, []),
+                    functools.partial(ex.start, server._workload()),
+                    ex.close,
+                )
+            )  # noqa: SLF001 (what run() starts)
         else:
             for ept in [None] + (epts if name in GOALS else []):
                 ex, tasks = EXECUTORS[name](), tasks_with(clients, ept)
-                out.append(Contender(name + (f"_ept{ept}" if ept else ""), functools.partial(ex.evaluate, params, tasks),
-                                     functools.partial(ex.start, Workload(factory, clients, data)), ex.close, tasks=len(tasks)))
+                out.append(
+                    Contender(
+                        name + (f"_ept{ept}" if ept else ""),
+                        functools.partial(ex.evaluate, params, tasks),
+                        functools.partial(ex.start, Workload(factory, clients, data)),
+                        ex.close,
+                        tasks=len(tasks),
+                    )
+                )
     return out
 
 
 def scores_of(results: list) -> list:
-    assert not any(isinstance(r, ClientFailure) for r in results), [r.error for r in results if isinstance(r, ClientFailure)]
+    assert not any(isinstance(r, ClientFailure) for r in results), [
+        r.error for r in results if isinstance(r, ClientFailure)
+    ]
     return [s for r in results for s in r.scores]
 
 
@@ -123,13 +167,23 @@ def checks(contenders: list[Contender], clients: list[Client]) -> dict[str, Any]
     if "serial" not in by:
         return {}
     ref = scores_of(by["serial"])
-    out: dict[str, Any] = {f"{n}_scores_equal_serial": scores_of(v) == ref for n, v in by.items()
-                           if n != "serial" and not n.startswith(("central", "server_"))}
-    out |= {f"{n}_metrics_equal_summary": v == client_eval.summary(ref, False) for n, v in by.items() if n.startswith("server_")}
+    out: dict[str, Any] = {
+        f"{n}_scores_equal_serial": scores_of(v) == ref
+        for n, v in by.items()
+        if n != "serial" and not n.startswith(("central", "server_"))
+    }
+    out |= {
+        f"{n}_metrics_equal_summary": v == client_eval.summary(ref, False)
+        for n, v in by.items()
+        if n.startswith("server_")
+    }
     if "central" in by:
         (losses, correct), bounds = by["central"], np.cumsum([0] + [int(c.test_indices.size) for c in clients])
-        pairs = [(float(losses[a:b].double().sum()) / (b - a), int(correct[a:b].sum()) / (b - a))
-                 for a, b in zip(bounds, bounds[1:]) if b > a]
+        pairs = [
+            (float(losses[a:b].double().sum()) / (b - a), int(correct[a:b].sum()) / (b - a))
+            for a, b in zip(bounds, bounds[1:])
+            if b > a
+        ]
         out["central_max_abs_loss_diff"] = float(max(abs(p[0] - s.loss) for p, s in zip(pairs, ref)))
         out["central_max_abs_accuracy_diff"] = float(max(abs(p[1] - s.accuracy) for p, s in zip(pairs, ref)))
     return out
@@ -154,7 +208,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.clients, args.rounds, args.warmup, args.quiet_wait = 100, 2, 1, 0.0
-        args.out = args.out or Path(tempfile.gettempdir()) / "results_eval_clients_quick.json"  # a smoke run's: not kept
+        args.out = (
+            args.out or Path(tempfile.gettempdir()) / "results_eval_clients_quick.json"
+        )  # a smoke run's: not kept
     return args
 
 
@@ -163,12 +219,23 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     harness.code_version = fingerprint
     report = harness.new_report(args, harness.HERE / "results_eval_clients.json")
-    data = federate(synthetic(num_devices=args.clients, seed=args.seed), natural, client_test_fraction=0.2, seed=args.seed)
+    data = federate(
+        synthetic(num_devices=args.clients, seed=args.seed), natural, client_test_fraction=0.2, seed=args.seed
+    )
     clients = make_clients(data, Client)
     sizes = [int(c.test_indices.size) for c in clients]
-    report |= {"models": {}, "workload": {"clients": len(clients), "test_examples": sum(sizes), "min": min(sizes),
-               "median": float(np.median(sizes)), "max": max(sizes), "examples_per_task": client_eval.EXAMPLES_PER_TASK,
-               "eval_batch": EVAL_BATCH}}
+    report |= {
+        "models": {},
+        "workload": {
+            "clients": len(clients),
+            "test_examples": sum(sizes),
+            "min": min(sizes),
+            "median": float(np.median(sizes)),
+            "max": max(sizes),
+            "examples_per_task": client_eval.EXAMPLES_PER_TASK,
+            "eval_batch": EVAL_BATCH,
+        },
+    }
     epts = [int(v) for v in args.examples_per_task.split(",") if v]
     with harness.busy_machine(args.load) as load:
         for model in args.models.split(","):
@@ -176,19 +243,31 @@ def main(argv: list[str] | None = None) -> None:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(init_seed(args.seed))
                 params = flatten(factory())  # the round-0 global model, as Server builds it
-            contenders = make_contenders(args.contenders.split(","), epts, factory, clients, data.train, params, args.seed)
+            contenders = make_contenders(
+                args.contenders.split(","), epts, factory, clients, data.train, params, args.seed
+            )
             results = harness.run_interleaved(contenders, args.warmup + args.rounds, tag=model)
             rows = {k: harness.summarize(v, args.warmup) for k, v in results.items()}
             base, best = (rows.get("central", {}).get(k) for k in ("median_round_s", "min_round_s"))
             for row in rows.values():  # on the medians (the goals) and on the fastest rounds (the least disturbed)
                 row["ratio_to_central"] = harness.ratio(row["median_round_s"], base) or float("nan")
                 row["min_ratio_to_central"] = harness.ratio(row["min_round_s"], best) or float("nan")
-            harness.print_rows(f"{model}: seconds per evaluation of all {len(clients)} clients (median)", rows,
-                               extra=(("x central", "ratio_to_central"), ("min x central", "min_ratio_to_central")))
-            goals = {f"{n} within {g:g}x": rows[n]["ratio_to_central"] <= g for n, g in GOALS.items() if n in rows and base}
+            harness.print_rows(
+                f"{model}: seconds per evaluation of all {len(clients)} clients (median)",
+                rows,
+                extra=(("x central", "ratio_to_central"), ("min x central", "min_ratio_to_central")),
+            )
+            goals = {
+                f"{n} within {g:g}x": rows[n]["ratio_to_central"] <= g for n, g in GOALS.items() if n in rows and base
+            }
             sanity = checks(contenders, clients)
             print("  goals:", goals, "\n  checks:", sanity)
-            report["models"][model] = {"contenders": rows, "goals": goals, "checks": sanity, "num_params": params.numel()}
+            report["models"][model] = {
+                "contenders": rows,
+                "goals": goals,
+                "checks": sanity,
+                "num_params": params.numel(),
+            }
     report["load"] = load.record()
     harness.write_json(args.out, report)
 

@@ -48,6 +48,7 @@ Run from the repository root::
     .venv/bin/python experiments/bench/bench_executors.py --device cuda --models 2nn   # on a GPU
     .venv/bin/python experiments/bench/bench_executors.py --load 1      # other jobs on 1 core: results_load1.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,18 +70,43 @@ from torch.utils.data import DataLoader, TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402  (timing, reporting, --load)
 from workload import (  # noqa: E402  (the shared workload and contenders)
-    Bench, CentralContender, FedsimContender, add_workload_args, make_bench, mnist_clients, relative_errors,
+    Bench,
+    CentralContender,
+    FedsimContender,
+    add_workload_args,
+    make_bench,
+    mnist_clients,
+    relative_errors,
 )
 
 from fedsim import SerialExecutor  # noqa: E402
 from fedsim.executor import ProcessExecutor  # noqa: E402
 from fedsim.seeding import task_seed  # noqa: E402
 
-CONTENDERS = ("serial_t1", "serial_t2", "process_w1", "process_w2", "process_w1_pt1", "process_w2_pt1",
-              "naive_fork", "naive_spawn", "naive_fork_t1", "central_t1", "central_t2")
+CONTENDERS = (
+    "serial_t1",
+    "serial_t2",
+    "process_w1",
+    "process_w2",
+    "process_w1_pt1",
+    "process_w2_pt1",
+    "naive_fork",
+    "naive_spawn",
+    "naive_fork_t1",
+    "central_t1",
+    "central_t2",
+)
 GPU_CONTENDERS = ("process_g1", "process_g2", "process_g4")  # ProcessExecutor on --device (any device)
 GPU_DEFAULT = ("serial_t1", "process_g1", "process_g2", "process_g4", "central_t1")
-CPU_ONLY = ("process_w1", "process_w2", "process_w1_pt1", "process_w2_pt1", "naive_fork", "naive_spawn", "naive_fork_t1")
+CPU_ONLY = (
+    "process_w1",
+    "process_w2",
+    "process_w1_pt1",
+    "process_w2_pt1",
+    "naive_fork",
+    "naive_spawn",
+    "naive_fork_t1",
+)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -90,7 +116,9 @@ CPU_ONLY = ("process_w1", "process_w2", "process_w1_pt1", "process_w2_pt1", "nai
 class User:
     """A user object of the naive recipe: its own model and a DataLoader over its own data."""
 
-    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, epochs: int, lr: float) -> None:
+    def __init__(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, epochs: int, lr: float
+    ) -> None:
         self.model, self.epochs, self.lr = model, epochs, lr
         self.loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True, generator=torch.Generator())
         self.seed = 0
@@ -129,7 +157,9 @@ def kill_pool(pool: cf.ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def pool_map(ctx: mp.context.BaseContext, workers: int, calls: list[Callable[[], Any]], first_timeout: float) -> list[Any]:
+def pool_map(
+    ctx: mp.context.BaseContext, workers: int, calls: list[Callable[[], Any]], first_timeout: float
+) -> list[Any]:
     """A NEW process pool, one task per call, results in submission order; raise Deadlock on a stall."""
     pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
     futures = [pool.submit(call) for call in calls]
@@ -152,7 +182,9 @@ class NaiveContender:
     """The naive recipe: users built once, a NEW pool per round, user objects pickled per task,
     ``state_dict()`` back, ``load_state_dict`` + FedAvg in the parent."""
 
-    def __init__(self, name: str, bench: Bench, start_method: str, parent_threads: int | None, first_timeout: float) -> None:
+    def __init__(
+        self, name: str, bench: Bench, start_method: str, parent_threads: int | None, first_timeout: float
+    ) -> None:
         self.name, self.bench, self.ctx = name, bench, mp.get_context(start_method)
         self.parent_threads, self.first_timeout = parent_threads, first_timeout
         self.threads: int | None = None
@@ -204,7 +236,7 @@ def make_contender(name: str, bench: Bench, args: argparse.Namespace, log_dir: P
     if name.startswith("serial_t"):
         return FedsimContender(name, bench, SerialExecutor(device=device, threads=int(name[-1])), log_dir / name)
     if name.startswith("process_g"):
-        executor = ProcessExecutor(devices=[device], workers_per_device=int(name[len("process_g"):]), threads=1)
+        executor = ProcessExecutor(devices=[device], workers_per_device=int(name[len("process_g") :]), threads=1)
         return FedsimContender(name, bench, executor, log_dir / name)
     if name.startswith("process_w"):
         workers, parent_threads = int(name[len("process_w")]), (1 if name.endswith("_pt1") else None)
@@ -236,7 +268,8 @@ def targets(rows: dict[str, dict[str, Any]], stat: str = "median_round_s") -> di
     naive = {k: harness.ratio(med.get(k), med.get("process_w2")) for k in ("naive_spawn", "naive_fork_t1")}
     overhead = harness.ratio(med.get("process_w1"), med.get("central_t1"))
     return {
-        "serial_t1/process_w2": speed_t1, "target_process_w2_1.7x_faster_than_serial_t1": _at_least(speed_t1, 1.7),
+        "serial_t1/process_w2": speed_t1,
+        "target_process_w2_1.7x_faster_than_serial_t1": _at_least(speed_t1, 1.7),
         "serial_t2/process_w2": harness.ratio(med.get("serial_t2"), med.get("process_w2")),
         **{f"{k}/process_w2": v for k, v in naive.items()},
         **{f"target_process_w2_2x_faster_than_{k}": _at_least(v, 2.0) for k, v in naive.items()},
@@ -252,9 +285,16 @@ def targets(rows: dict[str, dict[str, Any]], stat: str = "median_round_s") -> di
 def cpu_ratios(rows: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     """CPU seconds per round relative to one another: overheads that busy neighbours hardly distort."""
     cpu = {k: v.get("median_cpu_s") for k, v in rows.items()}
-    pairs = [("process_w1", "central_t1"), ("process_w1_pt1", "central_t1"), ("serial_t1", "central_t1"),
-             ("process_w2", "serial_t1"), ("process_w2_pt1", "serial_t1"),
-             ("process_w2", "process_w1"), ("naive_fork_t1", "process_w2"), ("naive_spawn", "process_w2")]
+    pairs = [
+        ("process_w1", "central_t1"),
+        ("process_w1_pt1", "central_t1"),
+        ("serial_t1", "central_t1"),
+        ("process_w2", "serial_t1"),
+        ("process_w2_pt1", "serial_t1"),
+        ("process_w2", "process_w1"),
+        ("naive_fork_t1", "process_w2"),
+        ("naive_spawn", "process_w2"),
+    ]
     return {f"cpu {a}/{b}": harness.ratio(cpu.get(a), cpu.get(b)) for a, b in pairs}
 
 
@@ -262,9 +302,15 @@ def gpu_ratios(rows: dict[str, dict[str, Any]], stat: str = "median_round_s") ->
     """The GPU questions (> 1: the second one is faster): how much the workers per GPU buy over serial,
     and what one worker costs over centralized training of the same samples."""
     med = {k: v.get(stat) for k, v in rows.items()}
-    pairs = [("serial_t1", "process_g1"), ("serial_t1", "process_g2"), ("serial_t1", "process_g4"),
-             ("process_g1", "process_g2"), ("process_g1", "process_g4"),
-             ("process_g1", "central_t1"), ("serial_t1", "central_t1")]
+    pairs = [
+        ("serial_t1", "process_g1"),
+        ("serial_t1", "process_g2"),
+        ("serial_t1", "process_g4"),
+        ("process_g1", "process_g2"),
+        ("process_g1", "process_g4"),
+        ("process_g1", "central_t1"),
+        ("serial_t1", "central_t1"),
+    ]
     return {f"{a}/{b}": harness.ratio(med.get(a), med.get(b)) for a, b in pairs}
 
 
@@ -289,26 +335,51 @@ def print_ratios(title: str, values: dict[str, Any], equal: dict[str, bool]) -> 
         print(f"   bitwise {key:<50} {value}")
 
 
-def model_report(model: str, bench: Bench, results: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]],
-                 args: argparse.Namespace) -> dict[str, Any]:
+def model_report(
+    model: str,
+    bench: Bench,
+    results: dict[str, dict[str, Any]],
+    rows: dict[str, dict[str, Any]],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
     """Print one model's table and its ratios (the issue's CPU targets, or the GPU report); return its JSON part."""
-    harness.print_rows(f"{model}: {args.clients} clients, {args.per_round}/round, {args.examples_per_client} examples/client, "
-                       f"batch {args.batch_size}, epochs {args.epochs}; median of {args.rounds} timed rounds after "
-                       f"{args.warmup} warm-up", rows)
-    print("(cpu s/round: CPU seconds of this benchmark's processes, median; others cores: the most cores that processes "
-          "outside this benchmark kept busy during a timed round; load cores: the --load generator's, median)")
+    harness.print_rows(
+        f"{model}: {args.clients} clients, {args.per_round}/round, {args.examples_per_client} examples/client, "
+        f"batch {args.batch_size}, epochs {args.epochs}; median of {args.rounds} timed rounds after "
+        f"{args.warmup} warm-up",
+        rows,
+    )
+    print(
+        "(cpu s/round: CPU seconds of this benchmark's processes, median; others cores: the most cores that processes "
+        "outside this benchmark kept busy during a timed round; load cores: the --load generator's, median)"
+    )
     equal = bitwise(results)
     if args.device != "cpu" or any(name in GPU_CONTENDERS for name in args.contenders.split(",")):
         ratios, errors = gpu_ratios(rows), relative_errors(results)
-        print_ratios(f"-- {model} on {args.device}: ratios of median round times (> 1: the second one is faster)", ratios, equal)
+        print_ratios(
+            f"-- {model} on {args.device}: ratios of median round times (> 1: the second one is faster)", ratios, equal
+        )
         print(f"   relative error of the final weights vs serial_t1: {errors}")
-        return {"contenders": rows, "gpu_ratios": ratios, "gpu_ratios_on_min_round": gpu_ratios(rows, "min_round_s"),
-                "bitwise_equal": equal, "relative_error_vs_serial_t1": errors, "num_params": bench.num_params()}
+        return {
+            "contenders": rows,
+            "gpu_ratios": ratios,
+            "gpu_ratios_on_min_round": gpu_ratios(rows, "min_round_s"),
+            "bitwise_equal": equal,
+            "relative_error_vs_serial_t1": errors,
+            "num_params": bench.num_params(),
+        }
     tgt, cpu = targets(rows), cpu_ratios(rows)
-    print_ratios(f"-- {model}: ratios (>1 means process_w2 / process_w1 is faster / slower as named)", {**tgt, **cpu}, equal)
-    return {"contenders": rows, "ratios_and_targets": tgt, "bitwise_equal": equal,
-            "ratios_and_targets_on_min_round": targets(rows, "min_round_s"), "cpu_ratios": cpu,
-            "num_params": bench.num_params()}
+    print_ratios(
+        f"-- {model}: ratios (>1 means process_w2 / process_w1 is faster / slower as named)", {**tgt, **cpu}, equal
+    )
+    return {
+        "contenders": rows,
+        "ratios_and_targets": tgt,
+        "bitwise_equal": equal,
+        "ratios_and_targets_on_min_round": targets(rows, "min_round_s"),
+        "cpu_ratios": cpu,
+        "num_params": bench.num_params(),
+    }
 
 
 def gpu_info(device: str) -> dict[str, Any]:
@@ -319,10 +390,16 @@ def gpu_info(device: str) -> dict[str, Any]:
     except RuntimeError:  # where torch refuses the legacy flag
         tf32_cudnn = None
     return {
-        "device": device, "name": torch.cuda.get_device_name(device), "capability": list(torch.cuda.get_device_capability(device)),
-        "total_memory_gib": round(props.total_memory / 2**30, 1), "multiprocessors": props.multi_processor_count,
-        "device_count": torch.cuda.device_count(), "torch_cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(), "tf32_cudnn": tf32_cudnn,
+        "device": device,
+        "name": torch.cuda.get_device_name(device),
+        "capability": list(torch.cuda.get_device_capability(device)),
+        "total_memory_gib": round(props.total_memory / 2**30, 1),
+        "multiprocessors": props.multi_processor_count,
+        "device_count": torch.cuda.device_count(),
+        "torch_cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "tf32_cudnn": tf32_cudnn,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
     }
 
@@ -331,11 +408,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     add_workload_args(p, models="cnn,2nn")
     harness.add_common_args(p, repeats=("--rounds", 3, "timed rounds"), warmup=1)
-    p.add_argument("--contenders", default=None,
-                   help="comma-separated subset of: " + ",".join(CONTENDERS + GPU_CONTENDERS)
-                   + f" (default: {','.join(CONTENDERS)}; with a cuda --device: {','.join(GPU_DEFAULT)})")
-    p.add_argument("--device", default="cpu",
-                   help="cpu (default) or cuda / cuda:N: where serial_t*, process_g* and central_t* train")
+    p.add_argument(
+        "--contenders",
+        default=None,
+        help="comma-separated subset of: "
+        + ",".join(CONTENDERS + GPU_CONTENDERS)
+        + f" (default: {','.join(CONTENDERS)}; with a cuda --device: {','.join(GPU_DEFAULT)})",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default) or cuda / cuda:N: where serial_t*, process_g* and central_t* train",
+    )
     p.add_argument("--fork-timeout", type=float, default=30.0, help="seconds before naive_fork counts as deadlocked")
     p.add_argument("--naive-timeout", type=float, default=300.0, help="same guard for the other naive variants")
     args = p.parse_args(argv)
@@ -369,8 +453,10 @@ def resolve_device_and_contenders(p: argparse.ArgumentParser, args: argparse.Nam
         p.error(f"--contenders: unknown {','.join(unknown)} (known: {','.join(CONTENDERS + GPU_CONTENDERS)})")
     cpu_only = [n for n in names if n in CPU_ONLY]
     if cpu_only and args.device != "cpu":
-        p.error(f"--contenders {','.join(cpu_only)}: CPU-only contenders cannot run with --device {args.device}; "
-                f"use {','.join(GPU_DEFAULT)}")
+        p.error(
+            f"--contenders {','.join(cpu_only)}: CPU-only contenders cannot run with --device {args.device}; "
+            f"use {','.join(GPU_DEFAULT)}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -135,7 +135,9 @@ def child(path: str, spec: dict[str, Any]) -> dict[str, Any]:
     elif path == "pool":
         rng = np.random.default_rng(spec["seed"])
         x, y, owners = make_arrays(train + test, rng)
-        is_test = np.arange(len(y)) - np.repeat(np.cumsum(train + test) - (train + test), train + test) >= np.repeat(train, train + test)
+        is_test = np.arange(len(y)) - np.repeat(np.cumsum(train + test) - (train + test), train + test) >= np.repeat(
+            train, train + test
+        )
         start = time.perf_counter()
         split = DataSplit.from_pool(x, y, client_ids=owners, test_mask=is_test, num_classes=NUM_CLASSES)
     else:
@@ -150,10 +152,18 @@ def child(path: str, spec: dict[str, Any]) -> dict[str, Any]:
     federated = time.perf_counter()
     clients = make_clients(data, Client)
     done = time.perf_counter()
-    return {"load_s": loaded - start, "federate_s": federated - loaded, "clients_s": done - federated,
-            "total_s": done - start, "peak_rss_bytes": _status_kb("VmHWM"), "base_rss_bytes": base_rss,
-            "clients": len(clients), "train_rows": sum(c.num_train for c in clients),
-            "local_test_rows": sum(len(c.test_indices) for c in clients), "central_test_rows": len(split.test)}
+    return {
+        "load_s": loaded - start,
+        "federate_s": federated - loaded,
+        "clients_s": done - federated,
+        "total_s": done - start,
+        "peak_rss_bytes": _status_kb("VmHWM"),
+        "base_rss_bytes": base_rss,
+        "clients": len(clients),
+        "train_rows": sum(c.num_train for c in clients),
+        "local_test_rows": sum(len(c.test_indices) for c in clients),
+        "central_test_rows": len(split.test),
+    }
 
 
 def _alloc_floor(rows: int, base_rss: int) -> dict[str, Any]:
@@ -165,9 +175,18 @@ def _alloc_floor(rows: int, base_rss: int) -> dict[str, Any]:
     y = torch.empty(rows, dtype=torch.int64).zero_()
     done = time.perf_counter()
     assert x.shape[0] == y.shape[0]
-    return {"load_s": done - start, "federate_s": 0.0, "clients_s": 0.0, "total_s": done - start,
-            "peak_rss_bytes": _status_kb("VmHWM"), "base_rss_bytes": base_rss, "clients": 0, "train_rows": rows,
-            "local_test_rows": 0, "central_test_rows": 0}
+    return {
+        "load_s": done - start,
+        "federate_s": 0.0,
+        "clients_s": 0.0,
+        "total_s": done - start,
+        "peak_rss_bytes": _status_kb("VmHWM"),
+        "base_rss_bytes": base_rss,
+        "clients": 0,
+        "train_rows": rows,
+        "local_test_rows": 0,
+        "central_test_rows": 0,
+    }
 
 
 def measure(path: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -187,20 +206,30 @@ def summarize(runs: list[dict[str, Any]], raw: int) -> dict[str, Any]:
     best = min(runs, key=lambda r: r["total_s"])
     peak = max(r["peak_rss_bytes"] for r in runs)
     base = min(r["base_rss_bytes"] for r in runs)
-    return {"runs": runs, "best": best, "min_total_s": best["total_s"], "peak_rss_bytes": peak,
-            "peak_over_raw": peak / raw, "peak_minus_base_over_raw": (peak - base) / raw,
-            "within_target": peak / raw <= TARGET_RATIO}
+    return {
+        "runs": runs,
+        "best": best,
+        "min_total_s": best["total_s"],
+        "peak_rss_bytes": peak,
+        "peak_over_raw": peak / raw,
+        "peak_minus_base_over_raw": (peak - base) / raw,
+        "within_target": peak / raw <= TARGET_RATIO,
+    }
 
 
 def print_table(rows: dict[str, dict[str, Any]], raw: int) -> None:
     print(f"\n== FEMNIST-size load: raw arrays {raw / 2**30:.2f} GiB; target: seconds, peak <= {TARGET_RATIO}x raw")
-    print(f"{'path':<15}{'load s':>9}{'federate s':>12}{'clients s':>11}{'total s':>9}{'peak GiB':>10}"
-          f"{'peak/raw':>10}{'(peak-base)/raw':>17}{'clients':>9}")
+    print(
+        f"{'path':<15}{'load s':>9}{'federate s':>12}{'clients s':>11}{'total s':>9}{'peak GiB':>10}"
+        f"{'peak/raw':>10}{'(peak-base)/raw':>17}{'clients':>9}"
+    )
     for name, row in rows.items():
         b = row["best"]
-        print(f"{name:<15}{b['load_s']:>9.2f}{b['federate_s']:>12.2f}{b['clients_s']:>11.2f}{b['total_s']:>9.2f}"
-              f"{row['peak_rss_bytes'] / 2**30:>10.2f}{row['peak_over_raw']:>10.2f}{row['peak_minus_base_over_raw']:>17.2f}"
-              f"{b['clients']:>9}")
+        print(
+            f"{name:<15}{b['load_s']:>9.2f}{b['federate_s']:>12.2f}{b['clients_s']:>11.2f}{b['total_s']:>9.2f}"
+            f"{row['peak_rss_bytes'] / 2**30:>10.2f}{row['peak_over_raw']:>10.2f}{row['peak_minus_base_over_raw']:>17.2f}"
+            f"{b['clients']:>9}"
+        )
 
 
 def prepare_h5(folder: Path, train: np.ndarray, test: np.ndarray, seed: int) -> float:
@@ -208,7 +237,9 @@ def prepare_h5(folder: Path, train: np.ndarray, test: np.ndarray, seed: int) -> 
     need = raw_bytes(train, test) * 1.1 + 2**30
     free = shutil.disk_usage(folder).free
     if free < need:
-        sys.exit(f"bench_femnist_load: {folder} has {free / 2**30:.1f} GiB free, needs {need / 2**30:.1f}; use --tmpdir")
+        sys.exit(
+            f"bench_femnist_load: {folder} has {free / 2**30:.1f} GiB free, needs {need / 2**30:.1f}; use --tmpdir"
+        )
     start = time.perf_counter()
     write_h5(folder, train, test, seed)
     return time.perf_counter() - start
@@ -230,8 +261,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smoke run: 350 writers, one repeat, results not kept")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--spec", default=None, help=argparse.SUPPRESS)
-    harness.add_common_args(p, repeats=("--repeats", 2, "fresh subprocesses per path (the fastest is shown)"),
-                            warmup=None, quiet_wait=0.0)
+    harness.add_common_args(
+        p, repeats=("--repeats", 2, "fresh subprocesses per path (the fastest is shown)"), warmup=None, quiet_wait=0.0
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.writers, args.repeats = 350, 1
@@ -245,16 +277,27 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(child(args.child, json.loads(args.spec))))
         return
     harness.code_version = fingerprint
-    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-              **harness.new_report(args, harness.HERE / "results_femnist_load.json")}
+    report = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        **harness.new_report(args, harness.HERE / "results_femnist_load.json"),
+    }
     train, test = writer_sizes(args.writers, args.seed)
     raw = raw_bytes(train, test)
-    report["workload"] = {"writers": args.writers, "train_rows": int(train.sum()), "test_rows": int(test.sum()),
-                          "min_rows": int((train + test).min()), "max_rows": int((train + test).max()),
-                          "raw_bytes": raw, "target_ratio": TARGET_RATIO}
+    report["workload"] = {
+        "writers": args.writers,
+        "train_rows": int(train.sum()),
+        "test_rows": int(test.sum()),
+        "min_rows": int((train + test).min()),
+        "max_rows": int((train + test).max()),
+        "raw_bytes": raw,
+        "target_ratio": TARGET_RATIO,
+    }
     spec = {"train": train.tolist(), "test": test.tolist(), "seed": args.seed}
     rows: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="femnist_h5_") as tmp, harness.busy_machine(args.load) as load:
+    with (
+        tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="femnist_h5_") as tmp,
+        harness.busy_machine(args.load) as load,
+    ):
         for path in args.paths.split(","):
             if path == "tff_h5":
                 report["workload"]["h5_write_s"] = prepare_h5(Path(tmp), train, test, args.seed)

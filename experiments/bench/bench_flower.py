@@ -97,8 +97,11 @@ class FedsimRun(wl.FedsimContender):
         self.timeline.append(wl.split_round(t0, t1, by_worker))
 
     def info(self) -> dict[str, Any]:
-        return {**super().info(), "train_loss_per_round": [m.get("train/loss") for m in self.metrics],
-                "timeline": self.timeline}
+        return {
+            **super().info(),
+            "train_loss_per_round": [m.get("train/loss") for m in self.metrics],
+            "timeline": self.timeline,
+        }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -140,16 +143,19 @@ def compare(rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]],
         cpu = pairs(results[a]["own_cpu_s"][warmup:], results[b]["own_cpu_s"][warmup:])
         out[f"{a}/{b}"] = {
             "medians": rows[a]["median_round_s"] / rows[b]["median_round_s"],
-            "per_round": per_round, "per_round_median": statistics.median(per_round),
-            "quiet_pairs": quiet, "quiet_pairs_median": statistics.median(quiet) if quiet else None,
+            "per_round": per_round,
+            "per_round_median": statistics.median(per_round),
+            "quiet_pairs": quiet,
+            "quiet_pairs_median": statistics.median(quiet) if quiet else None,
             "cpu_per_round_median": statistics.median(cpu),
             "startup": rows[a]["startup_s"] / rows[b]["startup_s"] if rows[b]["startup_s"] > 0.05 else None,
         }
     return out
 
 
-def report_model(model: str, bench: wl.Bench, rows: dict[str, Any], results: dict[str, Any], cmp: dict[str, Any],
-                 test: TensorData) -> dict[str, Any]:
+def report_model(
+    model: str, bench: wl.Bench, rows: dict[str, Any], results: dict[str, Any], cmp: dict[str, Any], test: TensorData
+) -> dict[str, Any]:
     init = bench.init_model()
     quality: dict[str, Any] = {"initial": evaluate_flat(bench, flatten(init), test)}
     for name, res in results.items():
@@ -160,42 +166,59 @@ def report_model(model: str, bench: wl.Bench, rows: dict[str, Any], results: dic
     for name in ("process_w2", "flower"):
         if ref is not None and "params" in results.get(name, {}):
             delta = (results[name]["params"] - ref).abs()
-            diffs[f"{name} vs serial_t1"] = {"bitwise_equal": bool(torch.equal(results[name]["params"], ref)),
-                                            "max_abs_diff": float(delta.max()),
-                                            "rel_l2_diff": float(delta.norm() / ref.norm())}
+            diffs[f"{name} vs serial_t1"] = {
+                "bitwise_equal": bool(torch.equal(results[name]["params"], ref)),
+                "max_abs_diff": float(delta.max()),
+                "rel_l2_diff": float(delta.norm() / ref.norm()),
+            }
     for name, row in rows.items():
         row["warmup_round_s"] = results[name]["round_s"][: bench.warmup]
         row["startup_plus_warmup_s"] = row["startup_s"] + sum(row["warmup_round_s"])
         row["startup_plus_all_rounds_s"] = row["startup_s"] + sum(results[name]["round_s"])
         timed = row.get("timeline", [])[bench.warmup :]
         if timed and "head_s" in timed[0]:
-            row["timeline_median"] = {k: statistics.median(t[k] for t in timed)
-                                      for k in ("wall_s", "head_s", "tail_s", "gaps_s", "max_gap_s", "busy_s")}
-    return {"contenders": rows, "comparison": cmp, "quality": quality, "final_weights": diffs,
-            "num_params": sum(p.numel() for p in init.parameters())}
+            row["timeline_median"] = {
+                k: statistics.median(t[k] for t in timed)
+                for k in ("wall_s", "head_s", "tail_s", "gaps_s", "max_gap_s", "busy_s")
+            }
+    return {
+        "contenders": rows,
+        "comparison": cmp,
+        "quality": quality,
+        "final_weights": diffs,
+        "num_params": sum(p.numel() for p in init.parameters()),
+    }
 
 
 def print_model(model: str, out: dict[str, Any]) -> None:
     rows = out["contenders"]
-    harness.print_rows(f"{model} ({out['num_params']:,} parameters)", rows, extra=(("start+warm-up s", "startup_plus_warmup_s"),))
+    harness.print_rows(
+        f"{model} ({out['num_params']:,} parameters)", rows, extra=(("start+warm-up s", "startup_plus_warmup_s"),)
+    )
     for key, c in out["comparison"].items():
         quiet = c["quiet_pairs_median"]
-        print(f"{key}: {c['medians']:.2f}x (medians); per round {', '.join(f'{r:.2f}' for r in c['per_round'])}; "
-              f"quiet pairs {len(c['quiet_pairs'])}, median {float('nan') if quiet is None else quiet:.2f}; "
-              f"CPU {c['cpu_per_round_median']:.2f}x")
+        print(
+            f"{key}: {c['medians']:.2f}x (medians); per round {', '.join(f'{r:.2f}' for r in c['per_round'])}; "
+            f"quiet pairs {len(c['quiet_pairs'])}, median {float('nan') if quiet is None else quiet:.2f}; "
+            f"CPU {c['cpu_per_round_median']:.2f}x"
+        )
     for name, q in out["quality"].items():
         loss = rows.get(name, {}).get("train_loss_per_round")
         trace = "" if loss is None else "; train loss per round " + ", ".join(f"{v:.4f}" for v in loss)
         print(f"{name:<12} test loss {q['test_loss']:.4f}, accuracy {q['test_accuracy']:.4f}{trace}")
     for key, d in out["final_weights"].items():
-        print(f"final weights {key}: bitwise {d['bitwise_equal']}, max |diff| {d['max_abs_diff']:.3g}, "
-              f"relative L2 {d['rel_l2_diff']:.3g}")
+        print(
+            f"final weights {key}: bitwise {d['bitwise_equal']}, max |diff| {d['max_abs_diff']:.3g}, "
+            f"relative L2 {d['rel_l2_diff']:.3g}"
+        )
     for name, row in rows.items():
         t = row.get("timeline_median")
         if t:
-            print(f"{name:<12} timeline (median of timed rounds, s): wall {t['wall_s']:.3f} = head {t['head_s']:.3f} "
-                  f"+ tail {t['tail_s']:.3f} + ...; idle gaps between clients {t['gaps_s']:.3f} (max {t['max_gap_s']:.3f}); "
-                  f"time inside clients {t['busy_s']:.3f}")
+            print(
+                f"{name:<12} timeline (median of timed rounds, s): wall {t['wall_s']:.3f} = head {t['head_s']:.3f} "
+                f"+ tail {t['tail_s']:.3f} + ...; idle gaps between clients {t['gaps_s']:.3f} (max {t['max_gap_s']:.3f}); "
+                f"time inside clients {t['busy_s']:.3f}"
+            )
     flower = rows.get("flower")
     if flower:
         print(f"flower start-up: {json.dumps(flower['flower_startup'])}")
@@ -204,13 +227,21 @@ def print_model(model: str, out: dict[str, Any]) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     wl.add_workload_args(p, models="2nn,cnn")
-    p.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset of: " + ",".join(CONTENDERS))
+    p.add_argument(
+        "--contenders", default=",".join(CONTENDERS), help="comma-separated subset of: " + ",".join(CONTENDERS)
+    )
     harness.add_common_args(p, repeats=("--rounds", 8, "timed rounds per contender (CNN)"), warmup=1)
-    p.add_argument("--rounds-2nn", type=int, default=15, help="timed rounds per contender for the 2NN (short, noisy rounds)")
+    p.add_argument(
+        "--rounds-2nn", type=int, default=15, help="timed rounds per contender for the 2NN (short, noisy rounds)"
+    )
     p.add_argument("--cpus", type=int, default=2, help="CPUs given to Flower's Ray (1 per virtual client)")
     p.add_argument("--test-examples", type=int, default=10_000, help="held-out examples for the final accuracy")
-    p.add_argument("--flower-poll-s", type=float, default=None,
-                   help="DIAGNOSTIC: poll interval of Flower's engine instead of its built-in 0.1 s (see set_flower_polling)")
+    p.add_argument(
+        "--flower-poll-s",
+        type=float,
+        default=None,
+        help="DIAGNOSTIC: poll interval of Flower's engine instead of its built-in 0.1 s (see set_flower_polling)",
+    )
     p.add_argument("--idle-s", type=float, default=5.0, help="seconds to measure Flower's idle CPU after start-up")
     return p.parse_args(argv)
 
@@ -247,8 +278,10 @@ def main(argv: list[str] | None = None) -> None:
 
         flower_app.set_flower_polling(args.flower_poll_s)
     report = harness.new_report(args, harness.HERE / "results_flower.json", **versions())
-    report["flower_api"] = ("flwr.simulation.run_simulation (deprecated in flwr 1.42: its warning says to use "
-                            "`flwr run`) + Message API ServerApp/ClientApp + flwr.serverapp.strategy.FedAvg.start")
+    report["flower_api"] = (
+        "flwr.simulation.run_simulation (deprecated in flwr 1.42: its warning says to use "
+        "`flwr run`) + Message API ServerApp/ClientApp + flwr.serverapp.strategy.FedAvg.start"
+    )
     report["models"] = {}
     print(json.dumps(report["machine"]))
     with tempfile.TemporaryDirectory(prefix="fedsim-bench-flower-") as tmp, harness.busy_machine(args.load) as load:
@@ -257,7 +290,9 @@ def main(argv: list[str] | None = None) -> None:
         for model in args.models.split(","):
             rounds = args.rounds_2nn if model == "2nn" else args.rounds
             bench = wl.make_bench(model, data, shares, argparse.Namespace(**{**vars(args), "rounds": rounds}))
-            contenders = [make_contender(n, bench, model, data_path, args, Path(tmp)) for n in args.contenders.split(",")]
+            contenders = [
+                make_contender(n, bench, model, data_path, args, Path(tmp)) for n in args.contenders.split(",")
+            ]
             results = harness.run_interleaved(contenders, bench.total_rounds, tag=model)
             rows = {k: harness.summarize(v, args.warmup) for k, v in results.items()}
             out = report_model(model, bench, rows, results, compare(rows, results, args.warmup), test)

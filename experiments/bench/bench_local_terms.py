@@ -32,8 +32,9 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,7 +42,7 @@ from torch import nn
 
 from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
-from fedsim.models import LogisticRegression, McMahanCNN, MLP2NN
+from fedsim.models import MLP2NN, LogisticRegression, McMahanCNN
 from fedsim.params import flatten
 from fedsim.strategy import ControlCorrection, ProximalTerm
 from fedsim.strategy.base import LocalTraining
@@ -103,14 +104,18 @@ class LocalTermFit:
         factory, shape = MODELS[self.model_name]
         steps = STEPS[self.model_name]
         gen = torch.Generator().manual_seed(0)
-        self.data = TensorData(torch.rand((steps * 10, *shape), generator=gen), torch.randint(0, 10, (steps * 10,), generator=gen), 10)
+        self.data = TensorData(
+            torch.rand((steps * 10, *shape), generator=gen), torch.randint(0, 10, (steps * 10,), generator=gen), 10
+        )
         torch.manual_seed(0)
         self.model = factory()
         self.client = Client(0, np.arange(steps * 10), batch_size=10)
 
     def run_round(self, round_num: int) -> None:
         start = time.perf_counter()
-        self.client.fit(self.model, self.data, config=self.config, generator=torch.Generator().manual_seed(1), local=self.local)
+        self.client.fit(
+            self.model, self.data, config=self.config, generator=torch.Generator().manual_seed(1), local=self.local
+        )
         self.seconds.append((time.perf_counter() - start) / STEPS[self.model_name])
 
     def start(self) -> None:
@@ -154,16 +159,24 @@ def print_table(model_name: str, row: dict[str, Any]) -> None:
     print(f"\n{model_name} ({row['parameters']:,} parameters), median over repeats:")
     for name, seconds in row["median_s_per_step"].items():
         print(f"  {name:18s} {seconds * 1e6:9.1f} µs/step   {row['vs_fedavg'][name]:.2f}× fedavg")
-    print(f"  loss term / gradient: {row['written_over_fused']}   weights rel. diff: {row['rel_weight_diff_fused_vs_written']}")
+    print(
+        f"  loss term / gradient: {row['written_over_fused']}   weights rel. diff: {row['rel_weight_diff_fused_vs_written']}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--models", default="mlr,2nn,cnn", help="comma-separated subset of: " + ",".join(MODELS))
-    harness.add_common_args(parser, repeats=("--repeats", 7, "timed repetitions (after one untimed)"), warmup=None, quiet_wait=0.0)
+    harness.add_common_args(
+        parser, repeats=("--repeats", 7, "timed repetitions (after one untimed)"), warmup=None, quiet_wait=0.0
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    results: dict[str, Any] = {"command": " ".join(sys.argv), **harness.new_report(args, harness.HERE / "results_local_terms.json"), "models": {}}
+    results: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        **harness.new_report(args, harness.HERE / "results_local_terms.json"),
+        "models": {},
+    }
     with harness.busy_machine(args.load) as load:
         for model_name in args.models.split(","):
             results["models"][model_name] = bench_model(model_name, args.repeats)

@@ -126,7 +126,8 @@ def compare(rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]],
         "ray/process_median": ray_["median_round_s"] / proc["median_round_s"],
         "ray/process_per_round": pairs,
         "ray/process_per_round_median": statistics.median(pairs),
-        "ray/process_per_round_min": min(pairs), "ray/process_per_round_max": max(pairs),
+        "ray/process_per_round_min": min(pairs),
+        "ray/process_per_round_max": max(pairs),
         "ray/process_cpu_per_round_median": statistics.median(cpu),
         "target_within_1.3x": ray_["median_round_s"] / proc["median_round_s"] <= 1.3,
         "bitwise_equal_final_weights": bool(torch.equal(results["ray_w2"]["params"], results["process_w2"]["params"])),
@@ -136,11 +137,13 @@ def compare(rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]],
 def print_model(model: str, rows: dict[str, dict[str, Any]], cmp: dict[str, Any]) -> None:
     harness.print_rows(model, rows)
     pairs = ", ".join(f"{r:.2f}" for r in cmp["ray/process_per_round"])
-    print(f"ray/process: {cmp['ray/process_median']:.3f}x (medians); per round {pairs} "
-          f"(median {cmp['ray/process_per_round_median']:.3f}, min {cmp['ray/process_per_round_min']:.3f}, "
-          f"max {cmp['ray/process_per_round_max']:.3f}); quiet pairs {len(cmp['ray/process_quiet_pairs'])}, median "
-          f"{cmp['ray/process_quiet_pairs_median'] or float('nan'):.3f}; CPU {cmp['ray/process_cpu_per_round_median']:.3f}x; "
-          f"within 1.3x: {cmp['target_within_1.3x']}; bitwise equal: {cmp['bitwise_equal_final_weights']}")
+    print(
+        f"ray/process: {cmp['ray/process_median']:.3f}x (medians); per round {pairs} "
+        f"(median {cmp['ray/process_per_round_median']:.3f}, min {cmp['ray/process_per_round_min']:.3f}, "
+        f"max {cmp['ray/process_per_round_max']:.3f}); quiet pairs {len(cmp['ray/process_quiet_pairs'])}, median "
+        f"{cmp['ray/process_quiet_pairs_median'] or float('nan'):.3f}; CPU {cmp['ray/process_cpu_per_round_median']:.3f}x; "
+        f"within 1.3x: {cmp['target_within_1.3x']}; bitwise equal: {cmp['bitwise_equal_final_weights']}"
+    )
 
 
 def run_model(model: str, data: Any, shares: list[Any], args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -165,10 +168,14 @@ def main(argv: list[str] | None = None) -> None:
         try:
             report["idle_cores_with_ray_up"] = idle_cores()
             print(f"this script's processes while idle, Ray up: {report['idle_cores_with_ray_up']:.3f} cores")
-            sizes = {m: sum(p.numel() for p in wl.MODELS[m](wl.INPUT_SHAPE, wl.NUM_CLASSES).parameters())
-                     for m in args.models.split(",")}
+            sizes = {
+                m: sum(p.numel() for p in wl.MODELS[m](wl.INPUT_SHAPE, wl.NUM_CLASSES).parameters())
+                for m in args.models.split(",")
+            }
             report["transfer_ms"] = transfer_ms(sizes)
-            print(f"ray.get of an actor's return, ms (empty call / update as tensor / as array): {json.dumps(report['transfer_ms'])}")
+            print(
+                f"ray.get of an actor's return, ms (empty call / update as tensor / as array): {json.dumps(report['transfer_ms'])}"
+            )
             with tempfile.TemporaryDirectory(prefix="fedsim-bench-ray-") as tmp:
                 for model in args.models.split(","):
                     report["models"][model] = run_model(model, data, shares, args, Path(tmp))

@@ -34,23 +34,32 @@ import harness  # noqa: E402  (reporting, --load)
 
 EXECUTORS = ("serial", "process")
 COMMAND = ["-m", "fedsim", "model=mlp", "num_rounds=5", "logger.progress=false", "logger.tensorboard=false"]
-LOGGED = {"ready_s": re.compile(r"process workers ready in ([\d.]+) s"),
-          "stopped_s": re.compile(r"process workers stopped in ([\d.]+) s")}
+LOGGED = {
+    "ready_s": re.compile(r"process workers ready in ([\d.]+) s"),
+    "stopped_s": re.compile(r"process workers stopped in ([\d.]+) s"),
+}
 
 
 def run_once(executor: str, run_dir: Path) -> dict[str, Any]:
     """One ``python -m fedsim`` run: its wall time and what its run.log says about the workers."""
     began = time.perf_counter()
-    done = subprocess.run([sys.executable, *COMMAND, f"executor={executor}", f"hydra.run.dir={run_dir}"],
-                          capture_output=True, text=True, cwd=harness.HERE.parent.parent)
+    done = subprocess.run(
+        [sys.executable, *COMMAND, f"executor={executor}", f"hydra.run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        cwd=harness.HERE.parent.parent,
+    )
     wall = time.perf_counter() - began
     if done.returncode != 0:
         raise RuntimeError(f"executor={executor} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     log = (run_dir / "run.log").read_text()
     found = {key: pattern.search(log) for key, pattern in LOGGED.items()}
     accuracy = re.search(r"final test accuracy: ([\d.]+)", done.stdout + done.stderr)
-    return {"wall_s": wall, **{k: float(m.group(1)) if m else None for k, m in found.items()},
-            "final_accuracy": float(accuracy.group(1)) if accuracy else None}
+    return {
+        "wall_s": wall,
+        **{k: float(m.group(1)) if m else None for k, m in found.items()},
+        "final_accuracy": float(accuracy.group(1)) if accuracy else None,
+    }
 
 
 def median_of(runs: list[dict[str, Any]], key: str) -> float | None:

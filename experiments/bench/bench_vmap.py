@@ -51,14 +51,20 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402  (timing, reporting, --load)
 from workload import (  # noqa: E402  (the shared workload and contenders)
-    INPUT_SHAPE, Bench, CentralContender, FedsimContender, make_bench, mnist_shaped, relative_errors,
+    INPUT_SHAPE,
+    Bench,
+    CentralContender,
+    FedsimContender,
+    make_bench,
+    mnist_shaped,
+    relative_errors,
 )
 
 from fedsim.data.partition import iid  # noqa: E402
 from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.data.tensor_data import TensorData  # noqa: E402
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor  # noqa: E402
-from fedsim.models import LogisticRegression, McMahanCNN, MLP2NN  # noqa: E402
+from fedsim.models import MLP2NN, LogisticRegression, McMahanCNN  # noqa: E402
 
 MODELS = {"mlr": LogisticRegression, "2nn": MLP2NN, "cnn": McMahanCNN}
 CONTENDERS = ("serial_t1", "process_w2", "vmap_t1", "vmap_t2", "central_t1", "wide_t1", "wide_t2")
@@ -95,8 +101,15 @@ def workload(args: argparse.Namespace) -> tuple[TensorData, list[np.ndarray], tu
         data = mnist_shaped(args.clients * args.examples_per_client, args.seed)
         shares = [s[: args.examples_per_client] for s in iid(data.labels, num_clients=args.clients, seed=args.seed)]
         return data, shares, INPUT_SHAPE
-    split = synthetic(num_devices=args.clients, size_mean_log=3.5, size_sigma_log=0.5, min_size=20, max_size=100,
-                      test_fraction=0.0, seed=args.seed)
+    split = synthetic(
+        num_devices=args.clients,
+        size_mean_log=3.5,
+        size_sigma_log=0.5,
+        min_size=20,
+        max_size=100,
+        test_fraction=0.0,
+        seed=args.seed,
+    )
     groups = split.train.groups
     assert groups is not None
     return split.train, [np.flatnonzero(groups == k) for k in range(args.clients)], split.train.input_shape
@@ -108,7 +121,9 @@ def make_contender(name: str, bench: Bench, log_dir: Path, chunk_size: int | Non
     if name == "process_w2":
         return FedsimContender(name, bench, ProcessExecutor(devices=device, workers=2, threads=1), log_dir / name)
     if name.startswith("vmap_t"):
-        return FedsimContender(name, bench, VmapExecutor(devices=device, chunk_size=chunk_size, threads=int(name[-1])), log_dir / name)
+        return FedsimContender(
+            name, bench, VmapExecutor(devices=device, chunk_size=chunk_size, threads=int(name[-1])), log_dir / name
+        )
     if name == "central_t1":
         return central_on(name, bench, 1, device)
     if name.startswith("wide_t"):
@@ -119,8 +134,10 @@ def make_contender(name: str, bench: Bench, log_dir: Path, chunk_size: int | Non
 def ratios(rows: dict[str, dict[str, Any]], stat: str = "median_round_s") -> dict[str, float | None]:
     """Speed-ups of the best vmap row (> 1: vmap is faster)."""
     vmap = min((rows[n][stat] for n in rows if n.startswith("vmap") and rows[n][stat]), default=None)
-    return {f"{other}/vmap_best": (rows[other][stat] / vmap if other in rows and vmap else None)
-            for other in ("process_w2", "serial_t1", "central_t1", "wide_t1", "wide_t2")}
+    return {
+        f"{other}/vmap_best": (rows[other][stat] / vmap if other in rows and vmap else None)
+        for other in ("process_w2", "serial_t1", "central_t1", "wide_t1", "wide_t2")
+    }
 
 
 def print_table(model: str, rows: dict[str, dict[str, Any]], errors: dict[str, Any], speedups: dict[str, Any]) -> None:
@@ -155,14 +172,21 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="fedsim-bench-vmap-") as tmp, harness.busy_machine(args.load) as load:
         for model in args.models.split(","):
             bench = make_bench(model, data, shares, args, models=MODELS, input_shape=input_shape)
-            contenders = [make_contender(n, bench, Path(tmp) / model, args.chunk_size, args.device)
-                          for n in args.contenders.split(",")]
+            contenders = [
+                make_contender(n, bench, Path(tmp) / model, args.chunk_size, args.device)
+                for n in args.contenders.split(",")
+            ]
             results = harness.run_interleaved(contenders, bench.total_rounds, tag=model)
             rows = {k: harness.summarize(v, args.warmup) for k, v in results.items()}
             errors, speedups = relative_errors(results), ratios(rows)
             print_table(model, rows, errors, speedups)
-            report["models"][model] = {"contenders": rows, "ratios": speedups, "ratios_on_min_round": ratios(rows, "min_round_s"),
-                                       "relative_error_vs_serial": errors, "num_params": bench.num_params()}
+            report["models"][model] = {
+                "contenders": rows,
+                "ratios": speedups,
+                "ratios_on_min_round": ratios(rows, "min_round_s"),
+                "relative_error_vs_serial": errors,
+                "num_params": bench.num_params(),
+            }
     report["load"] = load.record()
     harness.write_json(args.out, report)
 

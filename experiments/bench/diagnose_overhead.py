@@ -42,8 +42,11 @@ class TimelineContender(wl.FedsimContender):
     """fedsim's Server with ``TimedClient``s; per round, its task intervals and the parent's and workers' CPU."""
 
     def __init__(self, name: str, bench: wl.Bench, log_dir: Path) -> None:
-        executor = SerialExecutor(threads=1) if name == "serial_t1" else ProcessExecutor(
-            devices="cpu", workers=int(name[-1]), threads=1)
+        executor = (
+            SerialExecutor(threads=1)
+            if name == "serial_t1"
+            else ProcessExecutor(devices="cpu", workers=int(name[-1]), threads=1)
+        )
         super().__init__(name, bench, executor, log_dir, client_cls=TimedClient, keep_updates=True)
         self.records: list[dict[str, Any]] = []
 
@@ -81,8 +84,12 @@ def split_round(t0: float, t1: float, updates: list[ClientUpdate]) -> dict[str, 
     first = min(s for iv in by_worker.values() for s, _ in iv)
     last = max(e for iv in by_worker.values() for _, e in iv)
     return {
-        "wall_s": t1 - t0, "head_s": first - t0, "tail_s": t1 - last,
-        "busy_s": busy, "dispatch_gaps_s": gaps, "tasks": {w: len(iv) for w, iv in by_worker.items()},
+        "wall_s": t1 - t0,
+        "head_s": first - t0,
+        "tail_s": t1 - last,
+        "busy_s": busy,
+        "dispatch_gaps_s": gaps,
+        "tasks": {w: len(iv) for w, iv in by_worker.items()},
         "mean_task_s": statistics.fmean(e - s for iv in by_worker.values() for s, e in iv),
     }
 
@@ -91,8 +98,12 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--model", default="2nn", choices=sorted(wl.MODELS))
     p.add_argument("--executors", default="serial_t1,process_w1,process_w2")
-    p.add_argument("--parent-threads", type=int, default=None,
-                   help="torch.set_num_threads in this (the server) process first (default: torch's default)")
+    p.add_argument(
+        "--parent-threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads in this (the server) process first (default: torch's default)",
+    )
     wl.add_workload_args(p, models=None)
     harness.add_common_args(p, repeats=("--rounds", 5, "timed rounds"), warmup=1)
     args = p.parse_args(argv)
@@ -103,24 +114,34 @@ def main(argv: list[str] | None = None) -> None:
     data, shares = wl.mnist_clients(args)
     bench = wl.make_bench(args.model, data, shares, args)
     report = {}
-    print(f"{args.model}, {len(shares[0])} examples/client, server process with {torch.get_num_threads()} intra-op threads; "
-          f"per timed round (medians over {args.rounds}):")
-    print(f"{'executor':<12}{'wall':>8}{'head':>8}{'tail':>8}{'busy/worker':>13}{'gaps/worker':>13}{'task':>8}"
-          f"{'cpu parent':>12}{'cpu workers':>13}{'others':>8}")
+    print(
+        f"{args.model}, {len(shares[0])} examples/client, server process with {torch.get_num_threads()} intra-op threads; "
+        f"per timed round (medians over {args.rounds}):"
+    )
+    print(
+        f"{'executor':<12}{'wall':>8}{'head':>8}{'tail':>8}{'busy/worker':>13}{'gaps/worker':>13}{'task':>8}"
+        f"{'cpu parent':>12}{'cpu workers':>13}{'others':>8}"
+    )
     with tempfile.TemporaryDirectory() as tmp, harness.busy_machine(args.load) as load:
         for name in args.executors.split(","):
             contender = TimelineContender(name, bench, Path(tmp) / name)
             row = harness.run_interleaved([contender], bench.total_rounds, tag=name)[name]
-            rounds = [{**r, "others_cores": o, "load_cores": c}
-                      for r, o, c in zip(contender.records, row["others_cores"], row["load_cores"])][args.warmup:]
+            rounds = [
+                {**r, "others_cores": o, "load_cores": c}
+                for r, o, c in zip(contender.records, row["others_cores"], row["load_cores"])
+            ][args.warmup :]
             report[name] = rounds
             med = lambda key: statistics.median(r[key] for r in rounds)  # noqa: E731
             busy = statistics.median(statistics.fmean(r["busy_s"].values()) for r in rounds)
             gaps = statistics.median(statistics.fmean(r["dispatch_gaps_s"].values()) for r in rounds)
-            print(f"{name:<12}{med('wall_s'):>8.3f}{med('head_s'):>8.3f}{med('tail_s'):>8.3f}{busy:>13.3f}{gaps:>13.4f}"
-                  f"{med('mean_task_s'):>8.3f}{med('parent_cpu_s'):>12.3f}{med('workers_cpu_s'):>13.3f}{med('others_cores'):>8.2f}")
-    print("(seconds; busy = time inside Client.fit per worker; gaps = idle time between a worker's tasks; "
-          "cpu = CPU seconds used in the round; others = cores used by other processes)")
+            print(
+                f"{name:<12}{med('wall_s'):>8.3f}{med('head_s'):>8.3f}{med('tail_s'):>8.3f}{busy:>13.3f}{gaps:>13.4f}"
+                f"{med('mean_task_s'):>8.3f}{med('parent_cpu_s'):>12.3f}{med('workers_cpu_s'):>13.3f}{med('others_cores'):>8.2f}"
+            )
+    print(
+        "(seconds; busy = time inside Client.fit per worker; gaps = idle time between a worker's tasks; "
+        "cpu = CPU seconds used in the round; others = cores used by other processes)"
+    )
     if out_given:
         harness.write_json(args.out, {**report, "load": load.record()})
 

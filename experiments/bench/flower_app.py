@@ -26,9 +26,9 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.server.superlink.fleet.vce.backend import raybackend  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg  # noqa: E402
-from flwr.server.superlink.fleet.vce.backend import raybackend  # noqa: E402
 from flwr.simulation import run_simulation  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -44,7 +44,9 @@ from fedsim.seeding import task_seed  # noqa: E402
 # the Flower ClientApp. Ray actors import it from this module by name (``flower_app.client_app``).
 
 client_app = ClientApp()
-_ACTOR_DATA: dict[str, Any] = {}  # per actor process: the training data, loaded once (as Flower's tutorials cache their dataset)
+_ACTOR_DATA: dict[
+    str, Any
+] = {}  # per actor process: the training data, loaded once (as Flower's tutorials cache their dataset)
 
 
 def _actor_data(path: str) -> dict[str, Any]:
@@ -56,8 +58,17 @@ def _actor_data(path: str) -> dict[str, Any]:
     return _ACTOR_DATA
 
 
-def local_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, indices: torch.Tensor, *, epochs: int,
-              batch_size: int, lr: float, seed: int) -> float:
+def local_sgd(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    indices: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+) -> float:
     """Plain PyTorch local training, the same operations as fedsim's ``Client.fit``: per epoch, the
     client's indices shuffled by a generator seeded with fedsim's task seed, batches of ``batch_size``,
     SGD; returns the example-weighted mean loss of the last epoch (fedsim's ``train_loss`` for E=1)."""
@@ -91,16 +102,33 @@ def flower_train(msg: Message, context: Context) -> Message:
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     t1 = time.perf_counter()
     indices = data["shares"][int(config["client-id"])]
-    loss = local_sgd(model, data["x"], data["y"], indices, epochs=int(config["epochs"]), batch_size=int(config["batch-size"]),
-                     lr=float(config["lr"]), seed=int(config["task-seed"]))
+    loss = local_sgd(
+        model,
+        data["x"],
+        data["y"],
+        indices,
+        epochs=int(config["epochs"]),
+        batch_size=int(config["batch-size"]),
+        lr=float(config["lr"]),
+        seed=int(config["task-seed"]),
+    )
     t2 = time.perf_counter()
     arrays = ArrayRecord(model.state_dict())
     t3 = time.perf_counter()
-    metrics = MetricRecord({
-        "train_loss": loss, "num-examples": len(indices), "client-id": int(config["client-id"]),
-        "t-load-s": t1 - t0, "t-train-s": t2 - t1, "t-pack-s": t3 - t2, "torch-threads": torch.get_num_threads(),
-        "pid": os.getpid(), "t-start": wall_start, "t-end": time.time(),
-    })
+    metrics = MetricRecord(
+        {
+            "train_loss": loss,
+            "num-examples": len(indices),
+            "client-id": int(config["client-id"]),
+            "t-load-s": t1 - t0,
+            "t-train-s": t2 - t1,
+            "t-pack-s": t3 - t2,
+            "torch-threads": torch.get_num_threads(),
+            "pid": os.getpid(),
+            "t-start": wall_start,
+            "t-end": time.time(),
+        }
+    )
     return Message(content=RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
 
@@ -137,17 +165,30 @@ class SameClientsFedAvg(FlowerFedAvg):
 
     def __init__(self, bench: wl.Bench, barrier: Barrier) -> None:
         n = len(bench.client_indices)
-        super().__init__(fraction_train=bench.per_round / n, fraction_evaluate=0.0, min_train_nodes=bench.per_round,
-                         min_evaluate_nodes=0, min_available_nodes=n)
+        super().__init__(
+            fraction_train=bench.per_round / n,
+            fraction_evaluate=0.0,
+            min_train_nodes=bench.per_round,
+            min_evaluate_nodes=0,
+            min_available_nodes=n,
+        )
         self.bench, self.barrier = bench, barrier
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
         while len(node_ids := sorted(grid.get_node_ids())) < len(self.bench.client_indices):
             time.sleep(0.1)
         messages = []
         for cid in self.bench.sampled(server_round):
-            cfg = ConfigRecord({**config, "server-round": server_round, "client-id": cid,
-                                "task-seed": task_seed(self.bench.seed, server_round, cid)})
+            cfg = ConfigRecord(
+                {
+                    **config,
+                    "server-round": server_round,
+                    "client-id": cid,
+                    "task-seed": task_seed(self.bench.seed, server_round, cid),
+                }
+            )
             content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
             messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node_ids[cid]))
         return messages
@@ -196,7 +237,14 @@ class FlowerContender:
     """Flower's Simulation Engine, driven round by round through :class:`Barrier`."""
 
     def __init__(self, name: str, bench: wl.Bench, model: str, data_path: Path, cpus: int, idle_s: float) -> None:
-        self.name, self.bench, self.model, self.data_path, self.cpus, self.idle_s = name, bench, model, data_path, cpus, idle_s
+        self.name, self.bench, self.model, self.data_path, self.cpus, self.idle_s = (
+            name,
+            bench,
+            model,
+            data_path,
+            cpus,
+            idle_s,
+        )
         self.barrier = Barrier(bench.total_rounds)
         self.times: dict[str, float] = {}
         self.final: ArrayRecord | None = None
@@ -212,19 +260,35 @@ class FlowerContender:
         @app.main()
         def main(grid: Grid, context: Context) -> None:
             strategy = SameClientsFedAvg(bench, barrier)
-            config = ConfigRecord({"lr": bench.lr, "epochs": bench.epochs, "batch-size": bench.batch_size,
-                                   "model": self.model, "data-path": str(self.data_path)})
-            strategy.start(grid=grid, initial_arrays=ArrayRecord(bench.init_model().state_dict()),
-                           num_rounds=bench.total_rounds, train_config=config, evaluate_fn=barrier.evaluate_fn)
+            config = ConfigRecord(
+                {
+                    "lr": bench.lr,
+                    "epochs": bench.epochs,
+                    "batch-size": bench.batch_size,
+                    "model": self.model,
+                    "data-path": str(self.data_path),
+                }
+            )
+            strategy.start(
+                grid=grid,
+                initial_arrays=ArrayRecord(bench.init_model().state_dict()),
+                num_rounds=bench.total_rounds,
+                train_config=config,
+                evaluate_fn=barrier.evaluate_fn,
+            )
 
         return app
 
     def _run(self) -> None:
         try:
             run_simulation(
-                server_app=self._server_app(), client_app=client_app, num_supernodes=len(self.bench.client_indices),
-                backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                "init_args": {"num_cpus": self.cpus, "include_dashboard": False}},
+                server_app=self._server_app(),
+                client_app=client_app,
+                num_supernodes=len(self.bench.client_indices),
+                backend_config={
+                    "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                    "init_args": {"num_cpus": self.cpus, "include_dashboard": False},
+                },
             )
         except BaseException as error:  # noqa: BLE001 - reported by the driver thread
             self.error = error
@@ -306,7 +370,9 @@ class FlowerContender:
             out["params"] = flatten(model)
         rounds = [self.barrier.replies.get(r, []) for r in range(1, self.bench.total_rounds + 1)]
         out["train_loss_per_round"] = [
-            sum(m["train_loss"] * m["num-examples"] for m in reps) / sum(m["num-examples"] for m in reps) if reps else None
+            sum(m["train_loss"] * m["num-examples"] for m in reps) / sum(m["num-examples"] for m in reps)
+            if reps
+            else None
             for reps in rounds
         ]
         out["client_s_per_round"] = {  # summed over the round's 10 clients, measured inside the ClientApp

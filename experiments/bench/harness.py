@@ -77,10 +77,13 @@ def wait_for_quiet() -> float | None:
 
 class Abandon(RuntimeError):
     """Raised by ``run_round`` to drop its contender from the remaining rounds (``fields`` go to its row)."""
+
     fields: dict[str, Any] = {}
 
 
-def run_interleaved(contenders: list[Any], total_rounds: int, tag: str = "", rotate: bool = True) -> dict[str, dict[str, Any]]:
+def run_interleaved(
+    contenders: list[Any], total_rounds: int, tag: str = "", rotate: bool = True
+) -> dict[str, dict[str, Any]]:
     """Start every contender, then run round r (1..total_rounds) of each in turn, the order rotating every
     round (``rotate``), so that all of them meet the same stretch of background load; close them all."""
     keys = ("round_s", "own_cpu_s", "others_cores", "others_cores_before", "load_cores")
@@ -110,8 +113,10 @@ def run_interleaved(contenders: list[Any], total_rounds: int, tag: str = "", rot
                 if hasattr(c, "synchronize"):
                     c.synchronize()
                 wall, foreign = meter.stop()
-                for key, value in zip(("round_s", "own_cpu_s", "others_cores", "load_cores"),
-                                      (wall, meter.own_cpu_s, foreign, meter.load_cores)):
+                for key, value in zip(
+                    ("round_s", "own_cpu_s", "others_cores", "load_cores"),
+                    (wall, meter.own_cpu_s, foreign, meter.load_cores),
+                ):
                     row[key].append(value)
     finally:
         for c in contenders:
@@ -125,10 +130,15 @@ def summarize(result: dict[str, Any], warmup: int) -> dict[str, Any]:
     """The row without ``params``, plus the median and min of the timed rounds and the load during them."""
     timed, others, cpu = (result.get(k, [])[warmup:] for k in ("round_s", "others_cores", "own_cpu_s"))
     load = result.get("load_cores", [])[warmup:]
-    return {**{k: v for k, v in result.items() if k != "params"}, "timed_round_s": timed,
-            "median_round_s": statistics.median(timed) if timed else None, "min_round_s": min(timed, default=None),
-            "max_others_cores": max(others, default=None), "median_cpu_s": statistics.median(cpu) if cpu else None,
-            "median_load_cores": statistics.median(load) if load else None}
+    return {
+        **{k: v for k, v in result.items() if k != "params"},
+        "timed_round_s": timed,
+        "median_round_s": statistics.median(timed) if timed else None,
+        "min_round_s": min(timed, default=None),
+        "max_others_cores": max(others, default=None),
+        "median_cpu_s": statistics.median(cpu) if cpu else None,
+        "median_load_cores": statistics.median(load) if load else None,
+    }
 
 
 def time_calls(owner: Any, method: str, record: Callable[[float], Any]) -> None:
@@ -152,49 +162,84 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:  
 
 def print_rows(title: str, rows: dict[str, dict[str, Any]], extra: tuple[tuple[str, str], ...] = ()) -> None:
     """The usual table: median s/round, CPU, start-up, others' cores (and ``extra`` columns: (header, key))."""
-    print(f"\n== {title}\n{'contender':<15}{'median s/round':>16}{'cpu s/round':>13}{'startup s':>11}"
-          + "".join(f"{h:>14}" for h, _ in extra) + f"{'others cores':>14}{'load cores':>12}  timed rounds (s)")
+    print(
+        f"\n== {title}\n{'contender':<15}{'median s/round':>16}{'cpu s/round':>13}{'startup s':>11}"
+        + "".join(f"{h:>14}" for h, _ in extra)
+        + f"{'others cores':>14}{'load cores':>12}  timed rounds (s)"
+    )
     for name, row in rows.items():
         if row.get("median_round_s") is None:
             print(f"{name:<15}{'n/a':>16}  {row.get('error', '')}")
             continue
-        print(f"{name:<15}{row['median_round_s']:>16.4f}{row['median_cpu_s']:>13.3f}{row.get('startup_s', 0.0):>11.2f}"
-              + "".join(f"{row[k]:>14.2f}" for _, k in extra)
-              + f"{row['max_others_cores'] or 0.0:>14.2f}{row['median_load_cores'] or 0.0:>12.2f}  "
-              + ", ".join(f"{s:.4f}" for s in row["timed_round_s"]))
+        print(
+            f"{name:<15}{row['median_round_s']:>16.4f}{row['median_cpu_s']:>13.3f}{row.get('startup_s', 0.0):>11.2f}"
+            + "".join(f"{row[k]:>14.2f}" for _, k in extra)
+            + f"{row['max_others_cores'] or 0.0:>14.2f}{row['median_load_cores'] or 0.0:>12.2f}  "
+            + ", ".join(f"{s:.4f}" for s in row["timed_round_s"])
+        )
 
 
 def code_version() -> dict[str, Any]:
     """The commit benchmarked and any uncommitted changes under fedsim/ (the tree is shared and moves)."""
+
     def git(*cmd: str) -> str:
         try:
             return subprocess.run(["git", *cmd], cwd=HERE, capture_output=True, text=True, timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
-    return {"commit": git("rev-parse", "HEAD"), "dirty_fedsim_files": git("status", "--porcelain", "--", ":/fedsim").splitlines()}
+
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "dirty_fedsim_files": git("status", "--porcelain", "--", ":/fedsim").splitlines(),
+    }
 
 
 def machine() -> dict[str, Any]:
     """CPU model, cores, Python, torch and its default thread count."""
     import torch
+
     from fedsim.executor.placement import physical_cores
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "physical_cores": physical_cores(),
-            "gpu": torch.cuda.is_available(), "python": platform.python_version(), "torch": torch.__version__,
-            "torch_default_threads": torch.get_num_threads(), "platform": platform.platform()}
+
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "physical_cores": physical_cores(),
+        "gpu": torch.cuda.is_available(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_default_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+    }
 
 
-def add_common_args(p: argparse.ArgumentParser, *, repeats: tuple[str, int, str], warmup: int | None = 1,
-                    quiet_wait: float = 5.0) -> None:
+def add_common_args(
+    p: argparse.ArgumentParser, *, repeats: tuple[str, int, str], warmup: int | None = 1, quiet_wait: float = 5.0
+) -> None:
     """The repeats (flag, default, help), --warmup (unless None), --load, --quiet-threshold, --quiet-wait, --out."""
     p.add_argument(repeats[0], type=int, default=repeats[1], help=repeats[2])
     if warmup is not None:
         p.add_argument("--warmup", type=int, default=warmup, help="untimed warm-up rounds before them")
-    p.add_argument("--load", type=float, default=0.0, help="busy machine: keep this many cores busy with a load "
-                   "generator while measuring (default 0; results go to *_load<N>.json unless --out is given)")
-    p.add_argument("--quiet-threshold", type=float, default=0.25, help="a round starts once others use fewer cores for 1 s ...")
-    p.add_argument("--quiet-wait", type=float, default=quiet_wait, help="... or after waiting this many seconds (0: no wait)")
+    p.add_argument(
+        "--load",
+        type=float,
+        default=0.0,
+        help="busy machine: keep this many cores busy with a load "
+        "generator while measuring (default 0; results go to *_load<N>.json unless --out is given)",
+    )
+    p.add_argument(
+        "--quiet-threshold", type=float, default=0.25, help="a round starts once others use fewer cores for 1 s ..."
+    )
+    p.add_argument(
+        "--quiet-wait", type=float, default=quiet_wait, help="... or after waiting this many seconds (0: no wait)"
+    )
     p.add_argument("--out", type=Path, default=None, help="result JSON (default: next to this script)")
 
 
@@ -203,8 +248,12 @@ def new_report(args: argparse.Namespace, default_out: Path, **machine_extra: Any
     QUIET.update(threshold_cores=args.quiet_threshold, max_wait_s=args.quiet_wait)
     if args.out is None:
         args.out = default_out.with_name(f"{default_out.stem}_load{args.load:g}.json") if args.load else default_out
-    return {"machine": {**machine(), **machine_extra}, "code": code_version(),
-            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "load": Load(0.0).record()}
+    return {
+        "machine": {**machine(), **machine_extra},
+        "code": code_version(),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "load": Load(0.0).record(),
+    }
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:
@@ -238,8 +287,16 @@ class Load:
             return {"on": False, "requested_cores": self.cores}
         wall = self.wall_s if self.wall_s is not None else time.perf_counter() - self.started
         cpu = self.cpu_s if self.cpu_s is not None else cpu_seconds()[2]
-        return {"on": True, "requested_cores": self.cores, "processes": len(self.procs), "pinned": False, "wall_s": wall,
-                "cpu_s": cpu, "mean_cores": cpu / max(wall, 1e-9), "stopped": self.cpu_s is not None}
+        return {
+            "on": True,
+            "requested_cores": self.cores,
+            "processes": len(self.procs),
+            "pinned": False,
+            "wall_s": wall,
+            "cpu_s": cpu,
+            "mean_cores": cpu / max(wall, 1e-9),
+            "stopped": self.cpu_s is not None,
+        }
 
 
 @contextlib.contextmanager
@@ -251,7 +308,9 @@ def busy_machine(cores: float) -> Iterator[Load]:
             load.procs.append(subprocess.Popen([sys.executable, "-c", _SPIN, str(os.getpid()), str(duty)]))
             _LOAD_PIDS.add(load.procs[-1].pid)
         if load.procs:
-            print(f"busy machine: {cores:g} cores, load pids {[p.pid for p in load.procs]}", file=sys.stderr, flush=True)
+            print(
+                f"busy machine: {cores:g} cores, load pids {[p.pid for p in load.procs]}", file=sys.stderr, flush=True
+            )
         yield load
     finally:
         load.cpu_s, load.wall_s = cpu_seconds()[2], time.perf_counter() - load.started
@@ -261,4 +320,6 @@ def busy_machine(cores: float) -> Iterator[Load]:
             proc.wait()  # SIGTERM's default action: the spinner cannot ignore it
         _LOAD_PIDS.difference_update(p.pid for p in load.procs)
         if load.procs:
-            print(f"busy machine: stopped; the load used {load.cpu_s:.1f} CPU s in {load.wall_s:.1f} s", file=sys.stderr)
+            print(
+                f"busy machine: stopped; the load used {load.cpu_s:.1f} CPU s in {load.wall_s:.1f} s", file=sys.stderr
+            )

@@ -98,25 +98,40 @@ def main(argv: list[str] | None = None) -> None:
             row = harness.run_interleaved([contender], bench.total_rounds, tag=args.model)["process_w2"]
         for round_num in range(2, bench.total_rounds + 1):
             i, per_thread = round_num - 1, contender.per_thread[round_num - 1]
-            rows[contender.label(round_num)].append({
-                "wall_s": row["round_s"][i], "parent_cpu_s": sum(per_thread), "parent_threads_busy": sum(c > 0 for c in per_thread),
-                "others_cores": row["others_cores"][i], "load_cores": row["load_cores"][i]})
+            rows[contender.label(round_num)].append(
+                {
+                    "wall_s": row["round_s"][i],
+                    "parent_cpu_s": sum(per_thread),
+                    "parent_threads_busy": sum(c > 0 for c in per_thread),
+                    "others_cores": row["others_cores"][i],
+                    "load_cores": row["load_cores"][i],
+                }
+            )
         reference = wl.FedsimContender("serial_t1", bench, SerialExecutor(threads=1), Path(tmp))
         reference.start()
         for round_num in range(1, bench.total_rounds + 1):
             reference.run_round(round_num)
     same = torch.equal(row["params"], reference.info()["params"])
-    print(f"{args.model}: ProcessExecutor(workers=2, threads=1), {len(shares[0])} examples/client, rounds alternate A/B")
-    print(f"{'parent threads':<22}{'rounds':>7}{'median wall s':>15}{'min wall s':>12}{'median parent cpu s':>21}{'median others':>15}")
+    print(
+        f"{args.model}: ProcessExecutor(workers=2, threads=1), {len(shares[0])} examples/client, rounds alternate A/B"
+    )
+    print(
+        f"{'parent threads':<22}{'rounds':>7}{'median wall s':>15}{'min wall s':>12}{'median parent cpu s':>21}{'median others':>15}"
+    )
     for label, threads in conditions.items():
         r = rows[label]
         med = lambda k: statistics.median(x[k] for x in r)  # noqa: E731
-        print(f"{label} = {threads:<18}{len(r):>7}{med('wall_s'):>15.3f}{min(x['wall_s'] for x in r):>12.3f}"
-              f"{med('parent_cpu_s'):>21.3f}{med('others_cores'):>15.2f}")
+        print(
+            f"{label} = {threads:<18}{len(r):>7}{med('wall_s'):>15.3f}{min(x['wall_s'] for x in r):>12.3f}"
+            f"{med('parent_cpu_s'):>21.3f}{med('others_cores'):>15.2f}"
+        )
     a, b = (statistics.median(x["wall_s"] for x in rows[k]) for k in "AB")
     print(f"A/B median wall ratio: {a / b:.2f}x; final weights equal to SerialExecutor(threads=1): {same}")
     if out_given:
-        harness.write_json(args.out, {**head, "conditions": conditions, "rows": rows, "bitwise_equal_serial": same, "load": load.record()})
+        harness.write_json(
+            args.out,
+            {**head, "conditions": conditions, "rows": rows, "bitwise_equal_serial": same, "load": load.record()},
+        )
 
 
 if __name__ == "__main__":

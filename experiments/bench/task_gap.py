@@ -59,7 +59,9 @@ def gaps(results: list[Any]) -> list[float]:
 class GapContender:
     """One executor fitting every client per round, with ``pool.QUEUE_DEPTH`` set before its rounds."""
 
-    def __init__(self, name: str, executor: Executor, depth: int, workload: Workload, global_params: Any, tasks: list[FitTask]) -> None:
+    def __init__(
+        self, name: str, executor: Executor, depth: int, workload: Workload, global_params: Any, tasks: list[FitTask]
+    ) -> None:
         self.name, self.executor, self.depth, self.workload = name, executor, depth, workload
         self.global_params, self.tasks = global_params, tasks
         self.gaps: list[list[float]] = []
@@ -95,8 +97,9 @@ def contenders(log_dir: Path) -> dict[str, tuple[Executor, int]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--model", choices=("mlr", "2nn"), default="mlr")
-    harness.add_common_args(parser, repeats=("--rounds", 5, "timed rounds per contender, after one warm-up"), warmup=None,
-                            quiet_wait=0.0)
+    harness.add_common_args(
+        parser, repeats=("--rounds", 5, "timed rounds per contender, after one warm-up"), warmup=None, quiet_wait=0.0
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     head = harness.new_report(args, harness.HERE / "results_task_gap.json")
@@ -107,18 +110,45 @@ def main(argv: list[str] | None = None) -> None:
     global_params = flatten(model_factory())
     tasks = [FitTask(client_id=c.client_id, round_num=1, seed=c.client_id, config={}) for c in clients]
     with tempfile.TemporaryDirectory() as tmp, harness.busy_machine(args.load) as load:
-        chosen = [GapContender(name, executor, depth, Workload(model_factory, clients, data.train, log_dir=Path(tmp) / name),
-                               global_params, tasks) for name, (executor, depth) in contenders(Path(tmp)).items()]
+        chosen = [
+            GapContender(
+                name,
+                executor,
+                depth,
+                Workload(model_factory, clients, data.train, log_dir=Path(tmp) / name),
+                global_params,
+                tasks,
+            )
+            for name, (executor, depth) in contenders(Path(tmp)).items()
+        ]
         results = harness.run_interleaved(chosen, args.rounds + 1, tag=args.model, rotate=False)  # round 1 warms up
-    rows = {name: {"round_s": r["round_s"][1:], "median_gap_ms": [statistics.median(g) * 1e3 for g in r["gaps"][1:]],
-                   "sum_gaps_ms": [sum(g) * 1e3 for g in r["gaps"][1:]], "others_cores": r["others_cores"][1:],
-                   "load_cores": r["load_cores"][1:]} for name, r in results.items()}
+    rows = {
+        name: {
+            "round_s": r["round_s"][1:],
+            "median_gap_ms": [statistics.median(g) * 1e3 for g in r["gaps"][1:]],
+            "sum_gaps_ms": [sum(g) * 1e3 for g in r["gaps"][1:]],
+            "others_cores": r["others_cores"][1:],
+            "load_cores": r["load_cores"][1:],
+        }
+        for name, r in results.items()
+    }
     summary = {name: {key: statistics.median(values) for key, values in row.items()} for name, row in rows.items()}
     for name, row in summary.items():
-        print(f"{name:20s} round {row['round_s'] * 1e3:7.1f} ms   gap between tasks {row['median_gap_ms']:.3f} ms "
-              f"(median)   all gaps {row['sum_gaps_ms']:.1f} ms per round")
-    harness.write_json(args.out, {"command": " ".join(sys.argv), "model": args.model, **head,
-                                  "load": load.record(), "summary": summary, "rounds": rows})
+        print(
+            f"{name:20s} round {row['round_s'] * 1e3:7.1f} ms   gap between tasks {row['median_gap_ms']:.3f} ms "
+            f"(median)   all gaps {row['sum_gaps_ms']:.1f} ms per round"
+        )
+    harness.write_json(
+        args.out,
+        {
+            "command": " ".join(sys.argv),
+            "model": args.model,
+            **head,
+            "load": load.record(),
+            "summary": summary,
+            "rounds": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -53,12 +53,20 @@ def add_workload_args(p: argparse.ArgumentParser, models: str | None) -> None:
         p.add_argument("--models", default=models, help="comma-separated subset of: " + ",".join(MODELS))
     p.add_argument("--num-examples", type=int, default=60_000, help="size of the synthetic training set")
     p.add_argument("--clients", type=int, default=100)
-    p.add_argument("--partition", default="iid", choices=("iid", "dirichlet"),
-                   help="how the examples are split over the clients (dirichlet: label skew, --alpha)")
+    p.add_argument(
+        "--partition",
+        default="iid",
+        choices=("iid", "dirichlet"),
+        help="how the examples are split over the clients (dirichlet: label skew, --alpha)",
+    )
     p.add_argument("--alpha", type=float, default=0.5, help="--partition dirichlet: the concentration")
     p.add_argument("--per-round", type=int, default=10)
-    p.add_argument("--examples-per-client", type=int, default=None,
-                   help="keep only this many examples per client (default: all, 600 with the defaults)")
+    p.add_argument(
+        "--examples-per-client",
+        type=int,
+        default=None,
+        help="keep only this many examples per client (default: all, 600 with the defaults)",
+    )
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.01)
@@ -117,12 +125,28 @@ class Bench:
         return sum(p.numel() for p in self.model_factory().parameters())
 
 
-def make_bench(model: str, data: TensorData, shares: list[np.ndarray], args: argparse.Namespace,
-               models: dict[str, Any] = MODELS, input_shape: tuple[int, ...] = INPUT_SHAPE) -> Bench:
+def make_bench(
+    model: str,
+    data: TensorData,
+    shares: list[np.ndarray],
+    args: argparse.Namespace,
+    models: dict[str, Any] = MODELS,
+    input_shape: tuple[int, ...] = INPUT_SHAPE,
+) -> Bench:
     factory = functools.partial(models[model], input_shape=input_shape, num_classes=NUM_CLASSES)
-    return Bench(name=model, model_factory=factory, data=data, client_indices=shares, per_round=args.per_round,
-                 warmup=args.warmup, rounds=args.rounds, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                 seed=args.seed)
+    return Bench(
+        name=model,
+        model_factory=factory,
+        data=data,
+        client_indices=shares,
+        per_round=args.per_round,
+        warmup=args.warmup,
+        rounds=args.rounds,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+    )
 
 
 class TimedClient(Client):
@@ -154,16 +178,34 @@ class FedsimContender:
     ``keep_updates``: keep each round's ``ClientUpdate``s (``self.updates``) and metrics (``self.metrics``).
     """
 
-    def __init__(self, name: str, bench: Bench, executor: Executor, log_dir: Path, parent_threads: int | None = None,
-                 client_cls: type[Client] = Client, keep_updates: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        bench: Bench,
+        executor: Executor,
+        log_dir: Path,
+        parent_threads: int | None = None,
+        client_cls: type[Client] = Client,
+        keep_updates: bool = False,
+    ) -> None:
         self.name, self.bench, self.executor, self.log_dir = name, bench, executor, log_dir
         self.parent_threads = parent_threads
         optimizer = functools.partial(torch.optim.SGD, lr=bench.lr)
-        self.clients = [client_cls(i, idx, epochs=bench.epochs, batch_size=bench.batch_size, optimizer=optimizer)
-                        for i, idx in enumerate(bench.client_indices)]
-        self.server = Server(model_factory=bench.model_factory, clients=self.clients, train_data=bench.data,
-                             test_data=None, strategy=FedAvg(), executor=executor, num_rounds=bench.total_rounds,
-                             clients_per_round=bench.per_round, seed=bench.seed)
+        self.clients = [
+            client_cls(i, idx, epochs=bench.epochs, batch_size=bench.batch_size, optimizer=optimizer)
+            for i, idx in enumerate(bench.client_indices)
+        ]
+        self.server = Server(
+            model_factory=bench.model_factory,
+            clients=self.clients,
+            train_data=bench.data,
+            test_data=None,
+            strategy=FedAvg(),
+            executor=executor,
+            num_rounds=bench.total_rounds,
+            clients_per_round=bench.per_round,
+            seed=bench.seed,
+        )
         self.updates: list[ClientUpdate] = []
         self.metrics: list[dict[str, Any]] = []
         if keep_updates:
@@ -207,9 +249,13 @@ class CentralContender:
     as fedsim's ``Client`` does per epoch (``read_every_loss``, the CPU behaviour, reads each one).
     """
 
-    def __init__(self, name: str, bench: Bench, threads: int, device: str = "cpu", read_every_loss: bool | None = None) -> None:
+    def __init__(
+        self, name: str, bench: Bench, threads: int, device: str = "cpu", read_every_loss: bool | None = None
+    ) -> None:
         if device != "cpu":
-            bench = replace(bench, data=TensorData(bench.data.x.to(device), bench.data.y.to(device), bench.data.num_classes))
+            bench = replace(
+                bench, data=TensorData(bench.data.x.to(device), bench.data.y.to(device), bench.data.num_classes)
+            )
         self.name, self.bench, self.threads, self.device = name, bench, threads, device
         self.read_every_loss = device == "cpu" if read_every_loss is None else read_every_loss
         self.steps_done: list[int] = []
@@ -267,7 +313,11 @@ def relative_errors(results: dict[str, dict[str, Any]]) -> dict[str, float]:
     ref = results.get("serial_t1", {}).get("params")
     if ref is None:
         return {}
-    return {k: float((r["params"] - ref).norm() / ref.norm()) for k, r in results.items() if "params" in r and k != "serial_t1"}
+    return {
+        k: float((r["params"] - ref).norm() / ref.norm())
+        for k, r in results.items()
+        if "params" in r and k != "serial_t1"
+    }
 
 
 def split_round(t0: float, t1: float, by_worker: dict[Any, list[tuple[float, float]]]) -> dict[str, float]:
@@ -281,7 +331,12 @@ def split_round(t0: float, t1: float, by_worker: dict[Any, list[tuple[float, flo
         return {"wall_s": t1 - t0}
     gaps = [b[0] - a[1] for iv in by_worker.values() for a, b in zip(sorted(iv), sorted(iv)[1:])]
     return {
-        "wall_s": t1 - t0, "head_s": min(starts) - t0, "tail_s": t1 - max(ends),
-        "gaps_s": sum(gaps), "max_gap_s": max(gaps, default=0.0), "num_gaps": len(gaps),
-        "busy_s": sum(e - s for iv in by_worker.values() for s, e in iv), "workers": len(by_worker),
+        "wall_s": t1 - t0,
+        "head_s": min(starts) - t0,
+        "tail_s": t1 - max(ends),
+        "gaps_s": sum(gaps),
+        "max_gap_s": max(gaps, default=0.0),
+        "num_gaps": len(gaps),
+        "busy_s": sum(e - s for iv in by_worker.values() for s, e in iv),
+        "workers": len(by_worker),
     }

@@ -26,8 +26,8 @@ import torch
 from fedsim.client import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import SerialExecutor
-from fedsim.observe.run_logger import RunLogger
 from fedsim.models import MLP2NN
+from fedsim.observe.run_logger import RunLogger
 from fedsim.server import Server
 from fedsim.strategy import FedAvg
 
@@ -48,17 +48,27 @@ def federation(num_clients: int, data: TensorData) -> list[Client]:
     """``num_clients`` clients of 20 examples each; their indices wrap around one shared 2,000-example set."""
     pool = len(data)
     make = functools.partial(PersonalModelClient, epochs=1, batch_size=10)
-    return [make(cid, (np.arange(EXAMPLES_PER_CLIENT) + cid * EXAMPLES_PER_CLIENT) % pool) for cid in range(num_clients)]
+    return [
+        make(cid, (np.arange(EXAMPLES_PER_CLIENT) + cid * EXAMPLES_PER_CLIENT) % pool) for cid in range(num_clients)
+    ]
 
 
 def one_run(num_clients: int, data: TensorData, root: Path) -> dict[str, float]:
     run_dir = Path(tempfile.mkdtemp(dir=root, prefix=f"n{num_clients}-"))
     server = Server(
         model_factory=functools.partial(MLP2NN, input_shape=(FEATURES,), num_classes=10, hidden=200),
-        clients=federation(num_clients, data), train_data=data, test_data=None, strategy=FedAvg(),
-        executor=SerialExecutor(), num_rounds=ROUNDS, clients_per_round=PER_ROUND, seed=0,
+        clients=federation(num_clients, data),
+        train_data=data,
+        test_data=None,
+        strategy=FedAvg(),
+        executor=SerialExecutor(),
+        num_rounds=ROUNDS,
+        clients_per_round=PER_ROUND,
+        seed=0,
         logger=RunLogger(run_dir, tensorboard=False, progress=False, client_rows_in_memory=False),
-        checkpoint_dir=run_dir / "checkpoints", checkpoint_every=1, state_store="disk",
+        checkpoint_dir=run_dir / "checkpoints",
+        checkpoint_every=1,
+        state_store="disk",
     )
     result = server.run()
     checkpoints = sorted((run_dir / "checkpoints").glob("round-*.ckpt"))
@@ -84,12 +94,19 @@ def main(argv: list[str] | None = None) -> int:
             for num_clients in runs:
                 start = time.perf_counter()
                 runs[num_clients].append(one_run(num_clients, data, Path(root)))
-                print(f"{num_clients:>7} clients: {runs[num_clients][-1]} ({time.perf_counter() - start:.1f} s in all)", flush=True)
+                print(
+                    f"{num_clients:>7} clients: {runs[num_clients][-1]} ({time.perf_counter() - start:.1f} s in all)",
+                    flush=True,
+                )
     summary = {n: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for n, rs in runs.items()}
     ratio = summary[100_000]["round_s"] / summary[100]["round_s"]
-    print(f"median round: {summary[100]['round_s'] * 1e3:.1f} ms (100 clients), {summary[100_000]['round_s'] * 1e3:.1f} ms "
-          f"(100,000 clients): ratio {ratio:.2f}")
-    args.out.write_text(json.dumps({"command": " ".join(sys.argv), "runs": runs, "median": summary, "ratio": ratio}, indent=2) + "\n")
+    print(
+        f"median round: {summary[100]['round_s'] * 1e3:.1f} ms (100 clients), {summary[100_000]['round_s'] * 1e3:.1f} ms "
+        f"(100,000 clients): ratio {ratio:.2f}"
+    )
+    args.out.write_text(
+        json.dumps({"command": " ".join(sys.argv), "runs": runs, "median": summary, "ratio": ratio}, indent=2) + "\n"
+    )
     return 0
 
 

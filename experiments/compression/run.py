@@ -34,8 +34,16 @@ from fedsim.run import build_compression, compose, run_config
 from fedsim.server.setup import initial_model
 
 SETTING = [
-    "data=synthetic", "partition=auto", "model=mlp", "strategy=fedavg", "clients_per_round=10", "client.epochs=1",
-    "client.batch_size=10", "client.optimizer.lr=0.05", "executor=serial", "logger=quiet",
+    "data=synthetic",
+    "partition=auto",
+    "model=mlp",
+    "strategy=fedavg",
+    "clients_per_round=10",
+    "client.epochs=1",
+    "client.batch_size=10",
+    "client.optimizer.lr=0.05",
+    "executor=serial",
+    "logger=quiet",
 ]
 
 CONFIGS: dict[str, list[str]] = {
@@ -84,8 +92,16 @@ def per_run(history: list[dict], num_params: int, target: float) -> dict:
 
 def summarise(runs: list[dict]) -> dict:
     out = {"seeds": len(runs)}
-    for key in ("final_accuracy", "mean_accuracy_last10", "best_accuracy", "mb_up", "mb_down", "mb_total", "uplink_ratio",
-                "bytes_per_update"):
+    for key in (
+        "final_accuracy",
+        "mean_accuracy_last10",
+        "best_accuracy",
+        "mb_up",
+        "mb_down",
+        "mb_total",
+        "uplink_ratio",
+        "bytes_per_update",
+    ):
         out[key + "_mean"], out[key + "_std"] = mean_std([r[key] for r in runs])
     for key in ("rounds_to_target", "mb_to_target", "mb_up_to_target"):
         reached = [r[key] for r in runs if r[key] is not None]
@@ -100,7 +116,9 @@ def codec_errors(cfg, chains: dict, num_params: int, draws: int = 5) -> dict:
     setting with one client per round, so the global step is that client's update), encoded ``draws`` times with
     different generators. Relative L2 error ‖C(Δ) − Δ‖ / ‖Δ‖ and cosine(C(Δ), Δ), means over the draws."""
     result = run_config(cfg, run_dir=None)
-    factory = functools.partial(instantiate(cfg.model), input_shape=(cfg.data.num_features,), num_classes=cfg.data.num_classes)
+    factory = functools.partial(
+        instantiate(cfg.model), input_shape=(cfg.data.num_features,), num_classes=cfg.data.num_classes
+    )
     start = flatten(initial_model(factory, int(cfg.seed)))
     assert start.numel() == num_params
     delta = result.params - start
@@ -121,9 +139,11 @@ def fmt(mean: float | None, std: float | None, digits: int) -> str:
 
 def table(results: dict) -> str:
     target = results["target_accuracy"]
-    lines = [f"| configuration | final accuracy | accuracy, mean of last 10 rounds | MB up | MB down | MB total | "
-             f"uplink ratio | MB to reach {target} (seeds reaching) | of which up | rounds to reach {target} (per seed) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| configuration | final accuracy | accuracy, mean of last 10 rounds | MB up | MB down | MB total | "
+        f"uplink ratio | MB to reach {target} (seeds reaching) | of which up | rounds to reach {target} (per seed) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in results["configs"].items():
         n = r["seeds"]
         lines.append(
@@ -133,7 +153,8 @@ def table(results: dict) -> str:
             f"{fmt(r['mb_to_target_mean'], r['mb_to_target_std'], 1)} ({r['mb_to_target_reached']}/{n}) | "
             f"{fmt(r['mb_up_to_target_mean'], r['mb_up_to_target_std'], 2)} | "
             f"{fmt(r['rounds_to_target_mean'], r['rounds_to_target_std'], 1)} "
-            f"({', '.join('–' if x is None else str(x) for x in r['rounds_to_target_per_seed'])}) |")
+            f"({', '.join('–' if x is None else str(x) for x in r['rounds_to_target_per_seed'])}) |"
+        )
     return "\n".join(lines)
 
 
@@ -170,8 +191,10 @@ def plot(results: dict, path: Path) -> bool:
     axes[1].set_xlabel("MB uploaded (cumulative, log scale)")
     axes[2].set_xlabel("round")
     axes[2].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"FedAvg, Synthetic(1,1), 2NN MLP ({results['num_params']:,} weights): mean of "
-                 f"{len(results['seeds'])} seeds, band = min-max")
+    fig.suptitle(
+        f"FedAvg, Synthetic(1,1), 2NN MLP ({results['num_params']:,} weights): mean of "
+        f"{len(results['seeds'])} seeds, band = min-max"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return True
@@ -186,8 +209,11 @@ def main() -> None:
     args = parser.parse_args()
     start = time.perf_counter()
     # every config composed before the first run, so the whole experiment reads one state of conf/
-    composed = {(seed, name): compose([*SETTING, *overrides, f"num_rounds={args.rounds}", f"seed={seed}"])
-                for seed in args.seeds for name, overrides in CONFIGS.items()}
+    composed = {
+        (seed, name): compose([*SETTING, *overrides, f"num_rounds={args.rounds}", f"seed={seed}"])
+        for seed in args.seeds
+        for name, overrides in CONFIGS.items()
+    }
     one_update = compose([*SETTING, "num_rounds=1", "clients_per_round=1", "seed=0"])
     chains = {name: build_compression(composed[(args.seeds[0], name)]).uplink for name in CONFIGS}
     runs: dict[str, dict[str, dict]] = {}
@@ -200,16 +226,25 @@ def main() -> None:
             run = per_run(result.history, num_params, args.target)
             run["wall_s"] = time.perf_counter() - t0
             runs.setdefault(name, {})[str(seed)] = run
-            print(f"seed {seed}  {name:28s} final acc {run['final_accuracy']:.4f}  MB {run['mb_total']:8.1f}  "
-                  f"to {args.target}: round {run['rounds_to_target']}  ({run['wall_s']:.0f} s)", flush=True)
+            print(
+                f"seed {seed}  {name:28s} final acc {run['final_accuracy']:.4f}  MB {run['mb_total']:8.1f}  "
+                f"to {args.target}: round {run['rounds_to_target']}  ({run['wall_s']:.0f} s)",
+                flush=True,
+            )
     results = {
-        "command": "python experiments/compression/run.py " + " ".join(
-            [f"--rounds {args.rounds}", "--seeds " + " ".join(map(str, args.seeds)), f"--target {args.target:g}"]),
-        "setting": SETTING, "configs_overrides": CONFIGS, "rounds": args.rounds, "seeds": args.seeds,
-        "target_accuracy": args.target, "num_params": num_params,
+        "command": "python experiments/compression/run.py "
+        + " ".join(
+            [f"--rounds {args.rounds}", "--seeds " + " ".join(map(str, args.seeds)), f"--target {args.target:g}"]
+        ),
+        "setting": SETTING,
+        "configs_overrides": CONFIGS,
+        "rounds": args.rounds,
+        "seeds": args.seeds,
+        "target_accuracy": args.target,
+        "num_params": num_params,
         "float32_model_bytes": 4 * num_params,
         "encoding": "fixed width, no entropy coding: float32 4 B, fp16 2 B, QSGD b bits per value + one float32 norm "
-                    "per bucket, top-k int32 positions + float32 values",
+        "per bucket, top-k int32 positions + float32 values",
         "configs": {name: summarise(list(r.values())) for name, r in runs.items()},
         "codec_error_on_one_update": codec_errors(one_update, chains, num_params),
         "runs": runs,
@@ -224,7 +259,9 @@ def main() -> None:
     for name in CONFIGS:
         e = results["codec_error_on_one_update"][name]
         print(f"  {name:28s} {e['relative_l2_error']:.3f}  {e['cosine']:.3f}")
-    print(f"plot: {'accuracy_vs_mb.png' if made else 'skipped (matplotlib not installed)'}; total {results['wall_s']:.0f} s")
+    print(
+        f"plot: {'accuracy_vs_mb.png' if made else 'skipped (matplotlib not installed)'}; total {results['wall_s']:.0f} s"
+    )
 
 
 if __name__ == "__main__":

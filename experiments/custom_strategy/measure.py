@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from my_strategies import AdaptiveClippedFedAvg, L1FedAvg
 
 from fedsim.run import build_server, compose
 from fedsim.strategy import FedAvg, Strategy
 from fedsim.types import ClientUpdate
-from my_strategies import AdaptiveClippedFedAvg, L1FedAvg
 
 ROUNDS = 10
 
@@ -37,7 +37,9 @@ class Probe(Strategy):
     def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         for u in updates:
             delta = u.params.double() - global_params.double()
-            self.rows.append((round_num, float(delta.norm()), float(delta.abs().sum()), float((delta.abs() < 1e-3).double().mean())))
+            self.rows.append(
+                (round_num, float(delta.norm()), float(delta.abs().sum()), float((delta.abs() < 1e-3).double().mean()))
+            )
         return self.inner.aggregate(round_num, global_params, updates)
 
 
@@ -57,8 +59,10 @@ def main() -> None:
     for lam in (0.0, 0.01, 0.1):
         probe, accuracy = run(L1FedAvg(lam=lam))
         n = len(probe.rows)
-        print(f"L1FedAvg lam={lam}: mean L1 norm of a client's change {sum(r[2] for r in probe.rows) / n:.2f}, "
-              f"share of coordinates moved < 1e-3 {sum(r[3] for r in probe.rows) / n:.3f}, final test accuracy {accuracy:.4f}")
+        print(
+            f"L1FedAvg lam={lam}: mean L1 norm of a client's change {sum(r[2] for r in probe.rows) / n:.2f}, "
+            f"share of coordinates moved < 1e-3 {sum(r[3] for r in probe.rows) / n:.3f}, final test accuracy {accuracy:.4f}"
+        )
     adaptive = AdaptiveClippedFedAvg()
     bounds = [adaptive.max_norm]
 
@@ -71,8 +75,10 @@ def main() -> None:
     server = build_server(compose([f"num_rounds={ROUNDS}", "logger=quiet"]))
     server.strategy = Recording(adaptive)
     accuracy = server.run().history[-1]["eval/accuracy"]
-    print(f"AdaptiveClippedFedAvg: final test accuracy {accuracy:.4f}; bound C before each round and after the last: "
-          + " ".join(f"{c:.3f}" for c in bounds))
+    print(
+        f"AdaptiveClippedFedAvg: final test accuracy {accuracy:.4f}; bound C before each round and after the last: "
+        + " ".join(f"{c:.3f}" for c in bounds)
+    )
 
 
 if __name__ == "__main__":

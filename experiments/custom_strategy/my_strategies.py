@@ -19,10 +19,9 @@ Put this folder on ``PYTHONPATH`` and select a class from the command line (from
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
-
-import math
 
 import torch
 from torch import nn
@@ -52,9 +51,7 @@ class ClippedFedAvg(Strategy):
             raise ValueError(f"strategy.max_norm must be a number > 0 (got {max_norm!r})")
         self.max_norm = float(max_norm)
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         clipped = [clip_delta(u.params, global_params, self.max_norm) for u in updates]
         mean = weighted_average(clipped, [u.num_examples for u in updates])
         return mean.to(global_params.dtype)
@@ -69,14 +66,14 @@ class AdaptiveClippedFedAvg(Strategy):
 
     def __init__(self, *, quantile: float = 0.5, norm_lr: float = 0.2, initial_norm: float = 0.1) -> None:
         if not 0 < quantile < 1 or not norm_lr > 0 or not initial_norm > 0:
-            raise ValueError("strategy.quantile must be in (0, 1), strategy.norm_lr and strategy.initial_norm > 0 "
-                             f"(got {quantile!r}, {norm_lr!r}, {initial_norm!r})")
+            raise ValueError(
+                "strategy.quantile must be in (0, 1), strategy.norm_lr and strategy.initial_norm > 0 "
+                f"(got {quantile!r}, {norm_lr!r}, {initial_norm!r})"
+            )
         self.quantile, self.norm_lr = float(quantile), float(norm_lr)
         self.max_norm = float(initial_norm)
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         clipped = [clip_delta(u.params, global_params, self.max_norm) for u in updates]
         norms = [float((u.params.to(torch.float64) - global_params.to(torch.float64)).norm()) for u in updates]
         below = sum(n <= self.max_norm for n in norms) / len(norms)
@@ -132,7 +129,5 @@ class L1FedAvg(Strategy):
     def client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
         return {"l1_lambda": self.lam}
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         return weighted_average([u.params for u in updates], [u.num_examples for u in updates])

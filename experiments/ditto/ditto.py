@@ -40,8 +40,14 @@ class DittoClient(Client):
     """
 
     def __init__(
-        self, client_id: int, train_indices: Sequence[int] | np.ndarray, test_indices: Sequence[int] | np.ndarray = (),
-        *, lam: float = 0.1, personal_epochs: int | None = None, **kwargs: Any,
+        self,
+        client_id: int,
+        train_indices: Sequence[int] | np.ndarray,
+        test_indices: Sequence[int] | np.ndarray = (),
+        *,
+        lam: float = 0.1,
+        personal_epochs: int | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(client_id, train_indices, test_indices, **kwargs)
         if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam >= 0:
@@ -52,14 +58,23 @@ class DittoClient(Client):
         self.lam, self.personal_epochs = float(lam), personal_epochs
 
     def fit(
-        self, model: nn.Module, data: TensorData, *, config: dict[str, Any] | None = None, generator: torch.Generator,
-        round_num: int = 0, local: LocalTraining | None = None, state: dict[str, Any] | None = None,
+        self,
+        model: nn.Module,
+        data: TensorData,
+        *,
+        config: dict[str, Any] | None = None,
+        generator: torch.Generator,
+        round_num: int = 0,
+        local: LocalTraining | None = None,
+        state: dict[str, Any] | None = None,
     ) -> ClientUpdate:
         """FedAvg's local training of the global copy (returned), then the personal model's epochs."""
         config, state = dict(config or {}), {} if state is None else state
         start = flatten(model)  # w: the round's global weights
         anchor = [p.detach().clone() for p in model.parameters()]
-        update = super().fit(model, data, config=config, generator=generator, round_num=round_num, local=local, state=state)
+        update = super().fit(
+            model, data, config=config, generator=generator, round_num=round_num, local=local, state=state
+        )
         load_flat(model, state.get("personal", start))  # v: last accepted round's personal model, or w the first time
         optimizer = self.make_optimizer(model, config)
         epochs = self.personal_epochs or int(config.get("epochs", self.epochs))
@@ -74,20 +89,34 @@ class DittoClient(Client):
         return replace(update, metrics=metrics, state=state)  # params: the global copy's weights
 
     def _personal_epoch(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, anchor: list[torch.Tensor], data: TensorData,
-        batch_size: int, generator: torch.Generator,
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        anchor: list[torch.Tensor],
+        data: TensorData,
+        batch_size: int,
+        generator: torch.Generator,
     ) -> float:
         """One pass over the local data in an order drawn from ``generator``; returns the mean data loss."""
         device = next(model.parameters()).device
-        order = torch.from_numpy(self.train_indices)[torch.randperm(self.num_train, generator=generator)].to(data.x.device)
+        order = torch.from_numpy(self.train_indices)[torch.randperm(self.num_train, generator=generator)].to(
+            data.x.device
+        )
         total = 0.0
         for begin in range(0, self.num_train, batch_size):
             idx = order[begin : begin + batch_size]
-            total += float(self.personal_step(model, optimizer, anchor, data.x[idx].to(device), data.y[idx].to(device))) * len(idx)
+            total += float(
+                self.personal_step(model, optimizer, anchor, data.x[idx].to(device), data.y[idx].to(device))
+            ) * len(idx)
         return total / self.num_train if self.num_train else math.nan
 
     def personal_step(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, anchor: list[torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        anchor: list[torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
     ) -> torch.Tensor:
         """One step on f(v) + λ/2·‖v − w‖²: the batch loss's gradient plus λ(v − w), then ``optimizer.step()``.
         ``anchor`` holds w, one tensor per ``model.parameters()``. Returns the batch's data loss (detached)."""

@@ -32,8 +32,19 @@ LAST = 10
 
 def run(overrides: list[str], run_dir: Path) -> list[dict[str, Any]]:
     """One fedsim run with DittoClient; its metrics records."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in ("experiments/ditto", os.environ.get("PYTHONPATH", "")) if p)}
-    cmd = [sys.executable, "-m", "fedsim", "client._target_=ditto.DittoClient", *overrides, "logger=quiet", f"hydra.run.dir={run_dir}"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in ("experiments/ditto", os.environ.get("PYTHONPATH", "")) if p),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedsim",
+        "client._target_=ditto.DittoClient",
+        *overrides,
+        "logger=quiet",
+        f"hydra.run.dir={run_dir}",
+    ]
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, text=True)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -41,7 +52,12 @@ def run(overrides: list[str], run_dir: Path) -> list[dict[str, Any]]:
 def summarise(records: list[dict[str, Any]]) -> dict[str, float]:
     """Means over the last rounds; the personal accuracy of the 10% worst client updates in them."""
     last = records[-LAST:]
-    personal = [c["metrics"]["personal_accuracy"] for r in last for c in r["clients"] if "personal_accuracy" in c.get("metrics", {})]
+    personal = [
+        c["metrics"]["personal_accuracy"]
+        for r in last
+        for c in r["clients"]
+        if "personal_accuracy" in c.get("metrics", {})
+    ]
     mean = lambda key: float(np.mean([r[key] for r in last]))  # noqa: E731
     return {
         "global_client_accuracy": mean("eval_global/accuracy"),

@@ -34,13 +34,33 @@ from fedsim.run import compose, run_config
 
 NUM_USERS, PER_ROUND, DELTA = 2000, 100, 1e-6
 SETTING = [
-    "data=synthetic", "data.num_devices=100", "partition=iid", f"partition.num_clients={NUM_USERS}", "model=logreg",
-    "client.epochs=1", "client.batch_size=10", "client.optimizer.lr=0.05", f"clients_per_round={PER_ROUND}",
-    "strategy=fedavg", "executor=serial", "logger=quiet",
+    "data=synthetic",
+    "data.num_devices=100",
+    "partition=iid",
+    f"partition.num_clients={NUM_USERS}",
+    "model=logreg",
+    "client.epochs=1",
+    "client.batch_size=10",
+    "client.optimizer.lr=0.05",
+    f"clients_per_round={PER_ROUND}",
+    "strategy=fedavg",
+    "executor=serial",
+    "logger=quiet",
 ]
-PROBE = ["data=synthetic", "data.num_devices=1000", "+data.max_size=300", "partition=natural", "model=logreg",
-         "client.epochs=1", "client.batch_size=10", "client.optimizer.lr=0.05", f"clients_per_round={PER_ROUND}",
-         "strategy=fedavg", "executor=serial", "logger=quiet"]
+PROBE = [
+    "data=synthetic",
+    "data.num_devices=1000",
+    "+data.max_size=300",
+    "partition=natural",
+    "model=logreg",
+    "client.epochs=1",
+    "client.batch_size=10",
+    "client.optimizer.lr=0.05",
+    f"clients_per_round={PER_ROUND}",
+    "strategy=fedavg",
+    "executor=serial",
+    "logger=quiet",
+]
 
 
 def fixed(z: float, clip: float) -> list[str]:
@@ -85,8 +105,10 @@ def summarise(curves: list[list[dict]], budgets: list[float], dp: bool) -> dict:
         out["at_budget"] = {}
         for b in budgets:
             hits = [at_budget(c, b) for c in curves]
-            entry = {"rounds": [h["round"] if h else 0 for h in hits],
-                     "accuracy": [h["accuracy"] if h else None for h in hits]}
+            entry = {
+                "rounds": [h["round"] if h else 0 for h in hits],
+                "accuracy": [h["accuracy"] if h else None for h in hits],
+            }
             if all(hits):
                 entry["accuracy_mean"], entry["accuracy_std"] = mean_std(entry["accuracy"])
             out["at_budget"][str(b)] = entry
@@ -94,15 +116,20 @@ def summarise(curves: list[list[dict]], budgets: list[float], dp: bool) -> dict:
         out["final_clip_norm"] = clips
         out["clip_norm_last10_mean"] = statistics.mean(p["clip_norm"] for c in curves for p in c[-10:])
         out["mean_cohort"] = statistics.mean(p["cohort"] for c in curves for p in c)
-    out["curves"] = [[[p["round"], p["epsilon"], p["accuracy"]] + ([p["clip_norm"]] if dp else []) for p in c] for c in curves]
+    out["curves"] = [
+        [[p["round"], p["epsilon"], p["accuracy"]] + ([p["clip_norm"]] if dp else []) for p in c] for c in curves
+    ]
     return out
 
 
 def table(results: dict) -> str:
     budgets = results["budgets"]
     heads = " | ".join(f"acc. at ε ≤ {b:g} (rounds)" for b in budgets)
-    lines = [f"| configuration | noise std on the mean update, z·C/m | final ε (δ = {DELTA:g}) | final accuracy (mean ± std) | "
-             f"{heads} |", "|---" * (4 + len(budgets)) + "|"]
+    lines = [
+        f"| configuration | noise std on the mean update, z·C/m | final ε (δ = {DELTA:g}) | final accuracy (mean ± std) | "
+        f"{heads} |",
+        "|---" * (4 + len(budgets)) + "|",
+    ]
     for name, r in results["configs"].items():
         eps = "–" if r["final_epsilon"] is None else f"{statistics.mean(r['final_epsilon']):.2f}"
         noise = "0" if r["noise_std"] is None else f"{r['noise_std']:.2g}"
@@ -116,8 +143,10 @@ def table(results: dict) -> str:
                 cells.append(f"{entry['accuracy_mean']:.4f} ± {entry['accuracy_std']:.4f} ({rounds})")
             else:
                 cells.append("– (one round exceeds it)")
-        lines.append(f"| {name} | {noise} | {eps} | {r['final_accuracy_mean']:.4f} ± {r['final_accuracy_std']:.4f} | "
-                     f"{' | '.join(cells)} |")
+        lines.append(
+            f"| {name} | {noise} | {eps} | {r['final_accuracy_mean']:.4f} ± {r['final_accuracy_std']:.4f} | "
+            f"{' | '.join(cells)} |"
+        )
     return "\n".join(lines)
 
 
@@ -145,8 +174,11 @@ def main() -> None:
         points = curve(result.history)
         curves.setdefault(name, []).append(points)
         settings[name] = overrides
-        print(f"seed {seed}  {name:28s} acc {points[-1]['accuracy']:.4f}  ε {points[-1]['epsilon']:.3f}  "
-              f"{run_s[-1]:.1f} s", flush=True)
+        print(
+            f"seed {seed}  {name:28s} acc {points[-1]['accuracy']:.4f}  ε {points[-1]['epsilon']:.3f}  "
+            f"{run_s[-1]:.1f} s",
+            flush=True,
+        )
         return result, run_dir
 
     with tempfile.TemporaryDirectory(prefix="fedsim-dp-") as tmp_name:
@@ -179,30 +211,63 @@ def main() -> None:
         name = names[(z_check, 1.0)]
         expected = at_budget(curves[name][0], budget)
         t = time.perf_counter()
-        stopped = run_config(compose([*SETTING, f"num_rounds={args.rounds}", *fixed(z_check, clip),
-                                      f"dp.epsilon_max={budget:g}", f"seed={args.seeds[0]}"]), run_dir=None)
+        stopped = run_config(
+            compose(
+                [
+                    *SETTING,
+                    f"num_rounds={args.rounds}",
+                    *fixed(z_check, clip),
+                    f"dp.epsilon_max={budget:g}",
+                    f"seed={args.seeds[0]}",
+                ]
+            ),
+            run_dir=None,
+        )
         run_s.append(time.perf_counter() - t)
         last = stopped.history[-1]
-        check = {"config": name, "seed": args.seeds[0], "epsilon_max": budget, "stop_reason": stopped.stop_reason,
-                 "rounds": last["round"], "epsilon": last["dp/epsilon"], "accuracy": last["eval/accuracy"],
-                 "curve_rounds": expected["round"] if expected else 0,
-                 "curve_accuracy": expected["accuracy"] if expected else None}
-        check["matches_curve"] = bool(expected and check["rounds"] == expected["round"]
-                                      and check["accuracy"] == expected["accuracy"] and "privacy budget" in check["stop_reason"])
-        print(f"dp.epsilon_max={budget:g}: stopped after round {check['rounds']} (curve: {check['curve_rounds']}), "
-              f"matches: {check['matches_curve']}; {check['stop_reason']}", flush=True)
+        check = {
+            "config": name,
+            "seed": args.seeds[0],
+            "epsilon_max": budget,
+            "stop_reason": stopped.stop_reason,
+            "rounds": last["round"],
+            "epsilon": last["dp/epsilon"],
+            "accuracy": last["eval/accuracy"],
+            "curve_rounds": expected["round"] if expected else 0,
+            "curve_accuracy": expected["accuracy"] if expected else None,
+        }
+        check["matches_curve"] = bool(
+            expected
+            and check["rounds"] == expected["round"]
+            and check["accuracy"] == expected["accuracy"]
+            and "privacy budget" in check["stop_reason"]
+        )
+        print(
+            f"dp.epsilon_max={budget:g}: stopped after round {check['rounds']} (curve: {check['curve_rounds']}), "
+            f"matches: {check['matches_curve']}; {check['stop_reason']}",
+            flush=True,
+        )
         # 4. the natural split of 1,000 devices, without DP
         probe = None
         if args.probe_rounds > 0:
             t = time.perf_counter()
-            result = run_config(compose([*PROBE, f"num_rounds={args.probe_rounds}", f"seed={args.seeds[0]}"]), run_dir=None)
+            result = run_config(
+                compose([*PROBE, f"num_rounds={args.probe_rounds}", f"seed={args.seeds[0]}"]), run_dir=None
+            )
             run_s.append(time.perf_counter() - t)
             iid = curves["no DP"][0]
-            probe = {"setting": PROBE, "rounds": args.probe_rounds, "seed": args.seeds[0],
-                     "accuracy": result.history[-1]["eval/accuracy"],
-                     "iid_accuracy_same_round": iid[min(args.probe_rounds, len(iid)) - 1]["accuracy"]}
-            print(f"natural split of 1,000 devices, no DP, {args.probe_rounds} rounds: acc {probe['accuracy']:.4f} "
-                  f"(IID users, same round: {probe['iid_accuracy_same_round']:.4f})", flush=True)
+            probe = {
+                "setting": PROBE,
+                "rounds": args.probe_rounds,
+                "seed": args.seeds[0],
+                "accuracy": result.history[-1]["eval/accuracy"],
+                "iid_accuracy_same_round": iid[min(args.probe_rounds, len(iid)) - 1]["accuracy"],
+            }
+            print(
+                f"natural split of 1,000 devices, no DP, {args.probe_rounds} rounds: acc {probe['accuracy']:.4f} "
+                f"(IID users, same round: {probe['iid_accuracy_same_round']:.4f})",
+                flush=True,
+            )
 
     clip_of = {name: None for name in curves}
     for (z, f), name in names.items():
@@ -214,25 +279,46 @@ def main() -> None:
         z = None if not dp else float(settings[name][1].split("=")[1])
         # noise std per coordinate on the mean update; adaptive: z_Δ at the last clip norm (mean over seeds)
         if name.startswith("adaptive"):
-            z_delta = (z ** -2 - (2 * PER_ROUND / 20) ** -2) ** -0.5
+            z_delta = (z**-2 - (2 * PER_ROUND / 20) ** -2) ** -0.5
             entry["noise_std"] = z_delta * statistics.mean(entry["final_clip_norm"]) / PER_ROUND
             entry["z_update"] = z_delta
         else:
             entry["noise_std"] = None if not dp else z * clip_of[name] / PER_ROUND
         configs[name] = entry
     results = {
-        "command": "python experiments/dp_fedavg/run.py " + " ".join([
-            f"--rounds {args.rounds}", "--seeds " + " ".join(map(str, args.seeds)), "--zs " + " ".join(f"{z:g}" for z in args.zs),
-            f"--adaptive-z {args.adaptive_z:g}", "--clip-factors " + " ".join(f"{f:g}" for f in args.clip_factors),
-            "--budgets " + " ".join(f"{b:g}" for b in args.budgets), f"--probe-rounds {args.probe_rounds}"]),
-        "setting": SETTING, "rounds": args.rounds, "seeds": args.seeds, "num_users": NUM_USERS,
-        "clients_per_round": PER_ROUND, "q": PER_ROUND / NUM_USERS, "delta": DELTA, "num_params": num_params,
-        "clip_norm": clip, "median_update_norm": median, "update_norm_quantiles": {
-            str(p): statistics.quantiles(norms, n=20)[int(p * 20) - 1] for p in (0.1, 0.25, 0.5, 0.75, 0.9)},
+        "command": "python experiments/dp_fedavg/run.py "
+        + " ".join(
+            [
+                f"--rounds {args.rounds}",
+                "--seeds " + " ".join(map(str, args.seeds)),
+                "--zs " + " ".join(f"{z:g}" for z in args.zs),
+                f"--adaptive-z {args.adaptive_z:g}",
+                "--clip-factors " + " ".join(f"{f:g}" for f in args.clip_factors),
+                "--budgets " + " ".join(f"{b:g}" for b in args.budgets),
+                f"--probe-rounds {args.probe_rounds}",
+            ]
+        ),
+        "setting": SETTING,
+        "rounds": args.rounds,
+        "seeds": args.seeds,
+        "num_users": NUM_USERS,
+        "clients_per_round": PER_ROUND,
+        "q": PER_ROUND / NUM_USERS,
+        "delta": DELTA,
+        "num_params": num_params,
+        "clip_norm": clip,
+        "median_update_norm": median,
+        "update_norm_quantiles": {
+            str(p): statistics.quantiles(norms, n=20)[int(p * 20) - 1] for p in (0.1, 0.25, 0.5, 0.75, 0.9)
+        },
         "median_update_norm_by_round": {str(r): statistics.median(v) for r, v in sorted(norm_by_round.items()) if v},
-        "budgets": args.budgets, "budget_check": check, "natural_split_probe": probe,
+        "budgets": args.budgets,
+        "budget_check": check,
+        "natural_split_probe": probe,
         "curves_format": "per config, per seed: [round, epsilon, accuracy] (+ clip_norm under DP) for every round",
-        "configs": configs, "run_s": run_s, "wall_s": time.perf_counter() - start,
+        "configs": configs,
+        "run_s": run_s,
+        "wall_s": time.perf_counter() - start,
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))

@@ -31,23 +31,38 @@ from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import Executor, ProcessExecutor, RayExecutor, SerialExecutor
 from fedsim.executor.pool import WorkerStartupError
-from fedsim.observe.run_logger import RunLogger
 from fedsim.models import MLP2NN
+from fedsim.observe.run_logger import RunLogger
 from fedsim.server import RoundFailedError, Server
 
 
 def build(executor, rounds: int) -> Server:  # type: ignore[no-untyped-def]
-    data = federate(synthetic(num_devices=20, min_size=200, max_size=400, seed=3), natural, client_test_fraction=0.2, seed=0)
+    data = federate(
+        synthetic(num_devices=20, min_size=200, max_size=400, seed=3), natural, client_test_fraction=0.2, seed=0
+    )
     return Server(
         model_factory=functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=64),
-        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=10)), train_data=data.train,
-        test_data=data.test, strategy=__import__("fedsim.strategy", fromlist=["FedAvg"]).FedAvg(), executor=executor,
-        num_rounds=rounds, clients_per_round=6, seed=0, logger=RunLogger(None, tensorboard=False, progress=False),
+        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=10)),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=__import__("fedsim.strategy", fromlist=["FedAvg"]).FedAvg(),
+        executor=executor,
+        num_rounds=rounds,
+        clients_per_round=6,
+        seed=0,
+        logger=RunLogger(None, tensorboard=False, progress=False),
     )
 
 
-def kill_loop(executor: Executor, stop: threading.Event, interval: float, seconds: float, seed: int, kills: list[int],
-              max_kills: int | None = None) -> None:
+def kill_loop(
+    executor: Executor,
+    stop: threading.Event,
+    interval: float,
+    seconds: float,
+    seed: int,
+    kills: list[int],
+    max_kills: int | None = None,
+) -> None:
     """Every ``interval`` s, SIGKILL a random live worker (one being started included), for ``seconds`` or until
     ``max_kills`` were killed."""
     rng, deadline = random.Random(seed), time.monotonic() + seconds
@@ -104,15 +119,23 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def one_repeat(kind: str, rounds: int, interval: float, seconds: float, seed: int, reference: torch.Tensor,
-               max_kills: int | None = None) -> dict:
+def one_repeat(
+    kind: str,
+    rounds: int,
+    interval: float,
+    seconds: float,
+    seed: int,
+    reference: torch.Tensor,
+    max_kills: int | None = None,
+) -> dict:
     if kind == "ray":
         executor: Executor = RayExecutor(workers=2, max_retries=10, start_timeout_s=60)
     else:
         executor = ProcessExecutor(devices="cpu", workers=2, max_retries=10, start_timeout_s=60)
     server, stop, kills = build(executor, rounds), threading.Event(), []
-    killer = threading.Thread(target=kill_loop, args=(executor, stop, interval, seconds, seed, kills, max_kills),
-                              daemon=True)
+    killer = threading.Thread(
+        target=kill_loop, args=(executor, stop, interval, seconds, seed, kills, max_kills), daemon=True
+    )
     start = time.perf_counter()
     killer.start()
     try:
@@ -123,7 +146,13 @@ def one_repeat(kind: str, rounds: int, interval: float, seconds: float, seed: in
     finally:
         stop.set()
         killer.join()
-    return {"executor": kind, "seed": seed, "kills": len(kills), "seconds": round(time.perf_counter() - start, 1), "outcome": outcome}
+    return {
+        "executor": kind,
+        "seed": seed,
+        "kills": len(kills),
+        "seconds": round(time.perf_counter() - start, 1),
+        "outcome": outcome,
+    }
 
 
 def main() -> None:
@@ -131,7 +160,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=45.0)
     parser.add_argument("--interval", type=float, default=1.0)
-    parser.add_argument("--kills", type=int, default=None, help="stop killing after this many kills (default: no limit)")
+    parser.add_argument(
+        "--kills", type=int, default=None, help="stop killing after this many kills (default: no limit)"
+    )
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--executor", choices=("process", "ray"), default="process")
     args = parser.parse_args()

@@ -15,9 +15,18 @@ from pathlib import Path
 from fedsim.run import compose, run_config
 
 SETTING = [
-    "data=synthetic", "data.alpha=1", "data.beta=1", "model=logreg", "clients_per_round=10",
-    "client.epochs=20", "client.batch_size=10", "client.optimizer.lr=0.01", "stragglers.fraction=0.9",
-    "executor=process", "executor.devices=cpu", "logger=quiet",
+    "data=synthetic",
+    "data.alpha=1",
+    "data.beta=1",
+    "model=logreg",
+    "clients_per_round=10",
+    "client.epochs=20",
+    "client.batch_size=10",
+    "client.optimizer.lr=0.01",
+    "stragglers.fraction=0.9",
+    "executor=process",
+    "executor.devices=cpu",
+    "logger=quiet",
 ]
 CONFIGS = {
     "FedAvg (drop stragglers)": ["strategy=fedavg"],

@@ -26,9 +26,18 @@ from fedsim.run import compose, run_config
 
 EPOCHS = 10
 SETTING = [
-    "data=synthetic", "data.alpha=1", "data.beta=1", "model=logreg", "clients_per_round=10",
-    f"client.epochs={EPOCHS}", "client.batch_size=10", "client.optimizer.lr=0.01", "stragglers.fraction=0.5",
-    "evaluate_clients=all", "executor=serial", "logger=quiet",
+    "data=synthetic",
+    "data.alpha=1",
+    "data.beta=1",
+    "model=logreg",
+    "clients_per_round=10",
+    f"client.epochs={EPOCHS}",
+    "client.batch_size=10",
+    "client.optimizer.lr=0.01",
+    "stragglers.fraction=0.5",
+    "evaluate_clients=all",
+    "executor=serial",
+    "logger=quiet",
 ]
 CONFIGS = {
     "FedAvg (drops stragglers)": ["strategy=fedavg"],
@@ -63,8 +72,11 @@ def main() -> None:
                 history = run_config(cfg, run_dir=Path(tmp) / f"seed{seed}-{i}").history
                 histories[name].append(history)
                 last = history[-1]
-                print(f"seed {seed}  {name:42s} test acc {last['eval/accuracy']:.4f}  loss {last['eval/loss']:.4f}"
-                      f"  ({time.perf_counter() - run_start:.1f} s)", flush=True)
+                print(
+                    f"seed {seed}  {name:42s} test acc {last['eval/accuracy']:.4f}  loss {last['eval/loss']:.4f}"
+                    f"  ({time.perf_counter() - run_start:.1f} s)",
+                    flush=True,
+                )
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     results = _summary(histories, args, wall, cpu)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -97,23 +109,31 @@ def _summary(histories: dict[str, list[list[dict]]], args: argparse.Namespace, w
             metric: [statistics.fmean(h[i][metric] for h in runs) for i in range(len(rounds))]
             for metric in ("eval/accuracy", "eval/loss")
         }
-        curve_std = [statistics.stdev(h[i]["eval/accuracy"] for h in runs) if len(runs) > 1 else 0.0
-                     for i in range(len(rounds))]
-        non_finite = sum(1 for h in runs for r in h for k in ("eval/loss", "train/loss")
-                         if k in r and not math.isfinite(r[k]))
+        curve_std = [
+            statistics.stdev(h[i]["eval/accuracy"] for h in runs) if len(runs) > 1 else 0.0 for i in range(len(rounds))
+        ]
+        non_finite = sum(
+            1 for h in runs for r in h for k in ("eval/loss", "train/loss") if k in r and not math.isfinite(r[k])
+        )
         extra = {
             "mean_clients_aggregated": statistics.fmean(r["client/num_aggregated"] for h in runs for r in h),
             "non_finite_losses": non_finite,
         }
         if any("strategy/tau_eff" in r for h in runs for r in h):  # FedNova: sum_k p_k tau_k of the round
-            extra["mean_tau_eff"] = statistics.fmean(r["strategy/tau_eff"] for h in runs for r in h if "strategy/tau_eff" in r)
+            extra["mean_tau_eff"] = statistics.fmean(
+                r["strategy/tau_eff"] for h in runs for r in h if "strategy/tau_eff" in r
+            )
         methods[name] = {
             "overrides": CONFIGS[name],
             "seeds": dict(zip(map(str, args.seeds), per_seed)),
             **{key: _mean_std([s[key] for s in per_seed]) for key, _, _ in METRICS},
             **extra,
-            "curve": {"round": rounds, "accuracy_mean": curves["eval/accuracy"], "accuracy_std": curve_std,
-                      "loss_mean": curves["eval/loss"]},
+            "curve": {
+                "round": rounds,
+                "accuracy_mean": curves["eval/accuracy"],
+                "accuracy_std": curve_std,
+                "loss_mean": curves["eval/loss"],
+            },
         }
     return {
         "setting": SETTING + [f"num_rounds={args.rounds}"],
@@ -126,8 +146,10 @@ def _summary(histories: dict[str, list[list[dict]]], args: argparse.Namespace, w
 
 
 def _table(results: dict) -> str:
-    head = ("| method | final test acc | best test acc | final test loss | client acc mean (final) "
-            "| client acc worst 10% (final) |")
+    head = (
+        "| method | final test acc | best test acc | final test loss | client acc mean (final) "
+        "| client acc worst 10% (final) |"
+    )
     lines = [head, "|---|---|---|---|---|---|"]
     for name, m in results["methods"].items():
         cells = [f"{m[key]['mean']:.3f} ± {m[key]['std']:.3f}" for key, _, _ in METRICS]

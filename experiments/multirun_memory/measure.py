@@ -20,17 +20,41 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-COUNTS = ("fds", "threads", "children", "Server", "RunLogger", "SummaryWriter", "ProcessExecutor", "FileHandler", "root_handlers")
+COUNTS = (
+    "fds",
+    "threads",
+    "children",
+    "Server",
+    "RunLogger",
+    "SummaryWriter",
+    "ProcessExecutor",
+    "FileHandler",
+    "root_handlers",
+)
 
 
-def run_sweep(executor: str, jobs: int, rounds: int, out_dir: Path, probe: list[str], overrides: list[str]) -> tuple[list[dict[str, Any]], float]:
+def run_sweep(
+    executor: str, jobs: int, rounds: int, out_dir: Path, probe: list[str], overrides: list[str]
+) -> tuple[list[dict[str, Any]], float]:
     """One multirun of ``jobs`` seeds in one process; returns the probe's samples and the wall time."""
     samples = out_dir / f"{executor}.jsonl"
     extra = ["executor.devices=cpu", "executor.workers=2"] if executor == "process" else []
-    cmd = [sys.executable, "-m", "fedsim", "-m", f"seed=range(0,{jobs})", f"num_rounds={rounds}", f"executor={executor}",
-           *extra, "logger.progress=False", *overrides, f"hydra.sweep.dir={out_dir / executor}",
-           "+hydra.callbacks.probe._target_=probe.Probe", f"+hydra.callbacks.probe.out={samples}",
-           *probe]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedsim",
+        "-m",
+        f"seed=range(0,{jobs})",
+        f"num_rounds={rounds}",
+        f"executor={executor}",
+        *extra,
+        "logger.progress=False",
+        *overrides,
+        f"hydra.sweep.dir={out_dir / executor}",
+        "+hydra.callbacks.probe._target_=probe.Probe",
+        f"+hydra.callbacks.probe.out={samples}",
+        *probe,
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -57,7 +81,11 @@ def summarize(samples: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
         "rss_kib_per_job": slope(xs, [float(s["rss_kib"]) for s in jobs]),
         "rss_anon_kib_per_job": slope(xs, [float(s["rss_anon_kib"]) for s in jobs]),
         "gc_objects_per_job": slope(xs, [float(s["gc_objects"]) for s in jobs]),
-        **({"rss_trimmed_kib_per_job": slope(xs, [float(s["rss_trimmed_kib"]) for s in jobs])} if "rss_trimmed_kib" in last else {}),
+        **(
+            {"rss_trimmed_kib_per_job": slope(xs, [float(s["rss_trimmed_kib"]) for s in jobs])}
+            if "rss_trimmed_kib" in last
+            else {}
+        ),
         **({"traced_heap_growth": last["traced_growth"]} if "traced_growth" in last else {}),
         "max": {k: max(s[k] for s in jobs) for k in ("fds", "threads", "children", "Server", "RunLogger")},
     }
@@ -79,20 +107,29 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="jobs left out of the slope (imports, first allocations)")
     parser.add_argument("--types", action="store_true", help="also attribute the growth of live objects by type")
     parser.add_argument("--trim", action="store_true", help="also sample the RSS after malloc_trim(0)")
-    parser.add_argument("--trace", action="store_true", help="trace Python allocations from the first job after warm-up")
+    parser.add_argument(
+        "--trace", action="store_true", help="trace Python allocations from the first job after warm-up"
+    )
     parser.add_argument("overrides", nargs="*", help="more fedsim overrides for every job, e.g. logger=quiet")
     parser.add_argument("--out", type=Path, default=HERE / "results.json")
     args = parser.parse_args()
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
-    probe = [f"+hydra.callbacks.probe.types={str(args.types).lower()}", f"+hydra.callbacks.probe.trim={str(args.trim).lower()}",
-             f"+hydra.callbacks.probe.trace_from={args.warmup if args.trace else -1}"]
+    probe = [
+        f"+hydra.callbacks.probe.types={str(args.types).lower()}",
+        f"+hydra.callbacks.probe.trim={str(args.trim).lower()}",
+        f"+hydra.callbacks.probe.trace_from={args.warmup if args.trace else -1}",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         for executor, jobs in (("serial", args.serial_jobs), ("process", args.process_jobs)):
             if jobs <= args.warmup:
                 continue
             samples, wall = run_sweep(executor, jobs, args.rounds, Path(tmp), probe, args.overrides)
-            result = {"jobs": jobs, "wall_s": round(wall, 1), **summarize(samples, args.warmup),
-                      "samples": [{k: v for k, v in s.items() if k not in ("types", "traced_growth")} for s in samples]}
+            result = {
+                "jobs": jobs,
+                "wall_s": round(wall, 1),
+                **summarize(samples, args.warmup),
+                "samples": [{k: v for k, v in s.items() if k not in ("types", "traced_growth")} for s in samples],
+            }
             if args.types:
                 result["type_growth"] = type_growth(samples, args.warmup)
             results[executor] = result

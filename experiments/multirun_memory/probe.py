@@ -26,8 +26,11 @@ WATCHED = ("Server", "RunLogger", "SummaryWriter", "FederatedData", "ProcessExec
 def proc_status() -> dict[str, int]:
     """VmRSS / RssAnon (KiB) and Threads of this process."""
     fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
-    return {"rss_kib": int(fields["VmRSS"].split()[0]), "rss_anon_kib": int(fields["RssAnon"].split()[0]),
-            "threads": int(fields["Threads"])}
+    return {
+        "rss_kib": int(fields["VmRSS"].split()[0]),
+        "rss_anon_kib": int(fields["RssAnon"].split()[0]),
+        "threads": int(fields["Threads"]),
+    }
 
 
 def children() -> list[str]:
@@ -70,9 +73,16 @@ def sample(job: int, with_types: bool = False, trim: bool = False) -> dict[str, 
     types = type_counts()
     kids = children()
     handler = signal.getsignal(signal.SIGINT)
-    record = {"job": job, **proc_status(), "fds": len(os.listdir("/proc/self/fd")), "children": len(kids),
-              "child_cmds": kids, **live_objects(types), "root_handlers": len(logging.getLogger().handlers),
-              "sigint_handler": getattr(handler, "__qualname__", str(handler))}
+    record = {
+        "job": job,
+        **proc_status(),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "children": len(kids),
+        "child_cmds": kids,
+        **live_objects(types),
+        "root_handlers": len(logging.getLogger().handlers),
+        "sigint_handler": getattr(handler, "__qualname__", str(handler)),
+    }
     if trim and malloc_trim():
         record["rss_trimmed_kib"] = proc_status()["rss_kib"]
     return {**record, "types": dict(types)} if with_types else record
@@ -110,6 +120,12 @@ class Probe(Callback):
 def heap_growth(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, top: int = 10) -> list[tuple[str, int, int]]:
     """Python-heap growth since ``before`` by allocating line: (where, KiB, blocks), largest first, and the total."""
     stats = after.compare_to(before, "lineno")
-    rows = [(f"{s.traceback[0].filename.split('site-packages/')[-1]}:{s.traceback[0].lineno}", s.size_diff // 1024, s.count_diff)
-            for s in stats[:top]]
+    rows = [
+        (
+            f"{s.traceback[0].filename.split('site-packages/')[-1]}:{s.traceback[0].lineno}",
+            s.size_diff // 1024,
+            s.count_diff,
+        )
+        for s in stats[:top]
+    ]
     return [("total", sum(s.size_diff for s in stats) // 1024, sum(s.count_diff for s in stats)), *rows]

@@ -19,11 +19,24 @@ from pathlib import Path
 from fedsim.run import build_data, compose, run_config
 
 SETTING = [
-    "data=synthetic", "data.alpha=0", "data.beta=0", "data.num_devices=100",
-    "partition=dirichlet", "partition.alpha=0.1", "partition.num_clients=50",
-    "model=mlp", "clients_per_round=10", "client.epochs=1", "client.batch_size=10", "client.optimizer.lr=0.05",
-    "evaluate_clients=all", "eval_every=5",
-    "executor=process", "executor.devices=cpu", "executor.workers=2", "logger=quiet",
+    "data=synthetic",
+    "data.alpha=0",
+    "data.beta=0",
+    "data.num_devices=100",
+    "partition=dirichlet",
+    "partition.alpha=0.1",
+    "partition.num_clients=50",
+    "model=mlp",
+    "clients_per_round=10",
+    "client.epochs=1",
+    "client.batch_size=10",
+    "client.optimizer.lr=0.05",
+    "evaluate_clients=all",
+    "eval_every=5",
+    "executor=process",
+    "executor.devices=cpu",
+    "executor.workers=2",
+    "logger=quiet",
 ]
 CONFIGS = {
     "FedAvg": ["strategy=fedavg"],
@@ -32,10 +45,19 @@ CONFIGS = {
     "Ditto": ["strategy=ditto", "strategy.lam=0.1"],  # 1 personal epoch per round (the round's epochs)
 }
 KEYS = [  # final-round values kept per run
-    "eval_global/accuracy", "eval_global/accuracy_mean", "eval_global/accuracy_std", "eval_global/accuracy_p10",
-    "eval_global/accuracy_worst10", "eval_personal/accuracy", "eval_personal/accuracy_mean",
-    "eval_personal/accuracy_std", "eval_personal/accuracy_p10", "eval_personal/accuracy_worst10",
-    "eval_personal/personalised", "eval_global/clients", "eval/accuracy",
+    "eval_global/accuracy",
+    "eval_global/accuracy_mean",
+    "eval_global/accuracy_std",
+    "eval_global/accuracy_p10",
+    "eval_global/accuracy_worst10",
+    "eval_personal/accuracy",
+    "eval_personal/accuracy_mean",
+    "eval_personal/accuracy_std",
+    "eval_personal/accuracy_p10",
+    "eval_personal/accuracy_worst10",
+    "eval_personal/personalised",
+    "eval_global/clients",
+    "eval/accuracy",
 ]
 
 
@@ -59,18 +81,34 @@ def main() -> None:
             t0 = time.perf_counter()
             history = run_config(cfg, run_root / f"{name}-seed{seed}").history
             final = [r for r in history if "eval_global/accuracy_mean" in r][-1]
-            runs[name][seed] = {k: final[k] for k in KEYS if k in final} | {"round": final["round"],
-                                                                           "wall_time_s": time.perf_counter() - t0}
-            curves[name][seed] = [(r["round"], r["eval_global/accuracy_mean"], r.get("eval_personal/accuracy_mean"))
-                                  for r in history if "eval_global/accuracy_mean" in r]
+            runs[name][seed] = {k: final[k] for k in KEYS if k in final} | {
+                "round": final["round"],
+                "wall_time_s": time.perf_counter() - t0,
+            }
+            curves[name][seed] = [
+                (r["round"], r["eval_global/accuracy_mean"], r.get("eval_personal/accuracy_mean"))
+                for r in history
+                if "eval_global/accuracy_mean" in r
+            ]
             personal = runs[name][seed].get("eval_personal/accuracy_mean", float("nan"))
-            print(f"seed {seed} {name:7s} global mean {runs[name][seed]['eval_global/accuracy_mean']:.4f}  "
-                  f"personal mean {personal:.4f}  ({runs[name][seed]['wall_time_s']:.0f} s)", flush=True)
+            print(
+                f"seed {seed} {name:7s} global mean {runs[name][seed]['eval_global/accuracy_mean']:.4f}  "
+                f"personal mean {personal:.4f}  ({runs[name][seed]['wall_time_s']:.0f} s)",
+                flush=True,
+            )
     summary = {name: _mean_std(per_seed) for name, per_seed in runs.items()}
     wall = time.perf_counter() - start
-    result = {"setting": SETTING, "configs": CONFIGS, "rounds": args.rounds, "seeds": args.seeds,
-              "label_skew": skew, "summary_mean_std_over_seeds": summary, "runs": runs, "curves": curves,
-              "wall_time_s": wall}
+    result = {
+        "setting": SETTING,
+        "configs": CONFIGS,
+        "rounds": args.rounds,
+        "seeds": args.seeds,
+        "label_skew": skew,
+        "summary_mean_std_over_seeds": summary,
+        "runs": runs,
+        "curves": curves,
+        "wall_time_s": wall,
+    }
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(_table(summary))
     print(f"total wall time {wall:.0f} s")
@@ -85,10 +123,13 @@ def _label_skew(cfg) -> dict[str, float]:
     data = build_data(cfg)
     counts = [np.bincount(data.train.labels[idx], minlength=data.train.num_classes) for idx in data.client_train]
     shares = [c / c.sum() for c in counts]
-    return {"clients": len(counts), "train_examples_mean": float(np.mean([c.sum() for c in counts])),
-            "train_examples_min": int(min(c.sum() for c in counts)),
-            "classes_ge5pct_mean": float(np.mean([(s >= 0.05).sum() for s in shares])),
-            "top_class_share_mean": float(np.mean([s.max() for s in shares]))}
+    return {
+        "clients": len(counts),
+        "train_examples_mean": float(np.mean([c.sum() for c in counts])),
+        "train_examples_min": int(min(c.sum() for c in counts)),
+        "classes_ge5pct_mean": float(np.mean([(s >= 0.05).sum() for s in shares])),
+        "top_class_share_mean": float(np.mean([s.max() for s in shares])),
+    }
 
 
 def _mean_std(per_seed: dict[int, dict]) -> dict[str, list[float]]:
@@ -105,13 +146,18 @@ def _table(summary: dict[str, dict[str, list[float]]]) -> str:
     def cell(stats: dict, key: str) -> str:
         return f"{stats[key][0]:.3f} ± {stats[key][1]:.3f}" if key in stats else "–"
 
-    rows = ["| method | personal acc. mean | personal worst 10 % | personal p10 | global model acc. mean "
-            "| global worst 10 % | clients with a personal model |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| method | personal acc. mean | personal worst 10 % | personal p10 | global model acc. mean "
+        "| global worst 10 % | clients with a personal model |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, stats in summary.items():
         count = f"{stats['eval_personal/personalised'][0]:.1f} / 50" if "eval_personal/personalised" in stats else "–"
-        rows.append(f"| {name} | {cell(stats, 'eval_personal/accuracy_mean')} | {cell(stats, 'eval_personal/accuracy_worst10')} "
-                    f"| {cell(stats, 'eval_personal/accuracy_p10')} | {cell(stats, 'eval_global/accuracy_mean')} "
-                    f"| {cell(stats, 'eval_global/accuracy_worst10')} | {count} |")
+        rows.append(
+            f"| {name} | {cell(stats, 'eval_personal/accuracy_mean')} | {cell(stats, 'eval_personal/accuracy_worst10')} "
+            f"| {cell(stats, 'eval_personal/accuracy_p10')} | {cell(stats, 'eval_global/accuracy_mean')} "
+            f"| {cell(stats, 'eval_global/accuracy_worst10')} | {count} |"
+        )
     return "\n".join(rows)
 
 
@@ -129,14 +175,27 @@ def _plot(curves: dict[str, dict[int, list]], path: Path) -> None:
         color = f"C{i}"
         for j, points in enumerate(per_seed.values()):
             rounds = [p[0] for p in points]
-            ax.plot(rounds, [p[1] for p in points], color=color, ls=":", lw=1,
-                    label=f"{name} global model" if j == 0 and name != "FedAvg" else None)
+            ax.plot(
+                rounds,
+                [p[1] for p in points],
+                color=color,
+                ls=":",
+                lw=1,
+                label=f"{name} global model" if j == 0 and name != "FedAvg" else None,
+            )
             if name == "FedAvg":
-                ax.plot(rounds, [p[1] for p in points], color=color, lw=1.5, label="FedAvg (global)" if j == 0 else None)
+                ax.plot(
+                    rounds, [p[1] for p in points], color=color, lw=1.5, label="FedAvg (global)" if j == 0 else None
+                )
             elif points[0][2] is not None:
-                ax.plot(rounds, [p[2] for p in points], color=color, lw=1.5, label=f"{name} personal" if j == 0 else None)
-    ax.set(xlabel="round", ylabel="mean client accuracy (local test splits)",
-           title="Synthetic(0,0), Dirichlet α=0.1 over 50 clients, 2NN")
+                ax.plot(
+                    rounds, [p[2] for p in points], color=color, lw=1.5, label=f"{name} personal" if j == 0 else None
+                )
+    ax.set(
+        xlabel="round",
+        ylabel="mean client accuracy (local test splits)",
+        title="Synthetic(0,0), Dirichlet α=0.1 over 50 clients, 2NN",
+    )
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

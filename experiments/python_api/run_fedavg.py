@@ -90,20 +90,23 @@ def main() -> None:
         start = time.perf_counter()
         by_hand = build_server(run_dir=Path(tmp) / "by_hand").run()
         files = sorted(p.name for p in (Path(tmp) / "by_hand").iterdir())
-        print(f"1. by hand:       {accuracy(by_hand.history)} "
-              f"({time.perf_counter() - start:.1f} s; wrote {', '.join(files)})")
+        print(
+            f"1. by hand:       {accuracy(by_hand.history)} "
+            f"({time.perf_counter() - start:.1f} s; wrote {', '.join(files)})"
+        )
 
     start = time.perf_counter()
     cfg = compose([f"seed={SEED}", f"num_rounds={ROUNDS}", f"clients_per_round={CLIENTS_PER_ROUND}", "logger=quiet"])
     via_config = run_config(cfg)  # no run_dir: nothing is written
     same = torch.equal(by_hand.params, via_config.params)
-    print(f"2. run_config:    {accuracy(via_config.history)} "
-          f"({time.perf_counter() - start:.1f} s; weights bitwise identical to 1: {same})")
+    print(
+        f"2. run_config:    {accuracy(via_config.history)} "
+        f"({time.perf_counter() - start:.1f} s; weights bitwise identical to 1: {same})"
+    )
 
     start = time.perf_counter()
     custom = build_server(SmoothedClippedClient, smoothing=0.1, max_grad_norm=1.0).run()
-    print(f"3. custom client: {accuracy(custom.history)} "
-          f"({time.perf_counter() - start:.1f} s)")
+    print(f"3. custom client: {accuracy(custom.history)} ({time.perf_counter() - start:.1f} s)")
 
 
 if __name__ == "__main__":

@@ -23,15 +23,29 @@ from pathlib import Path
 from fedsim.run import compose, run_config
 
 SETTING = [
-    "data=synthetic", "data.alpha=1", "data.beta=1", "data.num_devices=100", "+data.max_size=500",
-    "data.test_fraction=0.1", "client_test_fraction=0.111",  # per device: ~80 % local train, ~10 % local test
-    "model=logreg", "clients_per_round=10", "client.epochs=1", "client.batch_size=10", "client.optimizer.lr=0.1",
-    "strategy=qffl", "strategy.sampling=weighted", "evaluate_clients=all", "executor=serial",
+    "data=synthetic",
+    "data.alpha=1",
+    "data.beta=1",
+    "data.num_devices=100",
+    "+data.max_size=500",
+    "data.test_fraction=0.1",
+    "client_test_fraction=0.111",  # per device: ~80 % local train, ~10 % local test
+    "model=logreg",
+    "clients_per_round=10",
+    "client.epochs=1",
+    "client.batch_size=10",
+    "client.optimizer.lr=0.1",
+    "strategy=qffl",
+    "strategy.sampling=weighted",
+    "evaluate_clients=all",
+    "executor=serial",
     "logger=quiet",  # no TensorBoard, no progress bar; no run directory, so no checkpoint and no files at all
 ]
 STATS = {  # what the table reports, from an every-device evaluation
-    "average": "eval_global/accuracy_mean", "worst10": "eval_global/accuracy_worst10",
-    "best10": "eval_global/accuracy_best10", "std": "eval_global/accuracy_std",
+    "average": "eval_global/accuracy_mean",
+    "worst10": "eval_global/accuracy_worst10",
+    "best10": "eval_global/accuracy_best10",
+    "std": "eval_global/accuracy_std",
 }
 
 
@@ -48,15 +62,31 @@ def label(q: float, lipschitz: float | None) -> str:
 
 def one_run(q: float, lipschitz: float | None, seed: int, rounds: int, eval_every: int) -> dict:
     """One configuration: the final device-accuracy distribution and its curve over the evaluations."""
-    overrides = SETTING + [f"strategy.q={q}", f"strategy.lipschitz={'null' if lipschitz is None else lipschitz}",
-                           f"seed={seed}", f"num_rounds={rounds}", f"eval_every={eval_every}"]
+    overrides = SETTING + [
+        f"strategy.q={q}",
+        f"strategy.lipschitz={'null' if lipschitz is None else lipschitz}",
+        f"seed={seed}",
+        f"num_rounds={rounds}",
+        f"eval_every={eval_every}",
+    ]
     start = time.perf_counter()
     history = run_config(compose(overrides)).history
-    curve = [{"round": r["round"], **distribution(r), "central_test_accuracy": 100 * r["eval/accuracy"]}
-             for r in history if STATS["average"] in r]
-    return {"config": label(q, lipschitz), "q": q, "lipschitz": lipschitz, "seed": seed, "rounds": rounds,
-            "final": distribution(history[-1]), "central_test_accuracy": 100 * history[-1]["eval/accuracy"],
-            "curve": curve, "wall_s": time.perf_counter() - start}
+    curve = [
+        {"round": r["round"], **distribution(r), "central_test_accuracy": 100 * r["eval/accuracy"]}
+        for r in history
+        if STATS["average"] in r
+    ]
+    return {
+        "config": label(q, lipschitz),
+        "q": q,
+        "lipschitz": lipschitz,
+        "seed": seed,
+        "rounds": rounds,
+        "final": distribution(history[-1]),
+        "central_test_accuracy": 100 * history[-1]["eval/accuracy"],
+        "curve": curve,
+        "wall_s": time.perf_counter() - start,
+    }
 
 
 def summarise(runs: list[dict]) -> dict[str, dict]:
@@ -64,38 +94,57 @@ def summarise(runs: list[dict]) -> dict[str, dict]:
     table: dict[str, dict] = {}
     for name in dict.fromkeys(r["config"] for r in runs):
         chosen = sorted((r for r in runs if r["config"] == name), key=lambda r: r["seed"])
-        stats = lambda rows: {k: [statistics.fmean(x[k] for x in rows), statistics.pstdev(x[k] for x in rows)]
-                              for k in ("average", "worst10", "best10", "variance")}
+        stats = lambda rows: {
+            k: [statistics.fmean(x[k] for x in rows), statistics.pstdev(x[k] for x in rows)]
+            for k in ("average", "worst10", "best10", "variance")
+        }
         rounds = [p["round"] for p in chosen[0]["curve"]]
-        table[name] = {"seeds": [r["seed"] for r in chosen], "final": stats([r["final"] for r in chosen]),
-                       "curve": [{"round": t, **stats([r["curve"][i] for r in chosen])} for i, t in enumerate(rounds)
-                                 if all(len(r["curve"]) > i and r["curve"][i]["round"] == t for r in chosen)]}
+        table[name] = {
+            "seeds": [r["seed"] for r in chosen],
+            "final": stats([r["final"] for r in chosen]),
+            "curve": [
+                {"round": t, **stats([r["curve"][i] for r in chosen])}
+                for i, t in enumerate(rounds)
+                if all(len(r["curve"]) > i and r["curve"][i]["round"] == t for r in chosen)
+            ],
+        }
     return table
 
 
 def plot(result: dict, path: Path) -> None:
     """curves.png: mean ± std over seeds of the average, worst 10 % and variance per evaluation (needs matplotlib)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = {"average": "average device accuracy (%)", "worst10": "worst 10 % of devices (%)",
-            "variance": "variance of device accuracy (%²)"}
+    keys = {
+        "average": "average device accuracy (%)",
+        "worst10": "worst 10 % of devices (%)",
+        "variance": "variance of device accuracy (%²)",
+    }
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4))
     for name, entry in result["table"].items():
         rounds = [p["round"] for p in entry["curve"]]
         for ax, key in zip(axes, keys):
             mean = [p[key][0] for p in entry["curve"]]
             std = [p[key][1] for p in entry["curve"]]
-            line, = ax.plot(rounds, mean, marker="o", ms=3, label=name, ls="--" if "deviation" in name else "-")
-            ax.fill_between(rounds, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                            color=line.get_color(), alpha=0.15)
+            (line,) = ax.plot(rounds, mean, marker="o", ms=3, label=name, ls="--" if "deviation" in name else "-")
+            ax.fill_between(
+                rounds,
+                [m - s for m, s in zip(mean, std)],
+                [m + s for m, s in zip(mean, std)],
+                color=line.get_color(),
+                alpha=0.15,
+            )
     for ax, title in zip(axes, keys.values()):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("round")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"q-FFL, Synthetic(1,1), 100 devices: mean ± std over seeds {result['table'][next(iter(result['table']))]['seeds']}",
-                 fontsize=9)
+    fig.suptitle(
+        f"q-FFL, Synthetic(1,1), 100 devices: mean ± std over seeds {result['table'][next(iter(result['table']))]['seeds']}",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -125,14 +174,23 @@ def main() -> None:
             r = future.result()
             runs.append(r)
             f = r["final"]
-            print(f"{r['config']} seed={r['seed']}: average {f['average']:.1f}  worst10 {f['worst10']:.1f}  "
-                  f"best10 {f['best10']:.1f}  variance {f['variance']:.0f}  ({r['wall_s']:.0f} s, "
-                  f"{time.perf_counter() - start:.0f} s since start)", flush=True)
+            print(
+                f"{r['config']} seed={r['seed']}: average {f['average']:.1f}  worst10 {f['worst10']:.1f}  "
+                f"best10 {f['best10']:.1f}  variance {f['variance']:.0f}  ({r['wall_s']:.0f} s, "
+                f"{time.perf_counter() - start:.0f} s since start)",
+                flush=True,
+            )
             order = {job: i for i, job in enumerate(jobs)}
             runs.sort(key=lambda r: order[(r["q"], r["lipschitz"], r["seed"])])
-            result = {"setting": SETTING, "rounds": args.rounds, "eval_every": args.eval_every,
-                      "table": summarise(runs), "runs": runs, "wall_s": time.perf_counter() - start,
-                      "finished_runs": f"{len(runs)} of {len(jobs)}"}
+            result = {
+                "setting": SETTING,
+                "rounds": args.rounds,
+                "eval_every": args.eval_every,
+                "table": summarise(runs),
+                "runs": runs,
+                "wall_s": time.perf_counter() - start,
+                "finished_runs": f"{len(runs)} of {len(jobs)}",
+            }
             (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     for name, entry in result["table"].items():
         print(name, "  ".join(f"{k} {m:.1f} ± {s:.1f}" for k, (m, s) in entry["final"].items()))

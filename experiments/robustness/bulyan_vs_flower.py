@@ -12,11 +12,11 @@ so ties do not occur.
 
 from __future__ import annotations
 
+import flwr
 import numpy as np
 import torch
 from flwr.server.strategy.aggregate import aggregate_bulyan, aggregate_krum
 
-import flwr
 from fedsim.strategy import Bulyan
 from fedsim.types import ClientUpdate
 
@@ -42,7 +42,9 @@ def main() -> None:
     for n, f in SIZES:
         for seed in range(SEEDS):
             clients = client_weights(n, f, seed)
-            theirs = aggregate_bulyan([(w, 1) for w in clients], num_malicious=f, aggregation_rule=aggregate_krum, to_keep=0)
+            theirs = aggregate_bulyan(
+                [(w, 1) for w in clients], num_malicious=f, aggregation_rule=aggregate_krum, to_keep=0
+            )
             updates = [ClientUpdate(i, 1, flat(w), 1) for i, w in enumerate(clients)]
             ours = Bulyan(f=f).aggregate(1, torch.zeros_like(updates[0].params), updates)
             worst = max(worst, float((ours.double() - flat(theirs).double()).abs().max()))

@@ -25,8 +25,11 @@ def main(root: Path) -> None:
     for strategy in strategies:
         cells = []
         for attack in attacks:
-            diffs = [final[(strategy, attack, seed)] - final[(strategy, "none", seed)]
-                     for (s, a, seed) in final if s == strategy and a == attack and (strategy, "none", seed) in final]
+            diffs = [
+                final[(strategy, attack, seed)] - final[(strategy, "none", seed)]
+                for (s, a, seed) in final
+                if s == strategy and a == attack and (strategy, "none", seed) in final
+            ]
             cells.append(f"{statistics.fmean(diffs):+.4f} ± {statistics.stdev(diffs):.4f}")
         print(f"| {strategy} | " + " | ".join(cells) + " |")
 

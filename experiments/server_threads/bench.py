@@ -19,8 +19,16 @@ import time
 
 from fedsim.run import compose, run_config
 
-OVERRIDES = ["model=mlp", "executor=process", "executor.devices=cpu", "executor.workers=2", "num_rounds=10",
-             "logger=quiet", "data.num_devices=100", "clients_per_round=10"]
+OVERRIDES = [
+    "model=mlp",
+    "executor=process",
+    "executor.devices=cpu",
+    "executor.workers=2",
+    "num_rounds=10",
+    "logger=quiet",
+    "data.num_devices=100",
+    "clients_per_round=10",
+]
 
 
 def _spin(stop: mp.synchronize.Event) -> None:
@@ -56,9 +64,14 @@ def measure(repeats: int, loaded: bool) -> dict:
         if spinner is not None:
             spinner.join()
     one, default = statistics.median(times["1"]), statistics.median(times["null"])
-    return {"load": "one core busy" if loaded else "quiet", "round_s_server_threads_1": round(one, 4),
-            "round_s_torch_default": round(default, 4), "default / 1": round(default / one, 2),
-            "weights bitwise equal": len(digests) == 1, "repeats": repeats}
+    return {
+        "load": "one core busy" if loaded else "quiet",
+        "round_s_server_threads_1": round(one, 4),
+        "round_s_torch_default": round(default, 4),
+        "default / 1": round(default / one, 2),
+        "weights bitwise equal": len(digests) == 1,
+        "repeats": repeats,
+    }
 
 
 def main() -> None:

@@ -74,8 +74,11 @@ def sample(round_num: int, executor: ProcessExecutor, started: float) -> dict[st
     workers = {w.name: {"pid": w.process.pid, **proc_status(w.process.pid)} for w in executor.workers}
     pids = [os.getpid()] + [w["pid"] for w in workers.values()]
     return {
-        "round": round_num, "elapsed_s": round(time.perf_counter() - started, 3),
-        "server": proc_status("self"), "workers": workers, "shm": shm_entries(pids),
+        "round": round_num,
+        "elapsed_s": round(time.perf_counter() - started, 3),
+        "server": proc_status("self"),
+        "workers": workers,
+        "shm": shm_entries(pids),
     }
 
 
@@ -83,15 +86,27 @@ def build(args: argparse.Namespace, run_dir: Path) -> tuple[Server, Workload, Pr
     """The default experiment (Synthetic(1,1), logistic regression, FedAvg) on a ProcessExecutor."""
     split = synthetic(alpha=1.0, beta=1.0, num_devices=args.num_devices, seed=args.seed)
     data = federate(split, natural, client_test_fraction=0.2, seed=partition_seed(args.seed))
-    client_factory = functools.partial(Client, epochs=1, batch_size=10, optimizer=functools.partial(torch.optim.SGD, lr=0.01))
+    client_factory = functools.partial(
+        Client, epochs=1, batch_size=10, optimizer=functools.partial(torch.optim.SGD, lr=0.01)
+    )
     clients = make_clients(data, client_factory)
-    model_factory = functools.partial(LogisticRegression, input_shape=data.train.input_shape, num_classes=data.train.num_classes)
+    model_factory = functools.partial(
+        LogisticRegression, input_shape=data.train.input_shape, num_classes=data.train.num_classes
+    )
     executor = ProcessExecutor(devices="cpu", workers=args.workers, threads=1)
     logger = RunLogger(run_dir, tensorboard=False, progress=False, client_rows_in_memory=args.client_rows_in_memory)
     server = Server(
-        model_factory=model_factory, clients=clients, train_data=data.train, test_data=data.test,
-        strategy=FedAvg(), executor=executor, num_rounds=args.rounds, clients_per_round=args.per_round,
-        seed=args.seed, eval_every=args.every, logger=logger,
+        model_factory=model_factory,
+        clients=clients,
+        train_data=data.train,
+        test_data=data.test,
+        strategy=FedAvg(),
+        executor=executor,
+        num_rounds=args.rounds,
+        clients_per_round=args.per_round,
+        seed=args.seed,
+        eval_every=args.every,
+        logger=logger,
     )
     return server, Workload(model_factory, clients, data.train, log_dir=logger.run_dir), executor, logger
 
@@ -115,8 +130,14 @@ def soak(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     after = {"server": proc_status("self"), "shm": shm_entries([os.getpid()])}
     logs = {p.name: p.stat().st_size for p in sorted((run_dir / "workers").glob("*.log"))}
     last = logger.history[-1]
-    return {"before_start": before, "samples": samples, "after_close": after, "worker_log_bytes": logs,
-            "wall_s": time.perf_counter() - started, "final_eval": {k: v for k, v in last.items() if k.startswith("eval/")}}
+    return {
+        "before_start": before,
+        "samples": samples,
+        "after_close": after,
+        "worker_log_bytes": logs,
+        "wall_s": time.perf_counter() - started,
+        "final_eval": {k: v for k, v in last.items() if k.startswith("eval/")},
+    }
 
 
 def attribute_growth(args: argparse.Namespace, run_dir: Path, top: int = 6) -> dict[str, Any]:
@@ -141,8 +162,10 @@ def attribute_growth(args: argparse.Namespace, run_dir: Path, top: int = 6) -> d
     return {
         "rounds": [args.warmup_rounds, args.attribution_rounds],
         "total_kib_per_round": round(sum(d.size_diff for d in diff) / 1024 / rounds, 2),
-        "top": [{"where": str(d.traceback), "size_diff_kib": round(d.size_diff / 1024, 1), "count_diff": d.count_diff}
-                for d in diff[:top]],
+        "top": [
+            {"where": str(d.traceback), "size_diff_kib": round(d.size_diff / 1024, 1), "count_diff": d.count_diff}
+            for d in diff[:top]
+        ],
     }
 
 
@@ -195,13 +218,29 @@ def summarize(samples: list[dict[str, Any]], warmup_rounds: int, rss_tolerance_m
     summary = {}
     for key, values in series(kept).items():
         if None in values:
-            summary[key] = {"first": values[0], "last": values[-1], "flat": False, "note": "worker missing in some samples"}
+            summary[key] = {
+                "first": values[0],
+                "last": values[-1],
+                "flat": False,
+                "note": "worker missing in some samples",
+            }
             continue
         first, last = values[0], values[-1]
         if key.endswith(".pid"):
-            summary[key] = {"first": first, "last": last, "flat": len(set(values)) == 1, "note": "same process throughout"}
+            summary[key] = {
+                "first": first,
+                "last": last,
+                "flat": len(set(values)) == 1,
+                "note": "same process throughout",
+            }
             continue
-        entry: dict[str, Any] = {"first": first, "last": last, "min": min(values), "max": max(values), "delta": last - first}
+        entry: dict[str, Any] = {
+            "first": first,
+            "last": last,
+            "min": min(values),
+            "max": max(values),
+            "delta": last - first,
+        }
         if "rss" in key:
             entry["slope_kib_per_100_rounds"] = round(slope_per_100_rounds(rounds, values), 1)
             entry["flat"] = abs(last - first) <= rss_tolerance_mib * 1024
@@ -212,34 +251,50 @@ def summarize(samples: list[dict[str, Any]], warmup_rounds: int, rss_tolerance_m
 
 
 def print_summary(result: dict[str, Any], args: argparse.Namespace) -> None:
-    print(f"{args.rounds} rounds, {args.workers} workers, {args.per_round} clients/round, {args.num_devices} clients; "
-          f"{result['wall_s']:.1f} s; sampled every {args.every} rounds; first = round {args.warmup_rounds}")
+    print(
+        f"{args.rounds} rounds, {args.workers} workers, {args.per_round} clients/round, {args.num_devices} clients; "
+        f"{result['wall_s']:.1f} s; sampled every {args.every} rounds; first = round {args.warmup_rounds}"
+    )
     print(f"{'quantity':<20}{'first':>12}{'last':>12}{'delta':>10}{'min':>12}{'max':>12}  verdict")
     for key, e in result["summary"].items():
         if "slope_kib_per_100_rounds" in e:
-            verdict = f"within {args.rss_tolerance_mib:g} MiB" if e["flat"] else f"GREW more than {args.rss_tolerance_mib:g} MiB"
+            verdict = (
+                f"within {args.rss_tolerance_mib:g} MiB"
+                if e["flat"]
+                else f"GREW more than {args.rss_tolerance_mib:g} MiB"
+            )
         else:
             verdict = "flat" if e["flat"] else "NOT FLAT"
-        extra = f" (slope {e['slope_kib_per_100_rounds']:+.1f} KiB/100 rounds)" if "slope_kib_per_100_rounds" in e else ""
+        extra = (
+            f" (slope {e['slope_kib_per_100_rounds']:+.1f} KiB/100 rounds)" if "slope_kib_per_100_rounds" in e else ""
+        )
         if "delta" not in e:
             print(f"{key:<20}{e['first']:>12}{e['last']:>12}{'':>10}{'':>12}{'':>12}  {verdict} ({e['note']})")
             continue
-        print(f"{key:<20}{e['first']:>12}{e['last']:>12}{e['delta']:>+10}{e['min']:>12}{e['max']:>12}  {verdict}{extra}")
+        print(
+            f"{key:<20}{e['first']:>12}{e['last']:>12}{e['delta']:>+10}{e['min']:>12}{e['max']:>12}  {verdict}{extra}"
+        )
     print(f"rss tolerance {args.rss_tolerance_mib} MiB; counts must not change at all")
     print(f"server before start: {result['before_start']}; after close: {result['after_close']}")
     print(f"worker log bytes: {result['worker_log_bytes']}; final eval: {result['final_eval']}")
     kept = [s for s in result["samples"] if s["round"] >= args.warmup_rounds]
-    print(f"RunLogger.history as JSON: {kept[0]['history_json_bytes']} -> {kept[-1]['history_json_bytes']} bytes "
-          f"(one record per round; client rows in memory: {args.client_rows_in_memory})")
+    print(
+        f"RunLogger.history as JSON: {kept[0]['history_json_bytes']} -> {kept[-1]['history_json_bytes']} bytes "
+        f"(one record per round; client rows in memory: {args.client_rows_in_memory})"
+    )
     growth = result["server_python_growth"]
     if growth:
         first, last = growth["rounds"]
-        print(f"server Python heap growth in a separate traced run, round {first} -> {last} (tracemalloc): "
-              f"{growth['total_kib_per_round']:+.2f} KiB/round in all; top sites:")
+        print(
+            f"server Python heap growth in a separate traced run, round {first} -> {last} (tracemalloc): "
+            f"{growth['total_kib_per_round']:+.2f} KiB/round in all; top sites:"
+        )
         for g in growth["top"]:
             print(f"  {g['size_diff_kib']:+9.1f} KiB {g['count_diff']:+7d} blocks  {g['where']}")
     if result["cycles"]:
-        print(f"{len(result['cycles'])} more start/{args.cycle_rounds} rounds/close cycles in this process; server after each close:")
+        print(
+            f"{len(result['cycles'])} more start/{args.cycle_rounds} rounds/close cycles in this process; server after each close:"
+        )
         for c in result["cycles"]:
             print(f"  cycle {c['cycle']}: {c['server']}  /dev/shm {c['shm']}")
 
@@ -253,13 +308,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--per-round", type=int, default=10)
     p.add_argument("--num-devices", type=int, default=30, help="Synthetic devices = clients")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--client-rows-in-memory", action="store_true",
-                   help="keep the per-client rows in RunLogger.history too (the Python API's default; "
-                        "python -m fedsim keeps them in metrics.jsonl only, as this script does without the flag)")
+    p.add_argument(
+        "--client-rows-in-memory",
+        action="store_true",
+        help="keep the per-client rows in RunLogger.history too (the Python API's default; "
+        "python -m fedsim keeps them in metrics.jsonl only, as this script does without the flag)",
+    )
     p.add_argument("--rss-tolerance-mib", type=float, default=4.0)
-    p.add_argument("--attribution-rounds", type=int, default=100,
-                   help="length of the separate tracemalloc run that attributes the server's heap growth (0: skip)")
-    p.add_argument("--cycles", type=int, default=5, help="then this many start/close cycles in the same process (0: none)")
+    p.add_argument(
+        "--attribution-rounds",
+        type=int,
+        default=100,
+        help="length of the separate tracemalloc run that attributes the server's heap growth (0: skip)",
+    )
+    p.add_argument(
+        "--cycles", type=int, default=5, help="then this many start/close cycles in the same process (0: none)"
+    )
     p.add_argument("--cycle-rounds", type=int, default=2)
     p.add_argument("--out", type=Path, default=HERE / "results.json")
     return p.parse_args(argv)

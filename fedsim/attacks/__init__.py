@@ -8,5 +8,15 @@ from fedsim.attacks.data_poisoning import Backdoor, DataAttack, LabelFlip
 from fedsim.attacks.model_poisoning import GaussianNoise, Scaling, SignFlip
 from fedsim.attacks.omniscient import ALittleIsEnough, InnerProductManipulation, alie_z
 
-__all__ = ["ALittleIsEnough", "Attack", "Backdoor", "DataAttack", "GaussianNoise", "InnerProductManipulation", "LabelFlip",
-           "Scaling", "SignFlip", "alie_z"]
+__all__ = [
+    "ALittleIsEnough",
+    "Attack",
+    "Backdoor",
+    "DataAttack",
+    "GaussianNoise",
+    "InnerProductManipulation",
+    "LabelFlip",
+    "Scaling",
+    "SignFlip",
+    "alie_z",
+]

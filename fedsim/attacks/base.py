@@ -40,8 +40,9 @@ class Attack(ABC):
         return frozenset(int(c) for c in rng.choice(num_clients, size=count, replace=False))
 
     @abstractmethod
-    def poison(self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int,
-               round_num: int) -> dict[int, torch.Tensor]:
+    def poison(
+        self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int
+    ) -> dict[int, torch.Tensor]:
         """The deltas (trained − received weights) the malicious clients among ``deltas`` send instead, by client
         id; ``deltas`` holds every client of the round that returned an update, honest results of training."""
 

@@ -26,8 +26,8 @@ import torch
 
 from fedsim.attacks.base import Attack
 from fedsim.client.base import Client
-from fedsim.data.tensor_data import TensorData
 from fedsim.core.seeding import attack_seed
+from fedsim.data.tensor_data import TensorData
 
 
 class DataAttack(Attack):
@@ -36,21 +36,28 @@ class DataAttack(Attack):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         if self.per_round:
-            raise ValueError(f"attack.per_round=true: {type(self).__name__} poisons the malicious clients' data once, "
-                             "before the run; use attack.per_round=false")
+            raise ValueError(
+                f"attack.per_round=true: {type(self).__name__} poisons the malicious clients' data once, "
+                "before the run; use attack.per_round=false"
+            )
 
-    def poison(self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int) -> dict[int, torch.Tensor]:
+    def poison(
+        self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int
+    ) -> dict[int, torch.Tensor]:
         return {}
 
     @abstractmethod
-    def poison_rows(self, x: torch.Tensor, y: torch.Tensor, num_classes: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def poison_rows(
+        self, x: torch.Tensor, y: torch.Tensor, num_classes: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Poisoned copies of one client's training rows ``x``, ``y`` (new tensors)."""
 
     def check(self, data: TensorData) -> None:
         """Refuse, in one line, data this attack cannot poison (called before the run)."""
 
-    def poisoned_federation(self, data: TensorData, clients: Sequence[Client], malicious: frozenset[int],
-                            seed: int) -> tuple[TensorData, list[Client]]:
+    def poisoned_federation(
+        self, data: TensorData, clients: Sequence[Client], malicious: frozenset[int], seed: int
+    ) -> tuple[TensorData, list[Client]]:
         """The training tensors with the malicious clients' poisoned copies appended, and the clients with theirs
         pointing at them."""
         self.check(data)
@@ -58,8 +65,9 @@ class DataAttack(Attack):
         offset = len(data)
         for cid in sorted(malicious):
             rows = torch.from_numpy(clients[cid].train_indices)
-            x, y = self.poison_rows(data.x[rows], data.y[rows], data.num_classes,
-                                    torch.Generator().manual_seed(attack_seed(seed, 0, cid)))
+            x, y = self.poison_rows(
+                data.x[rows], data.y[rows], data.num_classes, torch.Generator().manual_seed(attack_seed(seed, 0, cid))
+            )
             poisoned = copy.copy(clients[cid])
             poisoned.train_indices = np.arange(offset, offset + len(rows), dtype=np.int64)
             out[cid], offset = poisoned, offset + len(rows)
@@ -78,7 +86,9 @@ class LabelFlip(DataAttack):
             raise ValueError("attack.source and attack.target go together (both null: every label y becomes C-1-y)")
         self.source, self.target = source, target
 
-    def poison_rows(self, x: torch.Tensor, y: torch.Tensor, num_classes: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def poison_rows(
+        self, x: torch.Tensor, y: torch.Tensor, num_classes: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.source is None:
             return x.clone(), num_classes - 1 - y
         return x.clone(), torch.where(y == self.source, torch.full_like(y, int(self.target)), y)  # type: ignore[arg-type]
@@ -92,14 +102,26 @@ class LabelFlip(DataAttack):
 class Backdoor(DataAttack):
     """A ``poison_fraction`` of each malicious client's examples triggered and labelled ``target``."""
 
-    def __init__(self, *, target: int = 0, poison_fraction: float = 0.5, trigger_size: int = 3,
-                 trigger_value: float | None = None, **kwargs: object) -> None:
+    def __init__(
+        self,
+        *,
+        target: int = 0,
+        poison_fraction: float = 0.5,
+        trigger_size: int = 3,
+        trigger_value: float | None = None,
+        **kwargs: object,
+    ) -> None:
         super().__init__(**kwargs)
         if not 0 < poison_fraction <= 1:
             raise ValueError(f"attack.poison_fraction must be in (0, 1] (got {poison_fraction})")
         if trigger_size < 1:
             raise ValueError(f"attack.trigger_size must be >= 1 (got {trigger_size})")
-        self.target, self.poison_fraction, self.trigger_size, self.trigger_value = target, poison_fraction, trigger_size, trigger_value
+        self.target, self.poison_fraction, self.trigger_size, self.trigger_value = (
+            target,
+            poison_fraction,
+            trigger_size,
+            trigger_value,
+        )
         self._value = trigger_value
 
     def check(self, data: TensorData) -> None:
@@ -120,7 +142,9 @@ class Backdoor(DataAttack):
             out[:, -s:] = self._value
         return out
 
-    def poison_rows(self, x: torch.Tensor, y: torch.Tensor, num_classes: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def poison_rows(
+        self, x: torch.Tensor, y: torch.Tensor, num_classes: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         count = max(1, round(self.poison_fraction * len(y))) if len(y) else 0
         chosen = torch.randperm(len(y), generator=generator)[:count]
         x, y = x.clone(), y.clone()

@@ -31,7 +31,9 @@ class SignFlip(Attack):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.scale = _number("scale", scale)
 
-    def poison(self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int) -> dict[int, torch.Tensor]:
+    def poison(
+        self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int
+    ) -> dict[int, torch.Tensor]:
         return {c: deltas[c] * -self.scale for c in sorted(malicious & deltas.keys())}
 
 
@@ -44,9 +46,13 @@ class GaussianNoise(Attack):
         if self.std < 0:
             raise ValueError(f"attack.std must be >= 0 (got {std})")
 
-    def poison(self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int) -> dict[int, torch.Tensor]:
-        return {c: torch.randn(deltas[c].shape, generator=client_generator(seed, round_num, c)) * self.std
-                for c in sorted(malicious & deltas.keys())}
+    def poison(
+        self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int
+    ) -> dict[int, torch.Tensor]:
+        return {
+            c: torch.randn(deltas[c].shape, generator=client_generator(seed, round_num, c)) * self.std
+            for c in sorted(malicious & deltas.keys())
+        }
 
 
 class Scaling(Attack):
@@ -56,5 +62,7 @@ class Scaling(Attack):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.boost = _number("boost", boost)
 
-    def poison(self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int) -> dict[int, torch.Tensor]:
+    def poison(
+        self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int
+    ) -> dict[int, torch.Tensor]:
         return {c: deltas[c] * self.boost for c in sorted(malicious & deltas.keys())}

@@ -44,7 +44,9 @@ class ALittleIsEnough(Attack):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.z = None if z is None else _number("z", z)
 
-    def poison(self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int) -> dict[int, torch.Tensor]:
+    def poison(
+        self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int
+    ) -> dict[int, torch.Tensor]:
         attackers = sorted(malicious & deltas.keys())
         if not attackers:
             return {}
@@ -64,7 +66,9 @@ class InnerProductManipulation(Attack):
         if self.epsilon <= 0:
             raise ValueError(f"attack.epsilon must be > 0 (got {epsilon})")
 
-    def poison(self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int) -> dict[int, torch.Tensor]:
+    def poison(
+        self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int
+    ) -> dict[int, torch.Tensor]:
         attackers = sorted(malicious & deltas.keys())
         if not attackers:
             return {}

@@ -13,12 +13,12 @@ import torch
 from fedsim.attacks.base import Attack
 from fedsim.attacks.data_poisoning import Backdoor, DataAttack
 from fedsim.client.base import Client
-from fedsim.data.tensor_data import TensorData
 from fedsim.core.types import ClientUpdate, TaskResult
 from fedsim.core.update_checks import rejection_reason
+from fedsim.data.tensor_data import TensorData
 
 
-def attack_stage(attack: Attack | None, num_clients: int, seed: int, run_dir: Path | None) -> "AttackStage | None":
+def attack_stage(attack: Attack | None, num_clients: int, seed: int, run_dir: Path | None) -> AttackStage | None:
     """The run's :class:`AttackStage` (None without an attack), its malicious set recorded in ``run_dir``."""
     if attack is None:
         return None
@@ -35,7 +35,9 @@ class AttackStage:
         self._malicious: tuple[int, frozenset[int]] | None = None  # the last round's set: rows ask once per client
         self.backdoor_test: TensorData | None = None  # the triggered test set of a backdoor attack
 
-    def poison_data(self, train: TensorData, test: TensorData | None, clients: Sequence[Client]) -> tuple[TensorData, list[Client]]:
+    def poison_data(
+        self, train: TensorData, test: TensorData | None, clients: Sequence[Client]
+    ) -> tuple[TensorData, list[Client]]:
         """For a data attack: the training tensors with the malicious clients' poisoned copies and the clients
         pointing at them (and, for a backdoor, the triggered test set); otherwise both unchanged."""
         if not isinstance(self.attack, DataAttack):
@@ -76,7 +78,9 @@ class AttackStage:
         poisoned = self._poisoned(sound, [received] * len(sound), sound[0].round_num)
         return [poisoned.get(r.client_id, r) for r in results]
 
-    def apply_buffer(self, updates: Sequence[ClientUpdate], received: Sequence[torch.Tensor], round_num: int) -> list[ClientUpdate]:
+    def apply_buffer(
+        self, updates: Sequence[ClientUpdate], received: Sequence[torch.Tensor], round_num: int
+    ) -> list[ClientUpdate]:
         """An asynchronous server step's buffer with the malicious clients' updates replaced: ``updates`` are the
         sound, honest updates the step consumes (one per client), each trained from its own ``received`` weights (the
         model version it started from, as it received it). ``round_num`` is the server step: it picks a
@@ -84,21 +88,30 @@ class AttackStage:
         poisoned = self._poisoned(updates, received, round_num)
         return [poisoned.get(u.client_id, u) for u in updates]
 
-    def _poisoned(self, updates: Sequence[ClientUpdate], received: Sequence[torch.Tensor], round_num: int) -> dict[int, ClientUpdate]:
+    def _poisoned(
+        self, updates: Sequence[ClientUpdate], received: Sequence[torch.Tensor], round_num: int
+    ) -> dict[int, ClientUpdate]:
         """The malicious clients' replacement updates, by client id: each sends its received weights plus the
         attack's delta, which it computes from every update's delta (trained − received), in client-id order."""
         base = {u.client_id: r for u, r in zip(updates, received)}
         deltas = {u.client_id: u.params - base[u.client_id] for u in sorted(updates, key=lambda u: u.client_id)}
         crafted = self.attack.poison(deltas, self.malicious(round_num), self.seed, round_num)
-        return {u.client_id: replace(u, params=base[u.client_id] + crafted[u.client_id]) for u in updates if u.client_id in crafted}
+        return {
+            u.client_id: replace(u, params=base[u.client_id] + crafted[u.client_id])
+            for u in updates
+            if u.client_id in crafted
+        }
 
-    def round_metrics(self, round_num: int, sampled: Sequence[int], aggregated: Sequence[ClientUpdate],
-                      selected: Sequence[int] | None) -> dict[str, float]:
+    def round_metrics(
+        self, round_num: int, sampled: Sequence[int], aggregated: Sequence[ClientUpdate], selected: Sequence[int] | None
+    ) -> dict[str, float]:
         """``attack/malicious_sampled``, ``attack/malicious_aggregated`` (that reached the strategy) and, for a rule
         that keeps some updates (Krum), ``attack/malicious_selected``."""
         bad = self.malicious(round_num)
-        metrics = {"attack/malicious_sampled": float(len(bad & set(sampled))),
-                   "attack/malicious_aggregated": float(sum(u.client_id in bad for u in aggregated))}
+        metrics = {
+            "attack/malicious_sampled": float(len(bad & set(sampled))),
+            "attack/malicious_aggregated": float(sum(u.client_id in bad for u in aggregated)),
+        }
         if selected is not None:
             metrics["attack/malicious_selected"] = float(len(bad & set(selected)))
         return metrics

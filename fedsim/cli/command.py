@@ -16,14 +16,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from fedsim.core.checkpoint import CheckpointError, resume_hint
-from fedsim.core.errors import JobFailed, RoundFailedError, WorkerStartupError
 from fedsim.cli.hydra_entry import fail, run_hydra_entry
 from fedsim.cli.objective import objective_value
 from fedsim.cli.run import CONFIG_DIR, build_server
 from fedsim.cli.run_summary import record_error, record_summary, write_failed_summary
-from fedsim.server.server import RunResult, Server
+from fedsim.core.checkpoint import CheckpointError, resume_hint
+from fedsim.core.errors import JobFailed, RoundFailedError, WorkerStartupError
 from fedsim.core.storage import LogFileErrors, is_write_failure, write_failure_text, write_remedy
+from fedsim.server.server import RunResult, Server
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
@@ -32,7 +32,10 @@ def _hydra_main(cfg: DictConfig) -> float:
     with LogFileErrors() as log_file:  # a full disk: run.log's failures are not a traceback per line
         history = _run_from_command_line(cfg, HydraConfig.get().runtime.output_dir)
     if log_file.first is not None:
-        print(f"fedsim: warning: {log_file.first}; that log misses lines (the run's own files are complete)", file=sys.stderr)
+        print(
+            f"fedsim: warning: {log_file.first}; that log misses lines (the run's own files are complete)",
+            file=sys.stderr,
+        )
     return objective_value(history, cfg.objective.metric, cfg.objective.reduce)
 
 
@@ -56,10 +59,15 @@ def _run_from_command_line(cfg: DictConfig, run_dir: str) -> list[dict[str, Any]
     except OSError as error:  # e.g. resume_changes.jsonl or metrics.jsonl on a full disk
         if not is_write_failure(error):
             raise
-        _stop(f"{write_failure_text(error, run_dir)}; {write_remedy(error, run_dir)} or choose another hydra.run.dir", 2)
+        _stop(
+            f"{write_failure_text(error, run_dir)}; {write_remedy(error, run_dir)} or choose another hydra.run.dir", 2
+        )
     if server.finished:
-        print(f"fedsim: nothing to do: the run in {cfg.resume if isinstance(cfg.resume, str) and cfg.resume != 'auto' else run_dir} "
-              f"finished all {server.num_rounds} rounds; to train longer, resume with a larger num_rounds", file=sys.stderr)
+        print(
+            f"fedsim: nothing to do: the run in {cfg.resume if isinstance(cfg.resume, str) and cfg.resume != 'auto' else run_dir} "
+            f"finished all {server.num_rounds} rounds; to train longer, resume with a larger num_rounds",
+            file=sys.stderr,
+        )
         return server.logger.history
     start = time.perf_counter()
     with _stop_on_signals(server):  # restored afterwards: the next multirun job must not reach this server
@@ -78,23 +86,33 @@ def _run_from_command_line(cfg: DictConfig, run_dir: str) -> list[dict[str, Any]
             _stop(str(error), 1)
         summary = _record_final_summary(server, result, cfg, run_dir, time.perf_counter() - start)
     if result.stopped_early:
-        print(f"fedsim: interrupted: stopped after round {summary['rounds']}, checkpoint in {run_dir}/checkpoints; "
-              f"continue with resume={run_dir}", file=sys.stderr)
+        print(
+            f"fedsim: interrupted: stopped after round {summary['rounds']}, checkpoint in {run_dir}/checkpoints; "
+            f"continue with resume={run_dir}",
+            file=sys.stderr,
+        )
         sys.exit(130)
-    print(f"final test accuracy: {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f}, "
-          f"{summary['rounds']} rounds, {summary['wall_time_s']:.1f} s) -> {run_dir}")
+    print(
+        f"final test accuracy: {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f}, "
+        f"{summary['rounds']} rounds, {summary['wall_time_s']:.1f} s) -> {run_dir}"
+    )
     return result.history
 
 
-def _record_final_summary(server: Server, result: RunResult, cfg: DictConfig, run_dir: str, wall_time_s: float) -> dict[str, Any]:
+def _record_final_summary(
+    server: Server, result: RunResult, cfg: DictConfig, run_dir: str, wall_time_s: float
+) -> dict[str, Any]:
     """:func:`record_summary` for the command line: a failed write is one line (the run itself is complete)."""
     try:
         return record_summary(server, result, cfg, run_dir, wall_time_s)
     except OSError as error:
         if not is_write_failure(error):
             raise
-        _stop(f"{write_failure_text(error, run_dir)}; the rounds, checkpoints and metrics.jsonl are complete: "
-              f"{write_remedy(error, run_dir)} before the next run", 1)
+        _stop(
+            f"{write_failure_text(error, run_dir)}; the rounds, checkpoints and metrics.jsonl are complete: "
+            f"{write_remedy(error, run_dir)} before the next run",
+            1,
+        )
 
 
 @contextlib.contextmanager

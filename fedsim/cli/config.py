@@ -7,16 +7,15 @@ and raises :class:`ConfigError` with one line that names the field and what to d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from fedsim.cli.config_keys import check_keys
-from fedsim.core.errors import ConfigError
 from fedsim.cli.config_numbers import check_numbers
 from fedsim.cli.objective import METRIC_NAME, REDUCTIONS
-
+from fedsim.core.errors import ConfigError
 
 
 @dataclass
@@ -31,8 +30,8 @@ class StragglerSchema:
 class EarlyStopSchema:
     """Optional early stop on the centralized test accuracy."""
 
-    target_accuracy: Optional[float] = None
-    patience: Optional[int] = None
+    target_accuracy: float | None = None
+    patience: int | None = None
 
 
 @dataclass
@@ -48,8 +47,8 @@ class ClientEvalSchema:
     """Who is scored on their local test splits, and how often (see fedsim/client/evaluation.py)."""
 
     who: str = "sampled"
-    size: Optional[int] = None
-    every: Optional[int] = None
+    size: int | None = None
+    every: int | None = None
 
 
 @dataclass
@@ -66,7 +65,7 @@ class RunSchema:
     checkpoint_every: int = 0
     keep_checkpoints: int = 3
     state_store: str = "memory"
-    server_threads: Optional[int] = 1
+    server_threads: int | None = 1
     resume: Any = None
     resume_allow_changes: list[str] = field(default_factory=list)
     data: Any = field(default_factory=dict)
@@ -127,11 +126,30 @@ def _validate_run(cfg: DictConfig) -> None:
     _require(cfg.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0: only at the end)", cfg.checkpoint_every)
     _require(cfg.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1", cfg.keep_checkpoints)
     _require(cfg.state_store in ("memory", "disk"), "state_store", "must be memory or disk", cfg.state_store)
-    _require(cfg.server_threads is None or cfg.server_threads >= 1, "server_threads", "must be >= 1 or null", cfg.server_threads)
-    _require(cfg.resume is None or isinstance(cfg.resume, (bool, str)), "resume", "must be true, false, auto or a path", cfg.resume)
-    _require(cfg.objective.reduce in REDUCTIONS, "objective.reduce", f"must be one of {', '.join(REDUCTIONS)}", cfg.objective.reduce)
-    _require(bool(METRIC_NAME.fullmatch(cfg.objective.metric)), "objective.metric", "must be a metric name such as "
-             "eval/accuracy or eval/loss", cfg.objective.metric)
+    _require(
+        cfg.server_threads is None or cfg.server_threads >= 1,
+        "server_threads",
+        "must be >= 1 or null",
+        cfg.server_threads,
+    )
+    _require(
+        cfg.resume is None or isinstance(cfg.resume, (bool, str)),
+        "resume",
+        "must be true, false, auto or a path",
+        cfg.resume,
+    )
+    _require(
+        cfg.objective.reduce in REDUCTIONS,
+        "objective.reduce",
+        f"must be one of {', '.join(REDUCTIONS)}",
+        cfg.objective.reduce,
+    )
+    _require(
+        bool(METRIC_NAME.fullmatch(cfg.objective.metric)),
+        "objective.metric",
+        "must be a metric name such as eval/accuracy or eval/loss",
+        cfg.objective.metric,
+    )
 
 
 def _check_eval_device(name: str) -> None:

@@ -30,8 +30,10 @@ def check_keys(cfg: DictConfig, schema: type, error: Callable[[str], Exception])
     known = [f.name for f in fields(schema)]
     for key in cfg:
         if str(key) not in known:
-            raise error(f"unknown setting {key}{did_you_mean(str(key), known)} (fedsim reads no such key; "
-                        "the run-level keys are listed in conf/config.yaml)")
+            raise error(
+                f"unknown setting {key}{did_you_mean(str(key), known)} (fedsim reads no such key; "
+                "the run-level keys are listed in conf/config.yaml)"
+            )
     for group in GROUPS:
         node = cfg.get(group)
         if isinstance(node, DictConfig):
@@ -51,5 +53,7 @@ def _check_section(node: DictConfig, path: str, error: Callable[[str], Exception
             _check_section(value, f"{path}.{key}", error)
         if not open_ended and key not in accepted:
             names = [name for name in accepted if not name.startswith("_")]
-            raise error(f"unknown setting {path}.{key}{did_you_mean(key, names, path + '.')} ({target} takes "
-                        f"{', '.join(names)})")
+            raise error(
+                f"unknown setting {path}.{key}{did_you_mean(key, names, path + '.')} ({target} takes "
+                f"{', '.join(names)})"
+            )

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fedsim.core.errors import JobFailed
 from fedsim.cli.override_errors import override_error_line
+from fedsim.core.errors import JobFailed
 from fedsim.core.storage import STORAGE_ERRNOS, write_remedy
+
 
 def fail(message: str, status: int) -> NoReturn:
     """End the command with one line on stderr, ``fedsim: error: <message>``, and exit ``status``."""
@@ -33,7 +34,10 @@ def run_hydra_entry(entry: Any) -> None:
     try:
         entry()
     except JobFailed as error:  # re-raised by Hydra's sweeper once every job of the sweep has run
-        fail(f"{error} (a job of the sweep; the others ran: python -m fedsim.report <sweep dir> lists them)", error.status)
+        fail(
+            f"{error} (a job of the sweep; the others ran: python -m fedsim.report <sweep dir> lists them)",
+            error.status,
+        )
     except Exception as error:
         _restore_env("HYDRA_FULL_ERROR", previous)
         line = hydra_write_failure(error, task=entry.__wrapped__) or override_error_line(error)
@@ -55,7 +59,11 @@ def hydra_write_failure(error: BaseException, task: Callable[..., Any]) -> str |
     """One line (without ``fedsim: error:``) when ``error`` is Hydra failing to write the run directory before it
     called ``task`` (``.hydra/config.yaml`` on a full disk or a read-only filesystem), else ``None``. Hydra's
     error names no file; its ``_save_config`` frame (or ``run_job``'s) says which it was writing."""
-    if not isinstance(error, OSError) or type(error).__module__.startswith("hydra") or error.errno not in STORAGE_ERRNOS:
+    if (
+        not isinstance(error, OSError)
+        or type(error).__module__.startswith("hydra")
+        or error.errno not in STORAGE_ERRNOS
+    ):
         return None
     saving, job_dir = None, None
     for frame, _ in traceback.walk_tb(error.__traceback__):

@@ -36,8 +36,10 @@ def unknown_key_line(key: str, argv: Sequence[str]) -> str:
     """``unknown setting a.b; did you mean a.c? ...``: the known keys are those of ``a`` as the other overrides compose it."""
     parent, _, leaf = key.rpartition(".")
     known = _keys_of(parent, [arg for arg in argv if not _sets(arg, key)])
-    return (f"unknown setting {key}{did_you_mean(leaf, known, parent + '.' if parent else '')} "
-            f"(a typo? `+{key}=...` would add a key that fedsim does not read)")
+    return (
+        f"unknown setting {key}{did_you_mean(leaf, known, parent + '.' if parent else '')} "
+        f"(a typo? `+{key}=...` would add a key that fedsim does not read)"
+    )
 
 
 def unknown_option_line(group: str, option: str) -> str:

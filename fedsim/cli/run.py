@@ -14,30 +14,30 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.core.checkpoint import check_writable, list_checkpoints
-from fedsim.cli.config import ConfigError, register_schema, to_yaml, validate
-from fedsim.server.early_stop import EarlyStop
-from fedsim.executor.base import Executor
-from fedsim.strategy.base import Strategy
-from fedsim.client.federation import FederatedData, federate, make_clients
-from fedsim.server.resume_check import computation_settings
-from fedsim.core.seeding import partition_seed
-from fedsim.client.evaluation import ClientEvaluation
-from fedsim.server.server import RunResult, Server
-from fedsim.sim.clock import SyncClock
-from fedsim.comm.names import codec_from
-from fedsim.comm.pipeline import Compression
-from fedsim.privacy.central import CentralDP
 from fedsim.attacks.base import Attack
-from fedsim.server.stragglers import Stragglers
+from fedsim.cli.config import ConfigError, register_schema, to_yaml, validate
 from fedsim.cli.run_dir_guard import removing_new_files
 from fedsim.cli.run_summary import flat_hparams, record_error, record_summary
+from fedsim.client.evaluation import ClientEvaluation
+from fedsim.client.federation import FederatedData, federate, make_clients
+from fedsim.comm.names import codec_from
+from fedsim.comm.pipeline import Compression
+from fedsim.core.checkpoint import check_writable, list_checkpoints
+from fedsim.core.seeding import partition_seed
+from fedsim.executor.base import Executor
 from fedsim.observe.trackers import make_logger
+from fedsim.privacy.central import CentralDP
+from fedsim.server.early_stop import EarlyStop
+from fedsim.server.resume_check import computation_settings
+from fedsim.server.server import RunResult, Server
+from fedsim.server.stragglers import Stragglers
+from fedsim.sim.clock import SyncClock
+from fedsim.strategy.base import Strategy
 
 
 def _config_dir() -> str:
@@ -83,8 +83,10 @@ def _instantiate_a(node: DictConfig, kind: type, group: str, base: str) -> Any:
     """:func:`_instantiate`, refusing in one line a ``_target_`` that builds something other than ``kind``."""
     built = _instantiate(node)
     if not isinstance(built, kind):
-        raise ConfigError(f"{group}._target_={node.get('_target_')} builds a {type(built).__name__}, not a {base}; "
-                          f"point it at a subclass of {base}")
+        raise ConfigError(
+            f"{group}._target_={node.get('_target_')} builds a {type(built).__name__}, not a {base}; "
+            f"point it at a subclass of {base}"
+        )
     return built
 
 
@@ -99,9 +101,13 @@ def build_model_factory(cfg: DictConfig, data: FederatedData) -> Callable[[], An
     """The model's constructor with ``input_shape`` and ``num_classes`` taken from the data (the option file
     must make a ``_partial_`` node, or the call would miss them)."""
     if cfg.model.get("_partial_") is not True:
-        raise ConfigError(f"model: the option for {cfg.model.get('_target_')} needs `_partial_: true` (fedsim passes "
-                          "input_shape and num_classes from the data); add `_partial_: true` to the model's option file")
-    return functools.partial(_instantiate(cfg.model), input_shape=data.train.input_shape, num_classes=data.train.num_classes)
+        raise ConfigError(
+            f"model: the option for {cfg.model.get('_target_')} needs `_partial_: true` (fedsim passes "
+            "input_shape and num_classes from the data); add `_partial_: true` to the model's option file"
+        )
+    return functools.partial(
+        _instantiate(cfg.model), input_shape=data.train.input_shape, num_classes=data.train.num_classes
+    )
 
 
 def build_compression(cfg: DictConfig) -> Compression:
@@ -114,10 +120,14 @@ def build_compression(cfg: DictConfig) -> Compression:
         if not OmegaConf.is_list(entries) and not isinstance(entries, list):
             raise ConfigError(f"compression.{direction} must be a list of codecs, e.g. [topk, fp16] (got {entries!r})")
         plain = OmegaConf.to_container(entries, resolve=True) if OmegaConf.is_list(entries) else entries
-        return [codec_from(e, f"compression.{direction}[{i}]", lambda d: _instantiate(OmegaConf.create(d)))
-                for i, e in enumerate(plain)]
+        return [
+            codec_from(e, f"compression.{direction}[{i}]", lambda d: _instantiate(OmegaConf.create(d)))
+            for i, e in enumerate(plain)
+        ]
 
-    return Compression(uplink=chain("uplink"), downlink=chain("downlink"), error_feedback=bool(node.get("error_feedback", False)))
+    return Compression(
+        uplink=chain("uplink"), downlink=chain("downlink"), error_feedback=bool(node.get("error_feedback", False))
+    )
 
 
 def build_privacy(cfg: DictConfig) -> CentralDP | None:
@@ -142,7 +152,9 @@ def build_clock(cfg: DictConfig, num_clients: int) -> SyncClock | None:
         raise ConfigError("clock: the option needs `_partial_: true` (fedsim passes num_clients and seed)")
     clock = _instantiate(cfg.clock)(num_clients=num_clients, seed=cfg.seed)
     if not isinstance(clock, SyncClock):
-        raise ConfigError(f"clock._target_={cfg.clock._target_} builds a {type(clock).__name__}, not a fedsim.sim.clock.SyncClock")
+        raise ConfigError(
+            f"clock._target_={cfg.clock._target_} builds a {type(clock).__name__}, not a fedsim.sim.clock.SyncClock"
+        )
     return clock
 
 
@@ -155,8 +167,9 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         if run_dir is not None:
             check_writable(run_dir)
         data, parts = _components(cfg, run_dir)
-        logger = make_logger(cfg, run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress,
-                             client_rows_in_memory=False)
+        logger = make_logger(
+            cfg, run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress, client_rows_in_memory=False
+        )
         on_failure.append(logger.close)
         logger.log_label_distribution(label_counts(data))
         server = Server(logger=logger, **parts)
@@ -209,7 +222,9 @@ def resume_target(resume: Any, run_dir: str | Path | None) -> str | Path | None:
         return None
     if resume is True or resume == "auto":
         if run_dir is None:
-            raise ConfigError(f"resume={str(resume).lower()} needs a run directory; pass resume=<checkpoint or run directory>")
+            raise ConfigError(
+                f"resume={str(resume).lower()} needs a run directory; pass resume=<checkpoint or run directory>"
+            )
         if resume == "auto" and not list_checkpoints(Path(run_dir) / "checkpoints"):
             log.info("resume=auto: no checkpoint in %s yet; starting the run from round 1", run_dir)
             return None
@@ -220,9 +235,13 @@ def resume_target(resume: Any, run_dir: str | Path | None) -> str | Path | None:
 def label_counts(data: FederatedData, max_clients: int = 200) -> np.ndarray:
     """Examples per class of the first ``max_clients`` clients' training parts (clients × classes)."""
     labels = data.train.labels
-    return np.stack([
-        np.bincount(labels[idx], minlength=data.train.num_classes) for idx in data.client_train[:max_clients]
-    ]) if data.num_clients else np.zeros((0, data.train.num_classes))
+    return (
+        np.stack(
+            [np.bincount(labels[idx], minlength=data.train.num_classes) for idx in data.client_train[:max_clients]]
+        )
+        if data.num_clients
+        else np.zeros((0, data.train.num_classes))
+    )
 
 
 def run_config(cfg: DictConfig, run_dir: str | Path | None = None) -> RunResult:
@@ -230,7 +249,9 @@ def run_config(cfg: DictConfig, run_dir: str | Path | None = None) -> RunResult:
     start = time.perf_counter()
     server = build_server(cfg, run_dir)
     if server.finished:
-        log.info("resume: the run had finished all %d rounds; nothing to do (summary.json unchanged)", server.num_rounds)
+        log.info(
+            "resume: the run had finished all %d rounds; nothing to do (summary.json unchanged)", server.num_rounds
+        )
         return server.run()
     try:
         result = server.run()
@@ -238,8 +259,12 @@ def run_config(cfg: DictConfig, run_dir: str | Path | None = None) -> RunResult:
         record_error(server, cfg, run_dir, time.perf_counter() - start, error)
         raise
     summary = record_summary(server, result, cfg, run_dir, time.perf_counter() - start)
-    log.info("final test accuracy %.4f after %d rounds (%.1f s)", summary["final_accuracy"] or float("nan"), summary["rounds"],
-             summary["wall_time_s"])
+    log.info(
+        "final test accuracy %.4f after %d rounds (%.1f s)",
+        summary["final_accuracy"] or float("nan"),
+        summary["rounds"],
+        summary["wall_time_s"],
+    )
     return result
 
 

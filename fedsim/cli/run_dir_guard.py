@@ -20,7 +20,15 @@ from pathlib import Path
 log = logging.getLogger("fedsim")
 
 # What a run writes at the top of its directory (a tracker's mlruns/ or wandb/ only once the run starts).
-OWN = ("checkpoints", "tensorboard", "metrics.jsonl", "client_eval", "malicious.json", "resume_changes.jsonl", "summary.json")
+OWN = (
+    "checkpoints",
+    "tensorboard",
+    "metrics.jsonl",
+    "client_eval",
+    "malicious.json",
+    "resume_changes.jsonl",
+    "summary.json",
+)
 
 
 @contextlib.contextmanager

@@ -33,7 +33,11 @@ def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
 
 
 def record_summary(
-    server: Server, result: RunResult | None, cfg: DictConfig, run_dir: str | Path | None, wall_time_s: float,
+    server: Server,
+    result: RunResult | None,
+    cfg: DictConfig,
+    run_dir: str | Path | None,
+    wall_time_s: float,
     error: BaseException | None = None,
 ) -> dict[str, Any]:
     """Write ``summary.json`` and the HParams entry of a run that ended (completed, stopped early or interrupted),
@@ -41,7 +45,11 @@ def record_summary(
     and the other fields come from the rounds completed so far)."""
     if error is None:
         assert result is not None
-        summary = {**summarize(result, wall_time_s), "finished": not result.stopped_early, "stop_reason": result.stop_reason}
+        summary = {
+            **summarize(result, wall_time_s),
+            "finished": not result.stopped_early,
+            "stop_reason": result.stop_reason,
+        }
     else:
         so_far = RunResult(server.params, server.model, server.logger.history)
         summary = {**summarize(so_far, wall_time_s), "finished": False, "stop_reason": f"error: {error_line(error)}"}
@@ -54,15 +62,24 @@ def record_summary(
 def write_failed_summary(run_dir: str | Path, message: str) -> None:
     """``summary.json`` of a job that stopped before its first round (bad input in a multirun), so that the sweep's
     report lists it as failed with ``message``; a failure to write it is only logged."""
-    summary = {"rounds": 0, "final_accuracy": None, "final_loss": None, "best_accuracy": None, "wall_time_s": 0.0,
-               "finished": False, "stop_reason": f"error: {message}"}
+    summary = {
+        "rounds": 0,
+        "final_accuracy": None,
+        "final_loss": None,
+        "best_accuracy": None,
+        "wall_time_s": 0.0,
+        "finished": False,
+        "stop_reason": f"error: {message}",
+    }
     try:
         write_text_atomic(Path(run_dir) / "summary.json", json.dumps(summary, indent=2) + "\n")
     except OSError as error:
         log.warning("could not write summary.json: %s", error)
 
 
-def record_error(server: Server, cfg: DictConfig, run_dir: str | Path | None, wall_time_s: float, error: BaseException) -> None:
+def record_error(
+    server: Server, cfg: DictConfig, run_dir: str | Path | None, wall_time_s: float, error: BaseException
+) -> None:
     """:func:`record_summary` for a run stopped by ``error``; a failure to write it never hides ``error``."""
     try:
         record_summary(server, None, cfg, run_dir, wall_time_s, error=error)

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from fedsim.client.base import Client
-from fedsim.data.tensor_data import TensorData
 from fedsim.client.local_training import LocalTraining
 from fedsim.core.types import ClientUpdate
+from fedsim.data.tensor_data import TensorData
 
 EXTRAS = ("config", "generator", "seed", "state")
 """Keyword arguments that ``train`` receives when its signature names them (or takes ``**kwargs``)."""
@@ -63,35 +63,53 @@ class StateDictClient(Client):
         return self.num_examples or 0
 
     def fit(
-        self, model: nn.Module, data: TensorData, *, config: dict[str, Any] | None = None, generator: torch.Generator,
-        round_num: int = 0, local: LocalTraining | None = None, state: dict[str, Any] | None = None,
+        self,
+        model: nn.Module,
+        data: TensorData,
+        *,
+        config: dict[str, Any] | None = None,
+        generator: torch.Generator,
+        round_num: int = 0,
+        local: LocalTraining | None = None,
+        state: dict[str, Any] | None = None,
     ) -> ClientUpdate:
         """``user.train`` on a copy of ``model``'s weights; ``model`` and ``data`` are not trained on."""
         who = f"client {self.client_id}"
         if local is not None:
-            raise TypeError(f"{who}: the strategy's client half {type(local).__name__} changes local training, which "
-                            "train(state_dict) cannot apply; use a strategy without one (FedAvg, FedAdam, median...)")
+            raise TypeError(
+                f"{who}: the strategy's client half {type(local).__name__} changes local training, which "
+                "train(state_dict) cannot apply; use a strategy without one (FedAvg, FedAdam, median...)"
+            )
         config = dict(config or {})
         if config and "config" not in self.extras:
-            raise TypeError(f"{who}: the round's config {sorted(config)} would be ignored; add a config argument to "
-                            "train()")
+            raise TypeError(
+                f"{who}: the round's config {sorted(config)} would be ignored; add a config argument to train()"
+            )
         offered = {"config": config, "generator": generator, "seed": generator.initial_seed(), "state": state}
         returned = self.user.train(_copy(model.state_dict()), **{name: offered[name] for name in self.extras})
         trained, num_examples, metrics = self._unpack(returned, who)
         return ClientUpdate(
-            client_id=self.client_id, round_num=round_num, params=flat_state_dict(trained, model.state_dict(), who),
-            num_examples=num_examples, metrics=metrics, device=str(next(model.parameters()).device),
+            client_id=self.client_id,
+            round_num=round_num,
+            params=flat_state_dict(trained, model.state_dict(), who),
+            num_examples=num_examples,
+            metrics=metrics,
+            device=str(next(model.parameters()).device),
         )
 
     def _unpack(self, returned: Any, who: str) -> tuple[Any, int, dict[str, float]]:
         """``(state_dict, num_examples, metrics)`` from any of the three return forms."""
         parts = tuple(returned) if isinstance(returned, tuple) else (returned,)
         if not 1 <= len(parts) <= 3:
-            raise TypeError(f"{who}: train() returned a tuple of {len(parts)}; expected state_dict, "
-                            "(state_dict, num_examples) or (state_dict, num_examples, metrics)")
+            raise TypeError(
+                f"{who}: train() returned a tuple of {len(parts)}; expected state_dict, "
+                "(state_dict, num_examples) or (state_dict, num_examples, metrics)"
+            )
         if len(parts) == 1 and self.num_examples is None:
-            raise TypeError(f"{who}: train() returned no example count; return (state_dict, num_examples) "
-                            "or give StateDictClient num_examples=")
+            raise TypeError(
+                f"{who}: train() returned no example count; return (state_dict, num_examples) "
+                "or give StateDictClient num_examples="
+            )
         count = parts[1] if len(parts) > 1 else self.num_examples
         metrics = parts[2] if len(parts) > 2 else {}
         if not isinstance(metrics, Mapping):
@@ -109,15 +127,19 @@ def flat_state_dict(trained: Any, reference: Mapping[str, torch.Tensor], who: st
     missing = [name for name in reference if name not in trained]
     unexpected = [name for name in trained if name not in reference]
     if missing or unexpected:
-        raise ValueError(f"{who}: the returned state_dict does not match the model: missing keys {missing[:3]}, "
-                         f"unexpected keys {unexpected[:3]} ({len(missing)} and {len(unexpected)} in all)")
+        raise ValueError(
+            f"{who}: the returned state_dict does not match the model: missing keys {missing[:3]}, "
+            f"unexpected keys {unexpected[:3]} ({len(missing)} and {len(unexpected)} in all)"
+        )
     for name, expected in reference.items():
         value = trained[name]
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{who}: the returned state_dict's {name!r} is a {type(value).__name__}, not a tensor")
         if value.shape != expected.shape:
-            raise ValueError(f"{who}: the returned state_dict's {name!r} has shape {tuple(value.shape)}, "
-                             f"the model's has {tuple(expected.shape)}")
+            raise ValueError(
+                f"{who}: the returned state_dict's {name!r} has shape {tuple(value.shape)}, "
+                f"the model's has {tuple(expected.shape)}"
+            )
     floats = [name for name, value in reference.items() if value.is_floating_point()]
     tensors = [trained[name].detach().reshape(-1).float().cpu() for name in floats]
     return torch.cat(tensors) if tensors else torch.zeros(0)

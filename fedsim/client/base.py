@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.data.tensor_data import TensorData
-from fedsim.core.params import flatten
 from fedsim.client.local_training import LocalTraining, hook_before_step
 from fedsim.client.scoring import evaluate_indices
 from fedsim.client.task_trainer import TaskTrainer
+from fedsim.core.params import flatten
 from fedsim.core.types import ClientUpdate
+from fedsim.data.tensor_data import TensorData
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -161,8 +161,13 @@ class Client:
                 parameter.requires_grad_(flag)
 
     def _train(
-        self, model: nn.Module, data: TensorData, config: dict[str, Any], generator: torch.Generator,
-        round_num: int, local: LocalTraining | None,
+        self,
+        model: nn.Module,
+        data: TensorData,
+        config: dict[str, Any],
+        generator: torch.Generator,
+        round_num: int,
+        local: LocalTraining | None,
     ) -> ClientUpdate:
         """The local epochs of :meth:`fit` and the update they produce."""
         epochs = int(config.get("epochs", self.epochs))

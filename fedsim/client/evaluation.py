@@ -47,8 +47,10 @@ class ClientEvaluation:
         if self.who not in WHO:
             raise ValueError(f"evaluate_clients.who must be one of {', '.join(WHO)} (got {self.who!r})")
         if self.who == "cohort" and (self.size is None or self.size < 1):
-            raise ValueError(f"evaluate_clients.size must be >= 1 with evaluate_clients=cohort (got {self.size}), e.g. "
-                             "evaluate_clients.size=100")
+            raise ValueError(
+                f"evaluate_clients.size must be >= 1 with evaluate_clients=cohort (got {self.size}), e.g. "
+                "evaluate_clients.size=100"
+            )
         if self.who != "cohort" and self.size is not None:
             raise ValueError(f"evaluate_clients.size is only read with evaluate_clients=cohort (got who={self.who})")
         if self.every is not None and self.every < 1:
@@ -74,7 +76,9 @@ class ClientEvaluation:
 
 
 def eval_tasks(
-    round_num: int, client_ids: Sequence[int], clients: Sequence[Client],
+    round_num: int,
+    client_ids: Sequence[int],
+    clients: Sequence[Client],
     state_of: Callable[[int], dict[str, Any]] | None = None,
 ) -> list[EvalTask]:
     """The clients that have test examples, in groups of about :data:`EXAMPLES_PER_TASK` examples (client-id
@@ -113,7 +117,9 @@ def summary(scores: Sequence[ClientScore], personal: bool) -> dict[str, float]:
     weights = np.array([s.num_examples for s in scores], dtype=np.float64)
     result = _family("eval_global", [s.accuracy for s in scores], [s.loss for s in scores], weights)
     if personal:
-        result |= _family("eval_personal", [s.personal_accuracy for s in scores], [s.personal_loss for s in scores], weights)
+        result |= _family(
+            "eval_personal", [s.personal_accuracy for s in scores], [s.personal_loss for s in scores], weights
+        )
         result["eval_personal/personalised"] = float(sum(s.personal for s in scores))
     return result
 
@@ -134,8 +140,13 @@ def spread(values: np.ndarray, higher_is_better: bool) -> dict[str, float]:
     low, high = float(np.mean(ordered[:k])), float(np.mean(ordered[-k:]))
     p10, p50, p90 = (float(x) for x in np.percentile(ordered, [10, 50, 90]))
     return {
-        "mean": float(np.mean(ordered)), "std": float(np.std(ordered)), "p10": p10, "p50": p50, "p90": p90,
-        "worst10": low if higher_is_better else high, "best10": high if higher_is_better else low,
+        "mean": float(np.mean(ordered)),
+        "std": float(np.std(ordered)),
+        "p10": p10,
+        "p50": p50,
+        "p90": p90,
+        "worst10": low if higher_is_better else high,
+        "best10": high if higher_is_better else low,
     }
 
 
@@ -158,8 +169,10 @@ def describe(metrics: dict[str, float]) -> str | None:
     parts = [f"{int(metrics['eval_global/clients'])} clients' accuracy"]
     for prefix, label in (("eval_global", "global"), ("eval_personal", "personal")):
         if f"{prefix}/accuracy" in metrics:
-            parts.append(f"{label} {metrics[f'{prefix}/accuracy']:.4f} (p10 {metrics[f'{prefix}/accuracy_p10']:.4f}, "
-                         f"worst 10% {metrics[f'{prefix}/accuracy_worst10']:.4f}, std {metrics[f'{prefix}/accuracy_std']:.4f})")
+            parts.append(
+                f"{label} {metrics[f'{prefix}/accuracy']:.4f} (p10 {metrics[f'{prefix}/accuracy_p10']:.4f}, "
+                f"worst 10% {metrics[f'{prefix}/accuracy_worst10']:.4f}, std {metrics[f'{prefix}/accuracy_std']:.4f})"
+            )
     if "eval_personal/personalised" in metrics:
         parts.append(f"{int(metrics['eval_personal/personalised'])} with a personal model yet")
     return ", ".join(parts)

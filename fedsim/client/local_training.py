@@ -44,14 +44,14 @@ class LocalTraining:
         client keeps into ``state`` (e.g. FedPer's personal layers). ``executor=vmap`` has no model per
         client and refuses a client half that overrides this; prefer :meth:`update_state` where you can."""
 
-    def before_training(self, trainer: "TaskTrainer", state: dict[str, Any]) -> None:
+    def before_training(self, trainer: TaskTrainer, state: dict[str, Any]) -> None:
         """Called once per task after :meth:`begin_task`, before the local epochs, with a
         :class:`~fedsim.client.task_trainer.TaskTrainer`: what this client half needs to train or measure beyond the
         standard local epochs (FedRep's head epochs, q-FFL's loss of the global model). Scalars it puts in
         ``trainer.metrics`` go into the update's metrics. ``executor=vmap`` refuses a client half that
         overrides it."""
 
-    def after_training(self, trainer: "TaskTrainer", state: dict[str, Any]) -> None:
+    def after_training(self, trainer: TaskTrainer, state: dict[str, Any]) -> None:
         """Called once per task after the local epochs, once the update's weights are taken and before
         :meth:`end_task`: the model may be retrained freely here (Ditto's personal model). As
         :meth:`before_training`, refused by ``executor=vmap``."""

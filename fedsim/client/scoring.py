@@ -38,7 +38,11 @@ def evaluate_indices(
         correct += (logits.argmax(dim=1) == y).sum()
     n = len(rows)
     loss, hits = float(loss_sum), int(correct)
-    return {"loss": loss / n if n else float("nan"), "accuracy": hits / n if n else float("nan"), "num_examples": float(n)}
+    return {
+        "loss": loss / n if n else float("nan"),
+        "accuracy": hits / n if n else float("nan"),
+        "num_examples": float(n),
+    }
 
 
 @torch.no_grad()

@@ -33,8 +33,13 @@ class TaskClient(Protocol):
     def make_optimizer(self, model: nn.Module, config: dict[str, Any]) -> torch.optim.Optimizer: ...
 
     def _run_epoch(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, data: TensorData, batch_size: int,
-        generator: torch.Generator, device: torch.device,
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data: TensorData,
+        batch_size: int,
+        generator: torch.Generator,
+        device: torch.device,
     ) -> float: ...
 
     def per_example_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
@@ -66,8 +71,10 @@ class TaskTrainer:
         if before_step is not None:
             optimizer.register_step_pre_hook(lambda _optimizer, _args, _kwargs: before_step(self.model))
         self.model.train()
-        return [self.client._run_epoch(self.model, optimizer, self.data, batch_size, self.generator, device)
-                for _ in range(epochs)]
+        return [
+            self.client._run_epoch(self.model, optimizer, self.data, batch_size, self.generator, device)
+            for _ in range(epochs)
+        ]
 
     def freeze(self, names: Collection[str]) -> None:
         """Stop training the named parameters (``requires_grad=False``) until the task ends: the client puts every

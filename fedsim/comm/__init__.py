@@ -8,4 +8,15 @@ from fedsim.comm.pipeline import Chain, Compression
 from fedsim.comm.qsgd import QSGD
 from fedsim.comm.sparsify import RandomMask, TopK
 
-__all__ = ["BFloat16", "Chain", "Compression", "Float16", "QSGD", "RandomMask", "Selection", "Sparsifier", "TopK", "ValueCodec"]
+__all__ = [
+    "BFloat16",
+    "Chain",
+    "Compression",
+    "Float16",
+    "QSGD",
+    "RandomMask",
+    "Selection",
+    "Sparsifier",
+    "TopK",
+    "ValueCodec",
+]

@@ -34,7 +34,7 @@ class Chain:
     coder: ValueCodec | None = None
 
     @classmethod
-    def of(cls, codecs: Sequence[Codec], field: str) -> "Chain":
+    def of(cls, codecs: Sequence[Codec], field: str) -> Chain:
         """The chain of ``codecs`` as configured under ``field``; a ``ValueError`` naming the entry otherwise."""
         sparsifiers: list[Sparsifier] = []
         coder: ValueCodec | None = None
@@ -46,10 +46,14 @@ class Chain:
                 sparsifiers.append(codec)
             elif isinstance(codec, ValueCodec):
                 if coder is not None:
-                    raise ValueError(f"{where}: {codec!r} is a second value codec after {coder!r}; a chain encodes its values once")
+                    raise ValueError(
+                        f"{where}: {codec!r} is a second value codec after {coder!r}; a chain encodes its values once"
+                    )
                 coder = codec
             else:
-                raise ValueError(f"{where}: a {type(codec).__name__} is neither a fedsim.comm.Sparsifier nor a fedsim.comm.ValueCodec")
+                raise ValueError(
+                    f"{where}: a {type(codec).__name__} is neither a fedsim.comm.Sparsifier nor a fedsim.comm.ValueCodec"
+                )
         return cls(tuple(sparsifiers), coder)
 
     @property
@@ -90,15 +94,21 @@ class Chain:
 class Compression:
     """The run's codecs each way; ``Compression()`` sends float32 both ways and changes nothing."""
 
-    def __init__(self, *, uplink: Sequence[Codec] = (), downlink: Sequence[Codec] = (), error_feedback: bool = False) -> None:
+    def __init__(
+        self, *, uplink: Sequence[Codec] = (), downlink: Sequence[Codec] = (), error_feedback: bool = False
+    ) -> None:
         self.uplink = Chain.of(uplink, "compression.uplink")
         self.downlink = Chain.of(downlink, "compression.downlink")
         if self.downlink.sparsifiers:
-            raise ValueError(f"compression.downlink: {self.downlink.sparsifiers[0]!r} would sparsify the global model's "
-                             "weights themselves; only value codecs (fp16, bf16, qsgd) apply to the downlink")
+            raise ValueError(
+                f"compression.downlink: {self.downlink.sparsifiers[0]!r} would sparsify the global model's "
+                "weights themselves; only value codecs (fp16, bf16, qsgd) apply to the downlink"
+            )
         if error_feedback and self.uplink.lossless:
-            raise ValueError("compression.error_feedback=true needs a lossy compression.uplink (e.g. [topk]): "
-                             "float32 updates lose nothing to feed back")
+            raise ValueError(
+                "compression.error_feedback=true needs a lossy compression.uplink (e.g. [topk]): "
+                "float32 updates lose nothing to feed back"
+            )
         self.error_feedback = error_feedback
 
     @property

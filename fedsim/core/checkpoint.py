@@ -64,10 +64,14 @@ def check_writable(run_dir: str | Path) -> None:
         finally:
             probe.unlink(missing_ok=True)
     except FileExistsError:
-        raise CheckpointError(f"{checkpoints} exists and is not a directory; move it away or choose another hydra.run.dir") from None
+        raise CheckpointError(
+            f"{checkpoints} exists and is not a directory; move it away or choose another hydra.run.dir"
+        ) from None
     except OSError as error:
-        raise CheckpointError(f"cannot write checkpoints into {checkpoints}: {error.strerror}; "
-                              f"{write_remedy(error)} or choose another hydra.run.dir") from None
+        raise CheckpointError(
+            f"cannot write checkpoints into {checkpoints}: {error.strerror}; "
+            f"{write_remedy(error)} or choose another hydra.run.dir"
+        ) from None
 
 
 def resume_hint(run_dir: str | Path, error: OSError, resumed_from: str | Path | None = None) -> str:
@@ -155,7 +159,9 @@ def read_verified(path: Path, what: str) -> Any:
         return torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, AttributeError, EOFError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"refusing to load {path}: it holds something other than tensors and plain values ({first_line})") from None
+        raise CheckpointError(
+            f"refusing to load {path}: it holds something other than tensors and plain values ({first_line})"
+        ) from None
 
 
 def _round_of(path: Path) -> int:

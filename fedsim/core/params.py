@@ -31,7 +31,7 @@ class ParamLayout:
     buffers: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, model: nn.Module) -> "ParamLayout":
+    def of(cls, model: nn.Module) -> ParamLayout:
         entries = [(k, v) for k, v in model.state_dict().items() if v.is_floating_point()]
         parameter_names = {name for name, _ in model.named_parameters()}
         return cls(
@@ -66,7 +66,7 @@ class ParamLayout:
         compiled = re.compile(pattern)
         return tuple(name for name in self.names if compiled.search(name))
 
-    def mask(self, names: "Iterable[str]") -> torch.Tensor:
+    def mask(self, names: Iterable[str]) -> torch.Tensor:
         """A boolean flat vector that is True on the given entries."""
         slices, mask = self.slices(), torch.zeros(self.numel, dtype=torch.bool)
         for name in names:

@@ -59,8 +59,11 @@ def states_equal(a: Any, b: Any) -> bool:
     """Whether two states hold the same values, tensors compared bit for bit (dtype and shape included)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (
-            isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-            and a.shape == b.shape and bool(torch.equal(a, b))
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and bool(torch.equal(a, b))
         )
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(states_equal(a[k], b[k]) for k in a)

@@ -89,7 +89,7 @@ class LogFileErrors:
         self.first: RunWriteError | None = None
         self._handlers: list[logging.FileHandler] = []
 
-    def __enter__(self) -> "LogFileErrors":
+    def __enter__(self) -> LogFileErrors:
         for handler in logging.getLogger().handlers:
             if isinstance(handler, logging.FileHandler):
                 handler.handleError = functools.partial(self._handle, handler)  # type: ignore[method-assign]

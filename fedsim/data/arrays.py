@@ -22,7 +22,6 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from fedsim.data.tensor_data import DataSplit, split_from_arrays, split_from_pool
 
@@ -35,8 +34,10 @@ def npz(*, path: str | Path, num_classes: int | None = None) -> DataSplit:
     """Read one ``.npz`` file (see the module docstring); a missing file or array is refused in one line."""
     where = os.path.expanduser(str(path))
     if not os.path.isfile(where):
-        raise FileNotFoundError(f"data=npz: no file {where}; set data.path to an .npz written with "
-                                f"np.savez(path, {', '.join(k + '=...' for k in NPZ_KEYS)})")
+        raise FileNotFoundError(
+            f"data=npz: no file {where}; set data.path to an .npz written with "
+            f"np.savez(path, {', '.join(k + '=...' for k in NPZ_KEYS)})"
+        )
     try:
         with np.load(where, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}
@@ -44,12 +45,16 @@ def npz(*, path: str | Path, num_classes: int | None = None) -> DataSplit:
         raise ValueError(f"data=npz: cannot read {where} as an .npz file ({type(err).__name__}: {err})") from None
     missing = [key for key in NPZ_KEYS if key not in arrays]
     if missing:
-        raise ValueError(f"data=npz: {where} has no {', '.join(missing)} (it holds {', '.join(sorted(arrays)) or 'nothing'}); "
-                         f"save all of {', '.join(NPZ_KEYS)}")
+        raise ValueError(
+            f"data=npz: {where} has no {', '.join(missing)} (it holds {', '.join(sorted(arrays)) or 'nothing'}); "
+            f"save all of {', '.join(NPZ_KEYS)}"
+        )
     try:
         return split_from_arrays(
-            *(arrays[key] for key in NPZ_KEYS), num_classes=num_classes,
-            client_ids=arrays.get("client_ids"), test_client_ids=arrays.get("test_client_ids"),
+            *(arrays[key] for key in NPZ_KEYS),
+            num_classes=num_classes,
+            client_ids=arrays.get("client_ids"),
+            test_client_ids=arrays.get("test_client_ids"),
         )
     except ValueError as err:
         raise ValueError(f"{err} (in {where})") from None

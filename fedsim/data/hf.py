@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsim.data.tensor_data import DataSplit, TensorData
 from fedsim.core.errors import DatasetNotFoundError
 from fedsim.core.extras import require
+from fedsim.data.tensor_data import DataSplit, TensorData
 
 NEEDED_BY = "a Hugging Face dataset (data=hf, femnist_hf, shakespeare_hf)"
 _SAVED_MARKERS = ("dataset_dict.json", "dataset_info.json", "state.json")
@@ -62,8 +62,15 @@ class _Columns:
         """Features, labels and the ``ClassLabel`` size of ``rows`` (in that order)."""
         from fedsim.data.hf_columns import read_features, read_labels  # needs pyarrow: after the datasets check
 
-        x = read_features(ds, self.feature, rows, image_mean=self.image_mean, image_std=self.image_std,
-                          text_length=self.text_length, where=where)
+        x = read_features(
+            ds,
+            self.feature,
+            rows,
+            image_mean=self.image_mean,
+            image_std=self.image_std,
+            text_length=self.text_length,
+            where=where,
+        )
         y, classes = read_labels(ds, self.label, rows, where)
         return x, y, classes
 
@@ -92,21 +99,27 @@ def hf(
     ``flwrlabs/femnist``) only names the source in the message for a missing ``path``.
     """
     if not 0 < test_fraction < 1 and test_split is None:
-        raise ValueError(f"data.test_fraction must be in (0, 1) (got {test_fraction!r}): the share of each client's "
-                         "rows kept for testing")
+        raise ValueError(
+            f"data.test_fraction must be in (0, 1) (got {test_fraction!r}): the share of each client's "
+            "rows kept for testing"
+        )
     datasets = _import_datasets()
     where = os.path.expanduser(str(path))
     with _offline(datasets):
         splits = _open(datasets, where, train_split, cache_dir, hub_id)
     columns = _Columns(client_column, feature_column, label_column, image_mean, image_std, text_length)
     train = _split(splits, train_split, where, "train_split")
-    _require_columns(train, {"client_column": client_column, "feature_column": feature_column,
-                             "label_column": label_column}, f"split {train_split!r} of {where}")
+    _require_columns(
+        train,
+        {"client_column": client_column, "feature_column": feature_column, "label_column": label_column},
+        f"split {train_split!r} of {where}",
+    )
     if test_split is None:
         return _split_per_client(train, columns, test_fraction, seed, num_classes, f"split {train_split!r} of {where}")
     test = _split(splits, test_split, where, "test_split")
-    _require_columns(test, {"feature_column": feature_column, "label_column": label_column},
-                     f"split {test_split!r} of {where}")
+    _require_columns(
+        test, {"feature_column": feature_column, "label_column": label_column}, f"split {test_split!r} of {where}"
+    )
     if client_column in test.column_names:
         both = _concatenated(datasets, train, test, columns, where)
         here = f"splits {train_split!r}+{test_split!r} of {where}"
@@ -164,8 +177,10 @@ def _open(datasets: Any, where: str, train_split: str, cache_dir: str | None, hu
     if os.path.isdir(where):
         if not glob.glob(os.path.join(where, "**", "*.parquet"), recursive=True):
             markers = " / ".join(_SAVED_MARKERS)
-            raise ValueError(f"data: {where} is neither a datasets save_to_disk folder (no {markers}) nor a "
-                             "folder of .parquet files; point data.path at one of those")
+            raise ValueError(
+                f"data: {where} is neither a datasets save_to_disk folder (no {markers}) nor a "
+                "folder of .parquet files; point data.path at one of those"
+            )
         loaded = _reading(lambda: datasets.load_dataset("parquet", data_dir=where, cache_dir=cache_dir), where)
         return dict(loaded)
     files = sorted(glob.glob(where, recursive=True)) if _GLOB_CHARS & set(where) else [where] * os.path.isfile(where)
@@ -173,8 +188,10 @@ def _open(datasets: Any, where: str, train_split: str, cache_dir: str | None, hu
         raise _missing(where, hub_id)
     odd = [f for f in files if not f.endswith(".parquet")]
     if odd:
-        raise ValueError(f"data: {odd[0]} is not a .parquet file; data.path must be a save_to_disk folder, "
-                         "or parquet files (one file, a folder or a glob)")
+        raise ValueError(
+            f"data: {odd[0]} is not a .parquet file; data.path must be a save_to_disk folder, "
+            "or parquet files (one file, a folder or a glob)"
+        )
     loaded = _reading(lambda: datasets.load_dataset("parquet", data_files={"train": files}, cache_dir=cache_dir), where)
     return {train_split: loaded["train"]}
 
@@ -191,8 +208,10 @@ def _reading(load: Callable[[], Any], where: str) -> Any:
 
 def _split(splits: dict[str, Any], name: str, where: str, option: str) -> Any:
     if name not in splits:
-        raise ValueError(f"data: {where} has no split {name!r} (it has: {', '.join(sorted(splits))}); "
-                         f"set data.{option} to one of them")
+        raise ValueError(
+            f"data: {where} has no split {name!r} (it has: {', '.join(sorted(splits))}); "
+            f"set data.{option} to one of them"
+        )
     if len(splits[name]) == 0:
         raise ValueError(f"data: split {name!r} of {where} has no rows")
     return splits[name]
@@ -202,8 +221,9 @@ def _require_columns(ds: Any, wanted: dict[str, str], where: str) -> None:
     """One line naming the first option whose column ``ds`` lacks, and the columns it has."""
     for option, column in wanted.items():
         if column not in ds.column_names:
-            raise ValueError(f"data: {where} has no column {column!r} (data.{option}); "
-                             f"its columns: {', '.join(ds.column_names)}")
+            raise ValueError(
+                f"data: {where} has no column {column!r} (data.{option}); its columns: {', '.join(ds.column_names)}"
+            )
 
 
 def local_test_rows(owners: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
@@ -219,14 +239,17 @@ def local_test_rows(owners: np.ndarray, test_fraction: float, seed: int) -> np.n
     return rank < (counts - train_rows)[owner]
 
 
-def _split_per_client(train: Any, columns: _Columns, test_fraction: float, seed: int, num_classes: int | None,
-                      where: str) -> DataSplit:
+def _split_per_client(
+    train: Any, columns: _Columns, test_fraction: float, seed: int, num_classes: int | None, where: str
+) -> DataSplit:
     """The pooled split of one split's rows, every client keeping a share of its rows for testing."""
     owners = _owners(train, columns.client, where)
     in_test = local_test_rows(owners, test_fraction, seed)
     if not in_test.any():
-        raise ValueError(f"data: {where}: no client has test rows (each has too few rows for test_fraction="
-                         f"{test_fraction}); raise data.test_fraction or give a test split (data.test_split)")
+        raise ValueError(
+            f"data: {where}: no client has test rows (each has too few rows for test_fraction="
+            f"{test_fraction}); raise data.test_fraction or give a test split (data.test_split)"
+        )
     rows = np.concatenate([np.flatnonzero(~in_test), np.flatnonzero(in_test)])
     x, y, classes = columns.read(train, rows, where)
     return _pooled(x, y, _num_classes(y, classes, num_classes, where), owners[rows], int((~in_test).sum()))
@@ -248,16 +271,18 @@ def _concatenated(datasets: Any, train: Any, test: Any, columns: _Columns, where
     return _reading(lambda: datasets.concatenate_datasets(parts), where)
 
 
-def _separate(train: Any, test: Any, columns: _Columns, num_classes: int | None, names: tuple[str, str],
-              where: str) -> DataSplit:
+def _separate(
+    train: Any, test: Any, columns: _Columns, num_classes: int | None, names: tuple[str, str], where: str
+) -> DataSplit:
     """Train split with owners, test split without (then the test set is only the server's)."""
     owners = _owners(train, columns.client, f"split {names[0]!r} of {where}")
     x, y, classes = columns.read(train, np.arange(len(train)), f"split {names[0]!r} of {where}")
     x_test, y_test, test_classes = columns.read(test, np.arange(len(test)), f"split {names[1]!r} of {where}")
     declared = classes if test_classes is None else max(test_classes, classes or 0)
     total = _num_classes(np.concatenate([y, y_test]), declared, num_classes, where)
-    return DataSplit(TensorData(x, torch.from_numpy(y), total, owners),
-                     TensorData(x_test, torch.from_numpy(y_test), total))
+    return DataSplit(
+        TensorData(x, torch.from_numpy(y), total, owners), TensorData(x_test, torch.from_numpy(y_test), total)
+    )
 
 
 def _num_classes(y: np.ndarray, from_feature: int | None, given: int | None, where: str) -> int:
@@ -265,6 +290,8 @@ def _num_classes(y: np.ndarray, from_feature: int | None, given: int | None, whe
     largest = int(y.max()) if y.size else -1
     classes = given if given is not None else from_feature if from_feature is not None else largest + 1
     if largest >= classes:
-        raise ValueError(f"data: {where}: a label is {largest} but num_classes is {classes}; "
-                         "labels must be 0..num_classes-1 (fix data.num_classes)")
+        raise ValueError(
+            f"data: {where}: a label is {largest} but num_classes is {classes}; "
+            "labels must be 0..num_classes-1 (fix data.num_classes)"
+        )
     return int(classes)

@@ -74,8 +74,9 @@ def _taken(column: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
     return column.take(pa.array(rows, type=pa.int64())).combine_chunks()
 
 
-def read_features(ds: Any, column: str, rows: np.ndarray, *, image_mean: Any, image_std: Any,
-                  text_length: int | None, where: str) -> torch.Tensor:
+def read_features(
+    ds: Any, column: str, rows: np.ndarray, *, image_mean: Any, image_std: Any, text_length: int | None, where: str
+) -> torch.Tensor:
     """The feature tensor of ``ds[column]`` for ``rows`` (see the module docstring for each kind)."""
     feature = ds.features[column]
     if type(feature).__name__ == "Image":
@@ -84,8 +85,10 @@ def read_features(ds: Any, column: str, rows: np.ndarray, *, image_mean: Any, im
         return _texts(_arrow_column(ds, column), rows, text_length, f"{where}, column {column!r}")
     if _is_numeric(feature):
         return _numbers(ds, column, rows, f"{where}, column {column!r}")
-    raise ValueError(f"data: {where}: feature column {column!r} is {_kind(feature)}, which fedsim cannot read as "
-                     "features; use an Image, string or numeric (array) column as data.feature_column")
+    raise ValueError(
+        f"data: {where}: feature column {column!r} is {_kind(feature)}, which fedsim cannot read as "
+        "features; use an Image, string or numeric (array) column as data.feature_column"
+    )
 
 
 def _channel_constants(values: Any, channels: int, name: str) -> torch.Tensor:
@@ -94,8 +97,10 @@ def _channel_constants(values: Any, channels: int, name: str) -> torch.Tensor:
     if flat.size == 1:
         flat = np.repeat(flat, channels)
     if flat.size != channels:
-        raise ValueError(f"data.{name} has {flat.size} values but the images have {channels} channel(s); "
-                         "give one number or one per channel")
+        raise ValueError(
+            f"data.{name} has {flat.size} values but the images have {channels} channel(s); "
+            "give one number or one per channel"
+        )
     if name == "image_std" and (flat <= 0).any():
         raise ValueError(f"data.image_std must be > 0 (got {flat.tolist()})")
     return torch.from_numpy(flat.copy()).view(1, channels, 1, 1)
@@ -138,8 +143,10 @@ def _images(column: pa.ChunkedArray, rows: np.ndarray, feature: Any, mean: Any, 
             if image.mode != mode:
                 image = image.convert(mode)
             if image.size != (width, height):
-                raise ValueError(f"data: {where}: row {int(rows[lo + i])} is {image.size[0]}x{image.size[1]} but row "
-                                 f"{int(rows[0])} is {width}x{height}; resize the images to one size first")
+                raise ValueError(
+                    f"data: {where}: row {int(rows[lo + i])} is {image.size[0]}x{image.size[1]} but row "
+                    f"{int(rows[0])} is {width}x{height}; resize the images to one size first"
+                )
             pixels[i] = np.frombuffer(image.tobytes(), dtype=np.uint8).reshape(height, width, channels)
         block = torch.from_numpy(pixels).permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
         out[lo:hi] = block.sub_(shift).div_(scale)
@@ -172,14 +179,18 @@ def _numbers(ds: Any, column: str, rows: np.ndarray, where: str) -> torch.Tensor
     for lo, hi in _chunks(len(rows)):
         values = table[rows[lo:hi].tolist()][column]
         if values.dtype == object:
-            raise ValueError(f"data: {where}: rows hold arrays of different lengths (or missing values) between rows "
-                             f"{int(rows[lo:hi].min())} and {int(rows[lo:hi].max())}; every row needs the same shape")
+            raise ValueError(
+                f"data: {where}: rows hold arrays of different lengths (or missing values) between rows "
+                f"{int(rows[lo:hi].min())} and {int(rows[lo:hi].max())}; every row needs the same shape"
+            )
         values = values.reshape(len(values), -1) if values.ndim == 1 else values
         if out is None:
             out = np.empty((len(rows), *values.shape[1:]), dtype=np.float32)
         if values.shape[1:] != out.shape[1:]:
-            raise ValueError(f"data: {where}: rows have shapes {out.shape[1:]} and {values.shape[1:]}; "
-                             "every row needs the same shape")
+            raise ValueError(
+                f"data: {where}: rows have shapes {out.shape[1:]} and {values.shape[1:]}; "
+                "every row needs the same shape"
+            )
         out[lo:hi] = values
     return torch.from_numpy(out if out is not None else np.empty((0, 1), dtype=np.float32))
 
@@ -206,12 +217,16 @@ def read_labels(ds: Any, column: str, rows: np.ndarray, where: str) -> tuple[np.
 
         labels, classes = _character_labels(arrow, rows, column, where), NUM_CHARACTER_IDS
     else:
-        raise ValueError(f"data: {where}: label column {column!r} is {_kind(feature)}; fedsim reads labels from "
-                         "ClassLabel, integer or single-character string columns")
+        raise ValueError(
+            f"data: {where}: label column {column!r} is {_kind(feature)}; fedsim reads labels from "
+            "ClassLabel, integer or single-character string columns"
+        )
     if labels.size and labels.min() < 0:
         row = int(rows[int(np.argmin(labels))])
-        raise ValueError(f"data: {here}: row {row} has label {int(labels.min())}; labels must be 0..num_classes-1 "
-                         "(drop unlabelled rows first)")
+        raise ValueError(
+            f"data: {here}: row {row} has label {int(labels.min())}; labels must be 0..num_classes-1 "
+            "(drop unlabelled rows first)"
+        )
     return labels, classes
 
 
@@ -220,8 +235,10 @@ def _character_labels(arrow: pa.ChunkedArray, rows: np.ndarray, column: str, whe
     lengths = pc.utf8_length(arrow).to_numpy()
     if (lengths != 1).any():
         row = int(np.flatnonzero(lengths != 1)[0])
-        raise ValueError(f"data: {where}: label column {column!r} holds strings that are not single characters "
-                         f"(row {row}: {arrow[row].as_py()!r}); string labels must be single characters")
+        raise ValueError(
+            f"data: {where}: label column {column!r} holds strings that are not single characters "
+            f"(row {row}: {arrow[row].as_py()!r}); string labels must be single characters"
+        )
     from fedsim.data.text import character_ids
 
     return np.asarray(character_ids(_taken(arrow, rows).to_pylist()), dtype=np.int64)
@@ -238,5 +255,7 @@ def read_owners(ds: Any, column: str, where: str) -> np.ndarray:
         return np.asarray(values, dtype=str) if values else np.empty(0, dtype=str)
     if type(feature).__name__ == "ClassLabel" or _is_value(feature, _INT_TYPES):
         return np.array(arrow.to_numpy(), dtype=np.int64)
-    raise ValueError(f"data: {where}: client column {column!r} is {_kind(feature)}; use a string or integer column "
-                     "(one value per client) as data.client_column")
+    raise ValueError(
+        f"data: {where}: client column {column!r} is {_kind(feature)}; use a string or integer column "
+        "(one value per client) as data.client_column"
+    )

@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedsim.core.errors import DatasetNotFoundError
 from fedsim.data import text
 from fedsim.data.leaf_images import read_images
 from fedsim.data.tensor_data import DataSplit, TensorData
-from fedsim.core.errors import DatasetNotFoundError
 
 LEAF_REPO = "https://github.com/TalwalkarLab/leaf"
 PREPROCESS = {
@@ -50,8 +50,10 @@ PREPROCESS = {
     "celeba": "./preprocess.sh -s niid --sf 1.0 -k 5 -t sample",
 }
 """The LEAF preprocessing command named in the error for missing files (LEAF's README has smaller samples)."""
-CELEBA_SOURCE = ("http://mmlab.ie.cuhk.edu.hk/projects/CelebA.html (img_align_celeba.zip, unzipped into "
-                 "leaf/data/celeba/data/raw, as LEAF's data/celeba/README.md says)")
+CELEBA_SOURCE = (
+    "http://mmlab.ie.cuhk.edu.hk/projects/CelebA.html (img_align_celeba.zip, unzipped into "
+    "leaf/data/celeba/data/raw, as LEAF's data/celeba/README.md says)"
+)
 FEMNIST_PIXELS, FEMNIST_CLASSES = 784, 62
 PARTS = ("train", "test")
 
@@ -78,8 +80,10 @@ class _Layout:
             for user, (start, count) in users.items():
                 xs, ys = _examples(user_data, user, path, self.name)
                 if not len(xs) == len(ys) == count:
-                    raise ValueError(f"data={self.name}: {path}: user {user!r} has {len(xs)} x and {len(ys)} y but "
-                                     f"num_samples says {count}; the file is damaged: {_rerun(self.name)}")
+                    raise ValueError(
+                        f"data={self.name}: {path}: user {user!r} has {len(xs)} x and {len(ys)} y but "
+                        f"num_samples says {count}; the file is damaged: {_rerun(self.name)}"
+                    )
                 if count:
                     convert(xs, ys, start, f"{path}: user {user!r}")
             del data, user_data  # free this file's parse before the next one is read
@@ -112,7 +116,8 @@ def _json_files(name: str, folder: str, part: str) -> list[str]:
         raise DatasetNotFoundError(
             f"data={name}: no LEAF .json files in {os.path.join(folder, part)}; get {LEAF_REPO}, run "
             f"`cd leaf/data/{name} && {PREPROCESS[name]}` and set data.folder to its data folder (holding train/ "
-            f"and test/), or copy that folder to <data.root>/leaf/{name}/data")
+            f"and test/), or copy that folder to <data.root>/leaf/{name}/data"
+        )
     return files
 
 
@@ -122,11 +127,15 @@ def _load(path: str, name: str) -> dict[str, Any]:
         with open(path, "rb") as handle:
             data = json.load(handle)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise DatasetNotFoundError(f"data={name}: cannot parse {path} as JSON (truncated or not LEAF output: "
-                                   f"{' '.join(str(err).split())[:150]}); {_rerun(name)}") from None
+        raise DatasetNotFoundError(
+            f"data={name}: cannot parse {path} as JSON (truncated or not LEAF output: "
+            f"{' '.join(str(err).split())[:150]}); {_rerun(name)}"
+        ) from None
     if not isinstance(data, dict):
-        raise ValueError(f"data={name}: {path} holds a JSON {type(data).__name__}, not LEAF's object with users, "
-                         f"num_samples and user_data; {_rerun(name)}")
+        raise ValueError(
+            f"data={name}: {path} holds a JSON {type(data).__name__}, not LEAF's object with users, "
+            f"num_samples and user_data; {_rerun(name)}"
+        )
     return data
 
 
@@ -156,15 +165,19 @@ def _users(path: str, name: str) -> list[tuple[str, int]]:
     data = _head(path) or _load(path, name)
     for key in ("users", "num_samples"):
         if not isinstance(data.get(key), list):
-            raise ValueError(f"data={name}: {path} has no '{key}' list; LEAF files hold users, num_samples and "
-                             f"user_data: {_rerun(name)}")
+            raise ValueError(
+                f"data={name}: {path} has no '{key}' list; LEAF files hold users, num_samples and "
+                f"user_data: {_rerun(name)}"
+            )
     users, counts = data["users"], data["num_samples"]
     if len(users) != len(counts):
         raise ValueError(f"data={name}: {path} lists {len(users)} users but {len(counts)} num_samples; {_rerun(name)}")
     for user, count in zip(users, counts):
         if not isinstance(user, str) or not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise ValueError(f"data={name}: {path}: user {user!r} has num_samples {count!r}; users must be strings "
-                             f"and num_samples counts >= 0")
+            raise ValueError(
+                f"data={name}: {path}: user {user!r} has num_samples {count!r}; users must be strings "
+                f"and num_samples counts >= 0"
+            )
     return list(zip(users, counts))
 
 
@@ -181,8 +194,10 @@ def _layout(name: str, root: str | Path, folder: str | Path | None) -> _Layout:
             slots[path] = {}
             for user, count in _users(path, name):
                 if user in home:
-                    raise ValueError(f"data={name}: user {user!r} is in two {part} files, {home[user][0]} and "
-                                     f"{path}; each user may appear once per part: remove stale files")
+                    raise ValueError(
+                        f"data={name}: user {user!r} is in two {part} files, {home[user][0]} and "
+                        f"{path}; each user may appear once per part: remove stale files"
+                    )
                 home[user] = (path, count)
         start = sum(sizes)
         for user in sorted(home):
@@ -201,8 +216,9 @@ def _examples(user_data: dict[str, Any], user: str, path: str, name: str) -> tup
     """One user's ``x`` and ``y`` lists."""
     entry = user_data.get(user)
     if not isinstance(entry, dict):
-        raise ValueError(f"data={name}: {path}: user {user!r} is listed in 'users' but has no entry in 'user_data'; "
-                         f"{_rerun(name)}")
+        raise ValueError(
+            f"data={name}: {path}: user {user!r} is listed in 'users' but has no entry in 'user_data'; {_rerun(name)}"
+        )
     for key in ("x", "y"):
         if not isinstance(entry.get(key), list):
             raise ValueError(f"data={name}: {path}: user {user!r} has no '{key}' list in user_data; {_rerun(name)}")
@@ -230,8 +246,10 @@ def femnist(*, root: str | Path, folder: str | Path | None = None) -> DataSplit:
         for i, row in enumerate(xs):
             if not isinstance(row, list) or len(row) != FEMNIST_PIXELS:
                 size = len(row) if isinstance(row, list) else type(row).__name__
-                raise ValueError(f"data=femnist: {where}, row {i} has {size} pixel values; FEMNIST rows must have "
-                                 f"{FEMNIST_PIXELS} (28x28): {_rerun('femnist')}")
+                raise ValueError(
+                    f"data=femnist: {where}, row {i} has {size} pixel values; FEMNIST rows must have "
+                    f"{FEMNIST_PIXELS} (28x28): {_rerun('femnist')}"
+                )
         try:
             x[start : start + len(xs)] = xs
         except (TypeError, ValueError):
@@ -263,8 +281,14 @@ def shakespeare(*, root: str | Path, folder: str | Path | None = None, seq_lengt
     return layout.split(torch.from_numpy(x), torch.from_numpy(y), text.NUM_CHARACTER_IDS)
 
 
-def sent140(*, root: str | Path, folder: str | Path | None = None, vocab_size: int | None = 10002,
-            glove: str | Path | None = None, max_words: int = 25) -> DataSplit:
+def sent140(
+    *,
+    root: str | Path,
+    folder: str | Path | None = None,
+    vocab_size: int | None = 10002,
+    glove: str | Path | None = None,
+    max_words: int = 25,
+) -> DataSplit:
     """LEAF's Sent140: tweet sentiment (0 negative, 1 positive), one client per Twitter user.
 
     Word ids (:mod:`fedsim.data.text`): 0 padding, 1 unknown. ``vocab_size`` counts those two, as a model's
@@ -273,8 +297,9 @@ def sent140(*, root: str | Path, folder: str | Path | None = None, vocab_size: i
     ``None`` keeps every word.
     """
     if max_words < 1 or (vocab_size is not None and vocab_size < text.RESERVED_IDS + 1):
-        raise ValueError(f"data=sent140: max_words must be >= 1 and vocab_size >= 3 or null "
-                         f"(got {max_words} and {vocab_size})")
+        raise ValueError(
+            f"data=sent140: max_words must be >= 1 and vocab_size >= 3 or null (got {max_words} and {vocab_size})"
+        )
     layout = _layout("sent140", root, folder)
     tweets = np.empty(len(layout.groups), dtype=object)
     y = np.empty(len(layout.groups), dtype=np.int64)
@@ -282,8 +307,10 @@ def sent140(*, root: str | Path, folder: str | Path | None = None, vocab_size: i
     def convert(xs: list, ys: list, start: int, where: str) -> None:
         for i, row in enumerate(xs):
             if not isinstance(row, list) or not row or not isinstance(row[-1], str):
-                raise ValueError(f"data=sent140: {where}, row {i} is {str(row)[:80]!r}, not LEAF's "
-                                 "[tweet id, date, query, user, text]")
+                raise ValueError(
+                    f"data=sent140: {where}, row {i} is {str(row)[:80]!r}, not LEAF's "
+                    "[tweet id, date, query, user, text]"
+                )
             tweets[start + i] = row[-1]
         y[start : start + len(ys)] = _labels(ys, 2, where, "sent140")
 
@@ -296,16 +323,28 @@ def sent140(*, root: str | Path, folder: str | Path | None = None, vocab_size: i
     return layout.split(torch.from_numpy(x), torch.from_numpy(y), 2)
 
 
-def celeba(*, root: str | Path, folder: str | Path | None = None, image_folder: str | Path | None = None,
-           image_size: int = 84, image_mean: float | list[float] = 0.5, image_std: float | list[float] = 0.5) -> DataSplit:
+def celeba(
+    *,
+    root: str | Path,
+    folder: str | Path | None = None,
+    image_folder: str | Path | None = None,
+    image_size: int = 84,
+    image_mean: float | list[float] = 0.5,
+    image_std: float | list[float] = 0.5,
+) -> DataSplit:
     """LEAF's CelebA: smiling or not, one client per celebrity; images from ``image_folder`` (default
     ``<folder>/raw/img_align_celeba``), resized to ``image_size`` and normalised (:mod:`fedsim.data.leaf_images`)."""
     layout = _layout("celeba", root, folder)
-    images = os.path.expanduser(str(image_folder)) if image_folder is not None else os.path.join(
-        _data_folder("celeba", root, folder), "raw", "img_align_celeba")
+    images = (
+        os.path.expanduser(str(image_folder))
+        if image_folder is not None
+        else os.path.join(_data_folder("celeba", root, folder), "raw", "img_align_celeba")
+    )
     if not os.path.isdir(images):
-        raise DatasetNotFoundError(f"data=celeba: no image folder {images}; download the aligned images from "
-                                   f"{CELEBA_SOURCE}, or set data.image_folder")
+        raise DatasetNotFoundError(
+            f"data=celeba: no image folder {images}; download the aligned images from "
+            f"{CELEBA_SOURCE}, or set data.image_folder"
+        )
     present = set(os.listdir(images))
     names = np.empty(len(layout.groups), dtype=object)
     y = np.empty(len(layout.groups), dtype=np.int64)
@@ -313,8 +352,10 @@ def celeba(*, root: str | Path, folder: str | Path | None = None, image_folder: 
     def convert(xs: list, ys: list, start: int, where: str) -> None:
         for i, file_name in enumerate(xs):
             if not isinstance(file_name, str) or file_name not in present:
-                raise DatasetNotFoundError(f"data=celeba: {where}, row {i} names the image {file_name!r}, which is "
-                                           f"not in {images}; get the images from {CELEBA_SOURCE}")
+                raise DatasetNotFoundError(
+                    f"data=celeba: {where}, row {i} names the image {file_name!r}, which is "
+                    f"not in {images}; get the images from {CELEBA_SOURCE}"
+                )
             names[start + i] = os.path.join(images, file_name)
         y[start : start + len(ys)] = _labels(ys, 2, where, "celeba")
 

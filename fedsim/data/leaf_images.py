@@ -68,6 +68,7 @@ def _decode(path: str, size: int, source: str) -> np.ndarray:
             resized = image.convert("RGB").resize((size, size), Image.Resampling.BICUBIC)
     except (OSError, UnidentifiedImageError, SyntaxError) as err:
         detail = " ".join(str(err).split())[:200]
-        raise DatasetNotFoundError(f"data: cannot read the image {path} ({type(err).__name__}: {detail}); "
-                                   f"get the images again from {source}") from None
+        raise DatasetNotFoundError(
+            f"data: cannot read the image {path} ({type(err).__name__}: {detail}); get the images again from {source}"
+        ) from None
     return np.asarray(resized, dtype=np.uint8)

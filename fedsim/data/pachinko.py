@@ -39,13 +39,111 @@ import numpy as np
 
 from fedsim.data.partition import Partition, _as_labels, _check_int_at_least, _check_num_clients, _check_positive
 
-CIFAR100_COARSE_OF = np.array([
-    4, 1, 14, 8, 0, 6, 7, 7, 18, 3, 3, 14, 9, 18, 7, 11, 3, 9, 7, 11,
-    6, 11, 5, 10, 7, 6, 13, 15, 3, 15, 0, 11, 1, 10, 12, 14, 16, 9, 11, 5,
-    5, 19, 8, 8, 15, 13, 14, 17, 18, 10, 16, 4, 17, 4, 2, 0, 17, 4, 18, 17,
-    10, 3, 2, 12, 12, 16, 12, 1, 9, 19, 2, 10, 0, 1, 16, 12, 9, 13, 15, 13,
-    16, 19, 2, 4, 6, 19, 5, 5, 8, 19, 18, 1, 2, 15, 6, 0, 17, 8, 14, 13,
-], dtype=np.int64)
+CIFAR100_COARSE_OF = np.array(
+    [
+        4,
+        1,
+        14,
+        8,
+        0,
+        6,
+        7,
+        7,
+        18,
+        3,
+        3,
+        14,
+        9,
+        18,
+        7,
+        11,
+        3,
+        9,
+        7,
+        11,
+        6,
+        11,
+        5,
+        10,
+        7,
+        6,
+        13,
+        15,
+        3,
+        15,
+        0,
+        11,
+        1,
+        10,
+        12,
+        14,
+        16,
+        9,
+        11,
+        5,
+        5,
+        19,
+        8,
+        8,
+        15,
+        13,
+        14,
+        17,
+        18,
+        10,
+        16,
+        4,
+        17,
+        4,
+        2,
+        0,
+        17,
+        4,
+        18,
+        17,
+        10,
+        3,
+        2,
+        12,
+        12,
+        16,
+        12,
+        1,
+        9,
+        19,
+        2,
+        10,
+        0,
+        1,
+        16,
+        12,
+        9,
+        13,
+        15,
+        13,
+        16,
+        19,
+        2,
+        4,
+        6,
+        19,
+        5,
+        5,
+        8,
+        19,
+        18,
+        1,
+        2,
+        15,
+        6,
+        0,
+        17,
+        8,
+        14,
+        13,
+    ],
+    dtype=np.int64,
+)
 """CIFAR-100's superclass (coarse label, 0..19) of every fine label 0..99, both in the alphabetical order
 of the dataset's ``meta`` file (e.g. fine 0 ``apple`` → coarse 4 ``fruit_and_vegetables``); five fine
 labels per superclass, as listed on https://www.cs.toronto.edu/~kriz/cifar.html."""
@@ -138,7 +236,9 @@ def _check_coarse_of(coarse_of: object, labels: np.ndarray) -> np.ndarray:
     if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu" or arr.min() < 0:
         raise ValueError("partition.coarse_of must be a non-empty 1-D list of coarse class ids ≥ 0, one per fine label")
     if labels.size and labels.max() >= arr.size:
-        raise ValueError(f"partition.coarse_of must map every label (label {int(labels.max())} is beyond its {arr.size} entries)")
+        raise ValueError(
+            f"partition.coarse_of must map every label (label {int(labels.max())} is beyond its {arr.size} entries)"
+        )
     return arr.astype(np.int64)
 
 
@@ -149,8 +249,10 @@ def _sizes(n: int, num_clients: int, examples_per_client: object) -> tuple[int, 
     else:
         per_client = _check_int_at_least("examples_per_client", examples_per_client, 1)
     if per_client * num_clients > n:
-        raise ValueError(f"partition.examples_per_client × num_clients must be ≤ the {n} training examples "
-                         f"(got {per_client} × {num_clients} = {per_client * num_clients})")
+        raise ValueError(
+            f"partition.examples_per_client × num_clients must be ≤ the {n} training examples "
+            f"(got {per_client} × {num_clients} = {per_client * num_clients})"
+        )
     rest = n - per_client * num_clients
     return per_client, rest // num_clients + (np.arange(num_clients) < rest % num_clients)
 

@@ -62,10 +62,7 @@ def _is_int(value: object) -> bool:
 
 def _check_num_clients(num_clients: object, n: int) -> int:
     if not _is_int(num_clients) or not 1 <= num_clients <= n:
-        raise ValueError(
-            f"partition.num_clients must be between 1 and the {n} training examples "
-            f"(got {num_clients!r})"
-        )
+        raise ValueError(f"partition.num_clients must be between 1 and the {n} training examples (got {num_clients!r})")
     return int(num_clients)
 
 
@@ -111,9 +108,7 @@ def _split_by_sizes(indices: np.ndarray, sizes: np.ndarray) -> Partition:
 # partitioners
 
 
-def iid(
-    labels: np.ndarray, *, num_clients: int, seed: int, groups: np.ndarray | None = None
-) -> Partition:
+def iid(labels: np.ndarray, *, num_clients: int, seed: int, groups: np.ndarray | None = None) -> Partition:
     """Shuffle all examples and deal them out; client sizes differ by at most one.
 
     The first ``N % num_clients`` clients get the extra example. Indices within a client are in
@@ -215,9 +210,7 @@ def shards(
     return _group_by_client(owner_of_shard[shard_of_position], order, num_clients)
 
 
-def _lognormal_sizes(
-    n: int, num_clients: int, sigma: float, min_size: int, rng: np.random.Generator
-) -> np.ndarray:
+def _lognormal_sizes(n: int, num_clients: int, sigma: float, min_size: int, rng: np.random.Generator) -> np.ndarray:
     """Client sizes ``min_size + share of the rest ∝ lognormal(0, sigma)``, summing to ``n``.
 
     The rest is shared by the largest-remainder method, so the sum is exact.

@@ -61,9 +61,17 @@ def _check_int(name: str, value: object, lowest: int) -> int:
     return int(value)
 
 
-def _validate(alpha: float, beta: float, num_devices: int, num_features: int, num_classes: int,
-              test_fraction: float, size_sigma_log: float, min_size: int,
-              max_size: int | None) -> None:
+def _validate(
+    alpha: float,
+    beta: float,
+    num_devices: int,
+    num_features: int,
+    num_classes: int,
+    test_fraction: float,
+    size_sigma_log: float,
+    min_size: int,
+    max_size: int | None,
+) -> None:
     """Raise a one-line ``ValueError`` naming the first invalid ``data.*`` field."""
     _check_nonnegative("alpha", alpha)
     _check_nonnegative("beta", beta)
@@ -79,16 +87,18 @@ def _validate(alpha: float, beta: float, num_devices: int, num_features: int, nu
         raise ValueError(f"data.test_fraction must be in [0, 1) (got {test_fraction!r})")
 
 
-def _device_sizes(rng: np.random.Generator, num_devices: int, mean_log: float, sigma_log: float,
-                  min_size: int, max_size: int | None) -> np.ndarray:
+def _device_sizes(
+    rng: np.random.Generator, num_devices: int, mean_log: float, sigma_log: float, min_size: int, max_size: int | None
+) -> np.ndarray:
     """Power-law sizes ``int(lognormal(mean_log, sigma_log)) + min_size``, capped at ``max_size``."""
     draws = np.minimum(rng.lognormal(mean_log, sigma_log, num_devices), 2.0**62)
     sizes = draws.astype(np.int64) + min_size
     return sizes if max_size is None else np.minimum(sizes, max_size)
 
 
-def _device_models(rng: np.random.Generator, alpha: float, beta: float, num_devices: int,
-                   num_features: int, num_classes: int) -> list[DeviceModel]:
+def _device_models(
+    rng: np.random.Generator, alpha: float, beta: float, num_devices: int, num_features: int, num_classes: int
+) -> list[DeviceModel]:
     """Draw ``W_k, b_k, v_k`` for every device (the prior means first, as in the paper's code)."""
     u = rng.normal(0.0, alpha, num_devices)
     big_b = rng.normal(0.0, beta, num_devices)
@@ -108,8 +118,9 @@ def _num_test(size: int, test_fraction: float) -> int:
     return min(max(round(test_fraction * size), 1), size - 1)
 
 
-def _to_tensor_data(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
-                    num_features: int, num_classes: int) -> TensorData:
+def _to_tensor_data(
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], num_features: int, num_classes: int
+) -> TensorData:
     """Stack per-device ``(x, y, device_id)`` triples into one :class:`TensorData`."""
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
@@ -135,8 +146,7 @@ def synthetic_with_models(
     max_size: int | None = None,
 ) -> tuple[DataSplit, list[DeviceModel]]:
     """Like :func:`synthetic`, but also return the drawn :class:`DeviceModel` of every device."""
-    _validate(alpha, beta, num_devices, num_features, num_classes, test_fraction, size_sigma_log,
-              min_size, max_size)
+    _validate(alpha, beta, num_devices, num_features, num_classes, test_fraction, size_sigma_log, min_size, max_size)
     rng = np.random.default_rng(seed)
     sizes = _device_sizes(rng, num_devices, size_mean_log, size_sigma_log, min_size, max_size)
     models = _device_models(rng, alpha, beta, num_devices, num_features, num_classes)
@@ -179,9 +189,16 @@ def synthetic(
     ``num_devices`` clients. Examples are ordered by device in both parts. Deterministic in ``seed``.
     """
     split, _ = synthetic_with_models(
-        alpha=alpha, beta=beta, num_devices=num_devices, num_features=num_features,
-        num_classes=num_classes, test_fraction=test_fraction, seed=seed,
-        size_mean_log=size_mean_log, size_sigma_log=size_sigma_log, min_size=min_size,
+        alpha=alpha,
+        beta=beta,
+        num_devices=num_devices,
+        num_features=num_features,
+        num_classes=num_classes,
+        test_fraction=test_fraction,
+        seed=seed,
+        size_mean_log=size_mean_log,
+        size_sigma_log=size_sigma_log,
+        min_size=min_size,
         max_size=max_size,
     )
     return split

@@ -81,8 +81,13 @@ class DataSplit:
     ) -> DataSplit:
         """Your own arrays (numpy or torch) as a split; see :func:`split_from_arrays`."""
         return split_from_arrays(
-            x_train, y_train, x_test, y_test,
-            num_classes=num_classes, client_ids=client_ids, test_client_ids=test_client_ids,
+            x_train,
+            y_train,
+            x_test,
+            y_test,
+            num_classes=num_classes,
+            client_ids=client_ids,
+            test_client_ids=test_client_ids,
         )
 
     @classmethod
@@ -110,7 +115,9 @@ def _features(x: ArrayLike, name: str) -> torch.Tensor:
     """``x`` as float32 (no copy when it already is) or, for integer arrays, int64 token ids."""
     t = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
     if t.ndim < 2:
-        raise ValueError(f"data: {name} must have one row per example and at least one feature column (got shape {tuple(t.shape)})")
+        raise ValueError(
+            f"data: {name} must have one row per example and at least one feature column (got shape {tuple(t.shape)})"
+        )
     if t.is_floating_point():
         return t.to(torch.float32)
     if t.dtype == torch.bool or t.is_complex():
@@ -126,7 +133,9 @@ def _labels(y: ArrayLike, name: str) -> torch.Tensor:
     if arr.dtype.kind == "f" and not np.array_equal(arr, np.round(arr)):
         raise ValueError(f"data: {name} must hold integer class indices (found fractional values)")
     if arr.dtype.kind not in "iuf" and arr.size:
-        raise ValueError(f"data: {name} must hold integer class indices, got dtype {arr.dtype}; map labels to 0..C-1 first")
+        raise ValueError(
+            f"data: {name} must hold integer class indices, got dtype {arr.dtype}; map labels to 0..C-1 first"
+        )
     out = torch.from_numpy(np.ascontiguousarray(arr)).to(torch.int64)
     if out.numel() and int(out.min()) < 0:
         raise ValueError(f"data: {name} has a negative label ({int(out.min())}); labels must be 0..num_classes-1")
@@ -139,7 +148,9 @@ def _num_classes(y_train: torch.Tensor, y_test: torch.Tensor, num_classes: int |
     if num_classes is None:
         return largest + 1
     if largest >= num_classes:
-        raise ValueError(f"data: a label is {largest} but num_classes is {num_classes}; labels must be 0..num_classes-1")
+        raise ValueError(
+            f"data: a label is {largest} but num_classes is {num_classes}; labels must be 0..num_classes-1"
+        )
     return int(num_classes)
 
 
@@ -171,10 +182,14 @@ def split_from_arrays(
     ys = _labels(y_train, "y_train"), _labels(y_test, "y_test")
     for x, y, part in zip(xs, ys, ("train", "test")):
         if x.shape[0] != y.shape[0]:
-            raise ValueError(f"data: x_{part} has {x.shape[0]} rows but y_{part} has {y.shape[0]}; give one label per row")
+            raise ValueError(
+                f"data: x_{part} has {x.shape[0]} rows but y_{part} has {y.shape[0]}; give one label per row"
+            )
     if xs[0].shape[1:] != xs[1].shape[1:] or xs[0].dtype != xs[1].dtype:
-        raise ValueError(f"data: x_train rows are {tuple(xs[0].shape[1:])} {xs[0].dtype} but x_test rows are "
-                         f"{tuple(xs[1].shape[1:])} {xs[1].dtype}; both must have the same shape and kind")
+        raise ValueError(
+            f"data: x_train rows are {tuple(xs[0].shape[1:])} {xs[0].dtype} but x_test rows are "
+            f"{tuple(xs[1].shape[1:])} {xs[1].dtype}; both must have the same shape and kind"
+        )
     classes = _num_classes(ys[0], ys[1], num_classes)
     owners = _owners(client_ids, len(ys[0]), "client_ids")
     test_owners = _owners(test_client_ids, len(ys[1]), "test_client_ids")
@@ -186,8 +201,11 @@ def split_from_arrays(
 
 
 def _pooled(
-    xs: tuple[torch.Tensor, torch.Tensor], ys: tuple[torch.Tensor, torch.Tensor], classes: int,
-    owners: np.ndarray, test_owners: np.ndarray,
+    xs: tuple[torch.Tensor, torch.Tensor],
+    ys: tuple[torch.Tensor, torch.Tensor],
+    classes: int,
+    owners: np.ndarray,
+    test_owners: np.ndarray,
 ) -> DataSplit:
     """Train rows then test rows in one pool; the test set is a view of the tail (see :class:`DataSplit`)."""
     n_train = len(ys[0])
@@ -212,7 +230,9 @@ def split_from_pool(
     owners = _owners(client_ids, len(labels), "client_ids")
     mask = _owners(test_mask, len(labels), "test_mask")
     if mask.dtype != np.bool_:
-        raise ValueError(f"data: test_mask must be boolean (true: the row is in its owner's test part), got {mask.dtype}")
+        raise ValueError(
+            f"data: test_mask must be boolean (true: the row is in its owner's test part), got {mask.dtype}"
+        )
     classes = _num_classes(labels, labels[:0], num_classes)
     test_rows = np.flatnonzero(mask)
     if test_rows.size and test_rows[0] == len(mask) - test_rows.size:  # the tail: a view

@@ -116,8 +116,9 @@ def most_frequent_words(texts: Iterable[str], vocab_size: int | None) -> dict[st
     itself (alphabetical), so the vocabulary depends on the texts only, not on their order.
     """
     if vocab_size is not None and vocab_size < RESERVED_IDS:
-        raise ValueError(f"text: vocab_size must be >= {RESERVED_IDS} (ids 0 and 1 are padding and unknown), "
-                         f"got {vocab_size}")
+        raise ValueError(
+            f"text: vocab_size must be >= {RESERVED_IDS} (ids 0 and 1 are padding and unknown), got {vocab_size}"
+        )
     counts: Counter[str] = Counter()
     for text in texts:
         counts.update(tokenise(text))
@@ -136,8 +137,10 @@ def read_glove_words(path: str | Path, max_words: int | None = None) -> dict[str
     """
     where = os.path.expanduser(str(path))
     if not os.path.isfile(where):
-        raise FileNotFoundError(f"data: no GloVe file {where}; download one from {GLOVE_SOURCE}, unzip it and set "
-                                "data.glove to the .txt file, or data.glove=null to build the vocabulary from the tweets")
+        raise FileNotFoundError(
+            f"data: no GloVe file {where}; download one from {GLOVE_SOURCE}, unzip it and set "
+            "data.glove to the .txt file, or data.glove=null to build the vocabulary from the tweets"
+        )
     words: dict[str, int] = {}
     dim = 0
     with open(where, encoding="utf-8") as lines:
@@ -148,8 +151,10 @@ def read_glove_words(path: str | Path, max_words: int | None = None) -> dict[str
             spaces = line.count(" ")
             dim = dim or spaces
             if dim < 1 or spaces < dim:
-                raise ValueError(f"data: GloVe file {where} line {number + 1} has {spaces} values after the word, "
-                                 f"line 1 has {dim}; every line must be 'word v1 v2 ... vd'")
+                raise ValueError(
+                    f"data: GloVe file {where} line {number + 1} has {spaces} values after the word, "
+                    f"line 1 has {dim}; every line must be 'word v1 v2 ... vd'"
+                )
             word = line[: line.index(" ")] if spaces == dim else line.rsplit(" ", dim)[0]
             words.setdefault(word, number + RESERVED_IDS)
     if not words:

@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsim.data.tensor_data import DataSplit, TensorData
 from fedsim.core.errors import DatasetNotFoundError
 from fedsim.core.extras import require
+from fedsim.data.tensor_data import DataSplit, TensorData
 
 TFF_SOURCES = {
     False: ("fed_emnist", "https://storage.googleapis.com/tff-datasets-public/fed_emnist.tar.bz2"),
@@ -49,6 +49,8 @@ TFF_SOURCES = {
 IMAGE_SHAPE = (28, 28)
 
 _NAME = "data=femnist_tff"
+
+
 def _h5py() -> Any:
     """The h5py module, or a one-line :class:`~fedsim.core.extras.MissingExtraError` saying how to install it."""
     return require("h5py", _NAME, "tff")
@@ -73,8 +75,9 @@ def _unreadable(path: str, only_digits: bool, err: BaseException) -> FileNotFoun
     """The one-line :class:`~fedsim.core.errors.DatasetNotFoundError` for a file that is not readable HDF5."""
     _, url = TFF_SOURCES[bool(only_digits)]
     detail = " ".join(str(err).split())[:200]
-    return DatasetNotFoundError(f"{_NAME}: cannot read {path} as HDF5 (truncated or corrupt: {detail}); "
-                                f"download {url} again and extract it")
+    return DatasetNotFoundError(
+        f"{_NAME}: cannot read {path} as HDF5 (truncated or corrupt: {detail}); download {url} again and extract it"
+    )
 
 
 @contextlib.contextmanager
@@ -97,7 +100,9 @@ def _writers(f: Any, path: str) -> list[tuple[str, int]]:
     No dataset stays open: thousands of open HDF5 datasets cost ~40 kB of memory each."""
     examples = f.get("examples")
     if examples is None:
-        raise ValueError(f"{_NAME}: {path} has no 'examples' group; expected TFF's layout examples/<client_id>/{{pixels,label}}")
+        raise ValueError(
+            f"{_NAME}: {path} has no 'examples' group; expected TFF's layout examples/<client_id>/{{pixels,label}}"
+        )
     out = []
     for cid in sorted(examples):
         group = examples[cid]
@@ -107,14 +112,23 @@ def _writers(f: Any, path: str) -> list[tuple[str, int]]:
                 raise ValueError(f"{_NAME}: {path}: writer {cid!r} has no '{field}' dataset")
         rows = label.shape[0] if label.ndim == 1 else -1
         if rows < 0 or pixels.shape != (rows, *IMAGE_SHAPE):
-            raise ValueError(f"{_NAME}: {path}: writer {cid!r} has pixels {pixels.shape} and label "
-                             f"{label.shape}; expected (n, 28, 28) and (n,)")
+            raise ValueError(
+                f"{_NAME}: {path}: writer {cid!r} has pixels {pixels.shape} and label "
+                f"{label.shape}; expected (n, 28, 28) and (n,)"
+            )
         out.append((cid, rows))
     return out
 
 
-def _fill(f: Any, writers: list[tuple[str, int]], start: int, code: dict[str, int],
-          images: np.ndarray, labels: np.ndarray, groups: np.ndarray) -> None:
+def _fill(
+    f: Any,
+    writers: list[tuple[str, int]],
+    start: int,
+    code: dict[str, int],
+    images: np.ndarray,
+    labels: np.ndarray,
+    groups: np.ndarray,
+) -> None:
     """Read every writer's rows straight into ``images`` / ``labels`` (views of the pool) from row ``start`` on."""
     examples = f["examples"]
     for cid, rows in writers:
@@ -126,7 +140,9 @@ def _fill(f: Any, writers: list[tuple[str, int]], start: int, code: dict[str, in
             start = end
 
 
-def _check_labels(y: np.ndarray, num_classes: int, parts: list[tuple[str, list[tuple[str, int]]]], only_digits: bool) -> None:
+def _check_labels(
+    y: np.ndarray, num_classes: int, parts: list[tuple[str, list[tuple[str, int]]]], only_digits: bool
+) -> None:
     """Refuse a label outside ``0..num_classes-1``, naming the file and writer of the first such row."""
     bad = np.flatnonzero((y < 0) | (y >= num_classes))
     if not bad.size:
@@ -136,8 +152,10 @@ def _check_labels(y: np.ndarray, num_classes: int, parts: list[tuple[str, list[t
         for cid, rows in writers:
             if row < rows:
                 hint = " (is this a 62-class file read with data.only_digits=true?)" if only_digits else ""
-                raise ValueError(f"{_NAME}: {path}: writer {cid!r} has label {int(y[bad[0]])}; labels must be "
-                                 f"0..{num_classes - 1}{hint}")
+                raise ValueError(
+                    f"{_NAME}: {path}: writer {cid!r} has label {int(y[bad[0]])}; labels must be "
+                    f"0..{num_classes - 1}{hint}"
+                )
             row -= rows
 
 

@@ -45,8 +45,8 @@ import torch
 from torchvision import datasets
 from torchvision.datasets.utils import check_integrity
 
-from fedsim.data.tensor_data import DataSplit, TensorData
 from fedsim.core.errors import DatasetNotFoundError  # noqa: F401 (defined there, without torchvision; re-exported)
+from fedsim.data.tensor_data import DataSplit, TensorData
 
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
@@ -183,9 +183,7 @@ def _emnist_source(root: str, split: str) -> _Source:
     """Source for one EMNIST split (files ``emnist-<split>-<part>-<kind>-ubyte`` in ``EMNIST/raw``)."""
     base = os.path.expanduser(root)
     files = tuple(
-        f"emnist-{split}-{part}-{kind}-ubyte"
-        for part in ("train", "test")
-        for kind in ("images-idx3", "labels-idx1")
+        f"emnist-{split}-{part}-{kind}-ubyte" for part in ("train", "test") for kind in ("images-idx3", "labels-idx1")
     )
     return _Source(
         name="emnist",

@@ -7,4 +7,12 @@ from fedsim.executor.serial import SerialExecutor
 from fedsim.executor.vmap import VmapExecutor
 from fedsim.executor.vmap_optim import VmapUnsupportedError
 
-__all__ = ["Executor", "ProcessExecutor", "RayExecutor", "SerialExecutor", "VmapExecutor", "VmapUnsupportedError", "Workload"]
+__all__ = [
+    "Executor",
+    "ProcessExecutor",
+    "RayExecutor",
+    "SerialExecutor",
+    "VmapExecutor",
+    "VmapUnsupportedError",
+    "Workload",
+]

@@ -20,12 +20,12 @@ import torch
 from torch import nn
 
 from fedsim.client.base import Client
-from fedsim.data.tensor_data import TensorData
-from fedsim.executor import client_guard
+from fedsim.client.local_training import LocalTraining
 from fedsim.core.params import load_flat, restore_fixed_state
 from fedsim.core.state_values import copy_state, state_problem
-from fedsim.client.local_training import LocalTraining
 from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
+from fedsim.data.tensor_data import TensorData
+from fedsim.executor import client_guard
 
 MAX_FAILED_STARTS = 5  # failed starts of one worker slot in a row (killed while starting) before the run stops
 
@@ -63,12 +63,14 @@ class Executor(ABC):
     def evaluate(self, global_params: torch.Tensor, tasks: Sequence[EvalTask]) -> list[EvalResult | ClientFailure]:
         """Score every task's clients with ``global_params`` (see :mod:`fedsim.executor.eval_task`), on the same
         workers as :meth:`fit`; results sorted by each task's first client. Every built-in executor has it."""
-        raise NotImplementedError(f"{type(self).__name__} cannot evaluate clients (evaluate_clients needs Executor.evaluate)")
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot evaluate clients (evaluate_clients needs Executor.evaluate)"
+        )
 
     def close(self) -> None:
         """Release workers; safe to call twice."""
 
-    def __enter__(self) -> "Executor":
+    def __enter__(self) -> Executor:
         return self
 
     def __exit__(
@@ -78,8 +80,14 @@ class Executor(ABC):
 
 
 def run_task(
-    model: nn.Module, client: Client, data: TensorData, global_params: torch.Tensor, task: FitTask, worker: str,
-    local: LocalTraining | None = None, fixed: dict[str, torch.Tensor] | None = None,
+    model: nn.Module,
+    client: Client,
+    data: TensorData,
+    global_params: torch.Tensor,
+    task: FitTask,
+    worker: str,
+    local: LocalTraining | None = None,
+    fixed: dict[str, torch.Tensor] | None = None,
 ) -> TaskResult:
     """Load the global weights into ``model``, train ``client`` with the task's own generator.
 
@@ -112,8 +120,13 @@ def run_task(
 
 
 def _fit_guarded(
-    model: nn.Module, client: Client, data: TensorData, task: FitTask, generator: torch.Generator,
-    local: LocalTraining | None, state: dict,
+    model: nn.Module,
+    client: Client,
+    data: TensorData,
+    task: FitTask,
+    generator: torch.Generator,
+    local: LocalTraining | None,
+    state: dict,
 ) -> tuple[ClientUpdate, str | None]:
     """``client.fit`` under the task's seeded global RNG, and the attribute it changed on ``self`` (if any);
     the client's declared ``task_attributes`` are put back whatever happens."""
@@ -130,14 +143,23 @@ def _fit_guarded(
 
 def _failure(task: FitTask, worker: str, error: str, *, traceback: str = "", fatal: bool = False) -> ClientFailure:
     return ClientFailure(
-        client_id=task.client_id, round_num=task.round_num, error=error, traceback=traceback or error,
-        worker=worker, fatal=fatal,
+        client_id=task.client_id,
+        round_num=task.round_num,
+        error=error,
+        traceback=traceback or error,
+        worker=worker,
+        fatal=fatal,
     )
 
 
 def retry_or_fail(
-    task: FitTask, reason: str, worker: str, max_retries: int,
-    attempts: dict[int, int], pending: "deque[FitTask]", results: dict[int, TaskResult],
+    task: FitTask,
+    reason: str,
+    worker: str,
+    max_retries: int,
+    attempts: dict[int, int],
+    pending: deque[FitTask],
+    results: dict[int, TaskResult],
 ) -> None:
     """After a worker died or timed out on ``task``: queue it again (same seed) while retries remain,
     else record a :class:`ClientFailure` saying why. Shared by the process and Ray executors."""
@@ -146,9 +168,12 @@ def retry_or_fail(
         pending.appendleft(task)
         return
     results[task.client_id] = ClientFailure(
-        client_id=task.client_id, round_num=task.round_num, error=reason,
+        client_id=task.client_id,
+        round_num=task.round_num,
+        error=reason,
         traceback=f"{reason} ({attempts[task.client_id]} attempts, max_retries={max_retries})",
-        worker=worker, attempts=attempts[task.client_id],
+        worker=worker,
+        attempts=attempts[task.client_id],
     )
 
 
@@ -165,5 +190,3 @@ def _task_global_rng(seed: int, device: torch.device) -> Iterator[None]:
             with torch.cuda.device(device):
                 torch.cuda.manual_seed(seed)
         yield
-
-

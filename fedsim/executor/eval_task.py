@@ -25,18 +25,24 @@ import torch
 from torch import nn
 
 from fedsim.client.base import Client
-from fedsim.client.scoring import example_losses
-from fedsim.data.tensor_data import TensorData
-from fedsim.core.params import load_flat, restore_fixed_state
 from fedsim.client.local_training import LocalTraining, personalises
+from fedsim.client.scoring import example_losses
+from fedsim.core.params import load_flat, restore_fixed_state
 from fedsim.core.types import ClientFailure, ClientScore, EvalResult, EvalTask
+from fedsim.data.tensor_data import TensorData
 
 EVAL_BATCH = 1024  # rows per forward pass when scoring a group
 
 
 def run_eval_task(
-    model: nn.Module, clients: Sequence[Client], data: TensorData, global_params: torch.Tensor, task: EvalTask,
-    worker: str, local: LocalTraining | None = None, fixed: dict[str, torch.Tensor] | None = None,
+    model: nn.Module,
+    clients: Sequence[Client],
+    data: TensorData,
+    global_params: torch.Tensor,
+    task: EvalTask,
+    worker: str,
+    local: LocalTraining | None = None,
+    fixed: dict[str, torch.Tensor] | None = None,
 ) -> EvalResult | ClientFailure:
     """Score ``task``'s clients with ``global_params`` (and their personal models); an exception in client or
     strategy code becomes a :class:`ClientFailure` for the group, naming its clients."""
@@ -46,13 +52,20 @@ def run_eval_task(
         scores = _group_scores(model, members, data)
         if personalises(local) and task.states:
             assert local is not None
-            scores = [_with_personal(model, client, data, global_params, fixed, local, state, score)
-                      for client, state, score in zip(members, task.states, scores)]
+            scores = [
+                _with_personal(model, client, data, global_params, fixed, local, state, score)
+                for client, state, score in zip(members, task.states, scores)
+            ]
         return EvalResult(client_id=task.client_id, round_num=task.round_num, scores=tuple(scores), worker=worker)
     except Exception as error:  # noqa: BLE001 - client code may raise anything; it becomes data
         who = f"evaluating clients {task.client_ids[0]}..{task.client_ids[-1]}"
-        return ClientFailure(client_id=task.client_id, round_num=task.round_num, error=f"{who}: {type(error).__name__}: {error}",
-                             traceback=tb.format_exc(), worker=worker)
+        return ClientFailure(
+            client_id=task.client_id,
+            round_num=task.round_num,
+            error=f"{who}: {type(error).__name__}: {error}",
+            traceback=tb.format_exc(),
+            worker=worker,
+        )
 
 
 def _load(model: nn.Module, params: torch.Tensor, fixed: dict[str, torch.Tensor] | None) -> None:
@@ -74,8 +87,10 @@ def _group_scores(model: nn.Module, members: list[Client], data: TensorData) -> 
     owner = np.repeat(np.arange(len(members)), sizes)
     loss_sums = np.bincount(owner, weights=losses.double().numpy(), minlength=len(members)).tolist()
     hits = np.bincount(owner, weights=correct.numpy(), minlength=len(members)).tolist()
-    return [ClientScore(c.client_id, n, s / n, int(h) / n) if n else ClientScore(c.client_id, 0, math.nan, math.nan)
-            for c, n, s, h in zip(members, sizes, loss_sums, hits)]
+    return [
+        ClientScore(c.client_id, n, s / n, int(h) / n) if n else ClientScore(c.client_id, 0, math.nan, math.nan)
+        for c, n, s, h in zip(members, sizes, loss_sums, hits)
+    ]
 
 
 def _shared_evaluation(members: list[Client]) -> bool:
@@ -90,8 +105,14 @@ def _own_score(model: nn.Module, client: Client, data: TensorData) -> ClientScor
 
 
 def _with_personal(
-    model: nn.Module, client: Client, data: TensorData, global_params: torch.Tensor, fixed: dict[str, torch.Tensor] | None,
-    local: LocalTraining, state: dict[str, Any], score: ClientScore,
+    model: nn.Module,
+    client: Client,
+    data: TensorData,
+    global_params: torch.Tensor,
+    fixed: dict[str, torch.Tensor] | None,
+    local: LocalTraining,
+    state: dict[str, Any],
+    score: ClientScore,
 ) -> ClientScore:
     """``score`` with the client's personal model's loss and accuracy added (its global ones if it has none)."""
     _load(model, global_params, fixed)

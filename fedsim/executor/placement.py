@@ -16,7 +16,9 @@ def physical_cores() -> int:
     for cpu in cpus:
         topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
         try:
-            cores.add(((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()))
+            cores.add(
+                ((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip())
+            )
         except OSError:
             return len(cpus)
     return max(len(cores), 1)
@@ -36,10 +38,14 @@ def resolve_devices(devices: str | Sequence[str]) -> list[str]:
         raise ValueError("executor.devices must name at least one device (or be 'auto')")
     for name in resolved:
         if name.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"executor.devices asks for {name} but no CUDA device is visible; use executor.devices=cpu or auto")
+            raise ValueError(
+                f"executor.devices asks for {name} but no CUDA device is visible; use executor.devices=cpu or auto"
+            )
         if name.startswith("cuda") and torch.device(name).index >= torch.cuda.device_count():
-            raise ValueError(f"executor.devices asks for {name} but only {torch.cuda.device_count()} CUDA device(s) are "
-                             "visible (cuda:0 onwards); use executor.devices=auto")
+            raise ValueError(
+                f"executor.devices asks for {name} but only {torch.cuda.device_count()} CUDA device(s) are "
+                "visible (cuda:0 onwards); use executor.devices=auto"
+            )
     return resolved
 
 

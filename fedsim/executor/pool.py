@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from fedsim.core.errors import WorkerStartupError
+from fedsim.core.types import ClientUpdate, EvalTask, FitTask, TaskResult
 from fedsim.executor import by_value
 from fedsim.executor.base import Workload
 from fedsim.executor.worker import WorkerSpec, worker_main
-from fedsim.core.types import ClientUpdate, EvalTask, FitTask, TaskResult
 
 NO_MAIN_GUARD = (
     "fedsim: a worker process was started while your script was being imported by another worker: "
@@ -45,7 +45,12 @@ class WorkerHandle:
     """
 
     def __init__(
-        self, index: int, spec: WorkerSpec, process: BaseProcess, conn: Connection, result_buffers: tuple[torch.Tensor, ...]
+        self,
+        index: int,
+        spec: WorkerSpec,
+        process: BaseProcess,
+        conn: Connection,
+        result_buffers: tuple[torch.Tensor, ...],
     ) -> None:
         self.index, self.spec, self.process, self.conn, self.result_buffers = index, spec, process, conn, result_buffers
         self.in_flight: deque[tuple[FitTask, int]] = deque()  # (task, result slot), oldest first
@@ -91,8 +96,11 @@ class WorkerHandle:
             state = f"was killed by {_signal_name(-code)}" + (f" ({POSSIBLY_OOM})" if -code == signal.SIGKILL else "")
         else:
             state = f"exited with code {code}"
-        hint = ('. If a script starts fedsim, keep its experiment code under `if __name__ == "__main__":`'
-                if ready and code is not None and code >= 0 else "")
+        hint = (
+            '. If a script starts fedsim, keep its experiment code under `if __name__ == "__main__":`'
+            if ready and code is not None and code >= 0
+            else ""
+        )
         raise WorkerStartupError(
             f"worker {self.name} ({self.spec.device}) {state} before it could train{where}{hint}",
             retryable=not ready or code is None or code < 0,
@@ -183,7 +191,11 @@ def small_message(task: FitTask | EvalTask) -> bool:
     """Whether ``task`` pickles small enough to wait in the pipe of a worker that is still training: a large
     one (a model-sized array in its config or state) would block the parent's send until the worker reads
     it, and with it every timeout. Tensors cross as shared memory and count for nothing."""
-    values = [v for state in task.states for v in state.values()] if isinstance(task, EvalTask) else [*task.config.values(), *task.state.values()]
+    values = (
+        [v for state in task.states for v in state.values()]
+        if isinstance(task, EvalTask)
+        else [*task.config.values(), *task.state.values()]
+    )
     arrays = [v for v in values if isinstance(v, np.ndarray)]
     return sum(a.nbytes for a in arrays) < SMALL_MESSAGE
 
@@ -199,7 +211,9 @@ def _with_params(update: ClientUpdate, params: torch.Tensor) -> ClientUpdate:
     return replace(update, params=params)
 
 
-def launch_worker(ctx: BaseContext, index: int, device: str, threads: int, workload: Workload, global_params: torch.Tensor) -> WorkerHandle:
+def launch_worker(
+    ctx: BaseContext, index: int, device: str, threads: int, workload: Workload, global_params: torch.Tensor
+) -> WorkerHandle:
     """Spawn worker ``index``; returns at once (call :meth:`WorkerHandle.await_ready`).
 
     The process gets only its spec and pipe: multiprocessing writes a process's arguments to it while still
@@ -239,5 +253,7 @@ def _check_one(what: str, obj: object) -> None:
     try:
         by_value.dumps(obj)
     except Exception as error:  # noqa: BLE001 - any pickling failure gets the same advice
-        raise TypeError(f"ProcessExecutor cannot send {what} to worker processes ({type(error).__name__}: {error}); "
-                        "make it picklable (an open file, a lock or a generator cannot be pickled), or use executor=serial") from None
+        raise TypeError(
+            f"ProcessExecutor cannot send {what} to worker processes ({type(error).__name__}: {error}); "
+            "make it picklable (an open file, a lock or a generator cannot be pickled), or use executor=serial"
+        ) from None

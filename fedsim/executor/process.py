@@ -18,12 +18,12 @@ from multiprocessing.connection import wait
 
 import torch
 
-from fedsim.executor.forkserver import worker_context
-from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
-from fedsim.executor.placement import physical_cores, plan_workers, resolve_devices
-from fedsim.executor.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker, small_message
 from fedsim.core.params import flatten
 from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
+from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
+from fedsim.executor.forkserver import worker_context
+from fedsim.executor.placement import physical_cores, plan_workers, resolve_devices
+from fedsim.executor.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker, small_message
 
 log = logging.getLogger("fedsim")
 
@@ -81,7 +81,7 @@ class ProcessExecutor(Executor):
                 self._workers.append(self._ready_or_restart(worker))
             log.info("%d process workers ready in %.2f s", len(self._workers), time.perf_counter() - began)
         except BaseException:
-            for worker in launched[len(self._workers):]:  # started, never awaited
+            for worker in launched[len(self._workers) :]:  # started, never awaited
                 worker.kill()
             self.close()
             raise
@@ -114,8 +114,11 @@ class ProcessExecutor(Executor):
         except (EOFError, ConnectionError) as error:
             if self._ctx.get_start_method() != "forkserver":
                 raise
-            log.warning("worker w%d could not be forked: the forkserver died (%s); spawning workers from now on",
-                        index, type(error).__name__)
+            log.warning(
+                "worker w%d could not be forked: the forkserver died (%s); spawning workers from now on",
+                index,
+                type(error).__name__,
+            )
             self._ctx = mp.get_context("spawn")
             return launch_worker(self._ctx, index, device, threads, self._workload, self._global)
 
@@ -167,7 +170,14 @@ class ProcessExecutor(Executor):
             elif self.client_timeout_s is not None and time.monotonic() - worker.started_at > self.client_timeout_s:
                 self._replace(worker, results, pending, attempts, f"client timed out after {self.client_timeout_s:g} s")
 
-    def _replace(self, worker: WorkerHandle, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int], reason: str) -> None:
+    def _replace(
+        self,
+        worker: WorkerHandle,
+        results: dict[int, TaskResult],
+        pending: deque[FitTask],
+        attempts: dict[int, int],
+        reason: str,
+    ) -> None:
         """Kill ``worker``, start a fresh one in its slot, retry or fail the task it was training, and put the
         tasks queued behind it (never started) back at the front of ``pending``."""
         task = worker.task

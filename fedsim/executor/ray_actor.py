@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedsim.core.params import fixed_state
+from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.executor.base import Workload, run_task
 from fedsim.executor.eval_task import run_eval_task
-from fedsim.core.params import fixed_state
 from fedsim.executor.worker_log import log_result, redirect_output, tagged
-from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 
 
 def to_array(flat: torch.Tensor) -> np.ndarray:
@@ -53,11 +53,15 @@ class RayWorker:
             self.model = workload.model_factory().to(self.device)
         self.fixed = fixed_state(self.model)  # before the warm-up step (see fedsim.core.params)
         data = workload.train_data
-        self.data = data if self.device.type == "cpu" else replace(data, x=data.x.to(self.device), y=data.y.to(self.device))
+        self.data = (
+            data if self.device.type == "cpu" else replace(data, x=data.x.to(self.device), y=data.y.to(self.device))
+        )
         self._round_ref: Any = None
         self._global: torch.Tensor | None = None
         self._warm_up()
-        self.log.info("worker %s ready on %s (pid %d, %d threads)", name, self.device, os.getpid(), torch.get_num_threads())
+        self.log.info(
+            "worker %s ready on %s (pid %d, %d threads)", name, self.device, os.getpid(), torch.get_num_threads()
+        )
 
     def _warm_up(self) -> None:
         """Pay one-time costs (lazy imports behind the first optimizer step, first backward) now, so that
@@ -85,14 +89,28 @@ class RayWorker:
         assert self._global is not None
         if isinstance(task, EvalTask):
             with tagged(task):
-                scored = run_eval_task(self.model, self.clients, self.data, self._global, task, self.name, self.workload.local, self.fixed)
+                scored = run_eval_task(
+                    self.model, self.clients, self.data, self._global, task, self.name, self.workload.local, self.fixed
+                )
                 log_result(self.log, scored)
             return scored, None
         with tagged(task):
-            result = run_task(self.model, self.clients[task.client_id], self.data, self._global, task, self.name, self.workload.local,
-                              self.fixed)
+            result = run_task(
+                self.model,
+                self.clients[task.client_id],
+                self.data,
+                self._global,
+                task,
+                self.name,
+                self.workload.local,
+                self.fixed,
+            )
             log_result(self.log, result)
-        if isinstance(result, ClientUpdate) and isinstance(result.params, torch.Tensor) and result.params.dtype == self._global.dtype:
+        if (
+            isinstance(result, ClientUpdate)
+            and isinstance(result.params, torch.Tensor)
+            and result.params.dtype == self._global.dtype
+        ):
             return replace(result, params=torch.empty(0)), to_array(result.params)
         # anything else (not a tensor, another dtype) travels as it is; the server rejects it with its reason
         return result, None

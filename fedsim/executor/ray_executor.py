@@ -31,13 +31,13 @@ from typing import Any
 
 import torch
 
-from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
 from fedsim.core.errors import WorkerStartupError
+from fedsim.core.extras import missing_text, require
+from fedsim.core.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
+from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
 from fedsim.executor.placement import physical_cores
 from fedsim.executor.ray_actor import RayWorker, to_array, to_tensor
 from fedsim.executor.ray_reasons import death_reason, kill_quietly, start_failure
-from fedsim.core.extras import missing_text, require
-from fedsim.core.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
 
@@ -129,8 +129,13 @@ class RayExecutor(Executor):
         if self.address is None:
             cpus = self.workers * self.threads if self.workers else physical_cores()
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                     runtime_env=self.runtime_env, log_to_driver=True)
+            ray.init(
+                num_cpus=cpus,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                runtime_env=self.runtime_env,
+                log_to_driver=True,
+            )
         else:
             ray.init(address=self.address, runtime_env=self.runtime_env)
         self._owns_ray = True
@@ -145,7 +150,9 @@ class RayExecutor(Executor):
         """Start a fresh actor ``r<index>`` in ``slot`` without waiting for it; it logs to
         ``<run dir>/workers/ray-worker-<index>.log`` (on its own node)."""
         log_path = self._log_dir / "workers" / f"ray-worker-{slot.index}.log" if self._log_dir is not None else None
-        slot.actor = self._actor_cls.remote(slot.name, self._workload_ref, self.threads, self.num_gpus_per_worker > 0, log_path)
+        slot.actor = self._actor_cls.remote(
+            slot.name, self._workload_ref, self.threads, self.num_gpus_per_worker > 0, log_path
+        )
         slot.starting, slot.launched_at, slot.waiting_said = slot.actor.ready.remote(), time.monotonic(), False
         return slot
 
@@ -186,8 +193,11 @@ class RayExecutor(Executor):
         ready = sum(s.starting is None for s in self._slots)
         for slot in stalled:
             if not slot.waiting_said:
-                log.warning("Ray worker %s waits for room on the cluster (a node lost?); going on with %d worker(s)",
-                            slot.name, ready)
+                log.warning(
+                    "Ray worker %s waits for room on the cluster (a node lost?); going on with %d worker(s)",
+                    slot.name,
+                    ready,
+                )
                 slot.waiting_said = True
 
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
@@ -228,7 +238,9 @@ class RayExecutor(Executor):
                         slot.started_at = time.monotonic()
                     slot.queue.append((task, slot.actor.fit.remote(global_ref, task)))
 
-    def _wait(self, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int], *, all_needed: bool) -> None:
+    def _wait(
+        self, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int], *, all_needed: bool
+    ) -> None:
         """Wait briefly for a finished task or a starting actor; handle results, dead actors, timeouts and starts."""
         ray = self._ray
         running = {s.queue[0][1]: s for s in self._slots if s.queue}  # an actor runs its tasks in order
@@ -253,11 +265,20 @@ class RayExecutor(Executor):
                 self._replace(slot, results, pending, attempts, f"client timed out after {self.client_timeout_s:g} s")
         self._check_stalled(all_needed)
 
-    def _replace(self, slot: _Slot, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int], reason: str) -> None:
+    def _replace(
+        self,
+        slot: _Slot,
+        results: dict[int, TaskResult],
+        pending: deque[FitTask],
+        attempts: dict[int, int],
+        reason: str,
+    ) -> None:
         """Kill the slot's actor, start a fresh one in its place (in the background), retry or fail its running
         task and put the tasks queued behind it (which never started) back in line."""
         task = slot.queue.popleft()[0]
-        log.warning("round %d client %d: %s; replacing Ray worker %s", task.round_num, task.client_id, reason, slot.name)
+        log.warning(
+            "round %d client %d: %s; replacing Ray worker %s", task.round_num, task.client_id, reason, slot.name
+        )
         kill_quietly(self._ray, slot.actor)
         pending.extendleft(reversed([queued for queued, _ in slot.queue]))
         slot.queue.clear()

@@ -23,7 +23,10 @@ def start_failure(ray: Any, name: str, error: Exception) -> tuple[str, bool]:
     text = str(error)
     cause = getattr(error, "cause", None) or getattr(error, "__cause__", None)
     if "creation task" in text and isinstance(cause, Exception):
-        return f"Ray worker {name} could not start: {type(cause).__name__}: {str(cause).strip().splitlines()[-1]}", False
+        return (
+            f"Ray worker {name} could not start: {type(cause).__name__}: {str(cause).strip().splitlines()[-1]}",
+            False,
+        )
     if "creation task" in text:
         lines = [line for line in text.splitlines() if line.strip()]
         return f"Ray worker {name} could not start: {lines[-1].strip()}", False

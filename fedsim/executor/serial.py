@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 import torch
 
-from fedsim.executor.base import Executor, Workload, run_task
-from fedsim.executor.eval_task import run_eval_task
 from fedsim.core.params import fixed_state
 from fedsim.core.threads import torch_threads
 from fedsim.core.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
+from fedsim.executor.base import Executor, Workload, run_task
+from fedsim.executor.eval_task import run_eval_task
 
 
 class SerialExecutor(Executor):
@@ -43,7 +43,16 @@ class SerialExecutor(Executor):
         torch.set_num_threads(self.threads)
         try:
             return [
-                run_task(self._model, clients[task.client_id], data, global_params, task, "serial", self._workload.local, self._fixed)
+                run_task(
+                    self._model,
+                    clients[task.client_id],
+                    data,
+                    global_params,
+                    task,
+                    "serial",
+                    self._workload.local,
+                    self._fixed,
+                )
                 for task in sorted(tasks, key=lambda t: t.client_id)
             ]
         finally:
@@ -54,8 +63,12 @@ class SerialExecutor(Executor):
             raise RuntimeError("SerialExecutor.evaluate called before start()")
         clients, data = self._workload.clients, self._workload.train_data
         with torch_threads(self.threads):
-            return [run_eval_task(self._model, clients, data, global_params, task, "serial", self._workload.local, self._fixed)
-                    for task in sorted(tasks, key=lambda t: t.client_id)]
+            return [
+                run_eval_task(
+                    self._model, clients, data, global_params, task, "serial", self._workload.local, self._fixed
+                )
+                for task in sorted(tasks, key=lambda t: t.client_id)
+            ]
 
     def close(self) -> None:
         self._model = None

@@ -27,6 +27,11 @@ import torch
 from torch import nn
 
 from fedsim.client.base import Client
+from fedsim.client.local_training import LocalTraining
+from fedsim.core.params import ParamLayout, flatten
+from fedsim.core.state_values import copy_state
+from fedsim.core.threads import torch_threads
+from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
 from fedsim.executor.eval_task import run_eval_task
@@ -35,12 +40,7 @@ from fedsim.executor.vmap_dpsgd import PRIVATE_LOOP
 from fedsim.executor.vmap_optim import VmapUnsupportedError
 from fedsim.executor.vmap_plan import ClientPlan, plan_task
 from fedsim.executor.vmap_train import EAGER_TAIL, ChunkModel, train_chunk
-from fedsim.core.params import ParamLayout, flatten
 from fedsim.privacy.local import DPSGDClient
-from fedsim.client.local_training import LocalTraining
-from fedsim.core.state_values import copy_state
-from fedsim.core.threads import torch_threads
-from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 
 log = logging.getLogger("fedsim")
 
@@ -60,7 +60,9 @@ class VmapExecutor(Executor):
     ``functional_term``. Use ``executor=process`` for those.
     """
 
-    def __init__(self, *, devices: str | Sequence[str] = "cpu", chunk_size: int | None = None, threads: int = 1) -> None:
+    def __init__(
+        self, *, devices: str | Sequence[str] = "cpu", chunk_size: int | None = None, threads: int = 1
+    ) -> None:
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"executor.chunk_size must be >= 1 or null (got {chunk_size})")
         if threads < 1:
@@ -89,12 +91,17 @@ class VmapExecutor(Executor):
         check_clients(workload.clients)
         local = vectorised_local(workload.local)
         layout = ParamLayout.of(models[0])
-        self._chunk = self.chunk_size or auto_chunk_size(layout.numel, self.devices[0], gpu_free_bytes=_free_bytes(self.devices))
+        self._chunk = self.chunk_size or auto_chunk_size(
+            layout.numel, self.devices[0], gpu_free_bytes=_free_bytes(self.devices)
+        )
         self._contexts = [
-            ChunkModel(model, layout, _to_device(workload.train_data, model), local, f"vmap{i}") for i, model in enumerate(models)
+            ChunkModel(model, layout, _to_device(workload.train_data, model), local, f"vmap{i}")
+            for i, model in enumerate(models)
         ]
         self._workload = workload
-        self._eval_model = copy.deepcopy(models[0])  # evaluation loads weights into its model; training's stays as it is
+        self._eval_model = copy.deepcopy(
+            models[0]
+        )  # evaluation loads weights into its model; training's stays as it is
         probe_vectorisation(self._contexts[0], workload.clients)
 
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
@@ -102,7 +109,9 @@ class VmapExecutor(Executor):
             raise RuntimeError("VmapExecutor.fit called before start()")
         clients, model = self._workload.clients, self._contexts[0].model
         local = self._contexts[0].local
-        chunks = make_chunks([plan_task(clients[t.client_id], t, model, self._specs, local) for t in tasks], self._chunk)
+        chunks = make_chunks(
+            [plan_task(clients[t.client_id], t, model, self._specs, local) for t in tasks], self._chunk
+        )
         previous = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         devices = len(self._contexts)
@@ -111,12 +120,18 @@ class VmapExecutor(Executor):
                 results = _run_chunks(self._contexts[0], global_params, chunks)
             else:  # chunk i on device i mod D; each device's chunks one after another on its own thread
                 with ThreadPoolExecutor(devices) as pool:
-                    shares = [pool.submit(_run_chunks, ctx, global_params, chunks[d::devices]) for d, ctx in enumerate(self._contexts)]
+                    shares = [
+                        pool.submit(_run_chunks, ctx, global_params, chunks[d::devices])
+                        for d, ctx in enumerate(self._contexts)
+                    ]
                     results = [r for share in shares for r in share.result()]
         finally:
             torch.set_num_threads(previous)
         by_id = {t.client_id: t for t in tasks}
-        return [with_new_state(self._workload.local, by_id[r.client_id], global_params, r) for r in sorted(results, key=lambda r: r.client_id)]
+        return [
+            with_new_state(self._workload.local, by_id[r.client_id], global_params, r)
+            for r in sorted(results, key=lambda r: r.client_id)
+        ]
 
     def evaluate(self, global_params: torch.Tensor, tasks: Sequence[EvalTask]) -> list[EvalResult | ClientFailure]:
         """Score the tasks on the first device, one after another: a group shares the global model, so its
@@ -126,8 +141,10 @@ class VmapExecutor(Executor):
             raise RuntimeError("VmapExecutor.evaluate called before start()")
         clients, data = self._workload.clients, self._contexts[0].data
         with torch_threads(self.threads):
-            return [run_eval_task(self._eval_model, clients, data, global_params, task, "vmap0", self._workload.local)
-                    for task in sorted(tasks, key=lambda t: t.client_id)]
+            return [
+                run_eval_task(self._eval_model, clients, data, global_params, task, "vmap0", self._workload.local)
+                for task in sorted(tasks, key=lambda t: t.client_id)
+            ]
 
     def close(self) -> None:
         self._eval_model = None
@@ -136,7 +153,9 @@ class VmapExecutor(Executor):
         self._workload = None
 
 
-def with_new_state(local: LocalTraining | None, task: FitTask, global_params: torch.Tensor, result: TaskResult) -> TaskResult:
+def with_new_state(
+    local: LocalTraining | None, task: FitTask, global_params: torch.Tensor, result: TaskResult
+) -> TaskResult:
     """The update with the client's new state from the client half's :meth:`~LocalTraining.update_state`
     (as ``run_task`` does for the other executors). Without such a hook nothing under vmap can change a
     client's state (vmap refuses custom ``fit`` methods and ``end_task``), so the result keeps ``state=None``
@@ -148,7 +167,9 @@ def with_new_state(local: LocalTraining | None, task: FitTask, global_params: to
     return replace(result, state=copy_state(state))
 
 
-def auto_chunk_size(numel: int, device: str, cpu_budget_bytes: int = 64 * 2**20, gpu_free_bytes: int | None = None) -> int:
+def auto_chunk_size(
+    numel: int, device: str, cpu_budget_bytes: int = 64 * 2**20, gpu_free_bytes: int | None = None
+) -> int:
     """Clients per vectorised pass, from the chunk's parameters, gradients and optimizer state (about 16
     bytes per parameter and client).
 
@@ -198,8 +219,11 @@ def _run_chunk(ctx: ChunkModel, global_params: torch.Tensor, chunk: list[ClientP
         text = tb.format_exc()
         return [
             ClientFailure(
-                client_id=p.task.client_id, round_num=p.task.round_num, worker=ctx.worker,
-                error=f"{type(error).__name__}: {error} (in a vmap chunk of clients {ids})", traceback=text,
+                client_id=p.task.client_id,
+                round_num=p.task.round_num,
+                worker=ctx.worker,
+                error=f"{type(error).__name__}: {error} (in a vmap chunk of clients {ids})",
+                traceback=text,
             )
             for p in chunk
         ]
@@ -221,9 +245,12 @@ def warn_unbatched_layers(model: nn.Module) -> None:
     under ``torch.func.vmap`` and loops over the chunk's clients (the results are still right)."""
     recurrent = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.RNNBase)})
     if recurrent:
-        log.warning("executor=vmap trains %s one client at a time (PyTorch has no batched kernel for it under "
-                    "torch.func.vmap): expect no speed-up over executor=serial; executor=process is faster for this "
-                    "model", ", ".join(recurrent))
+        log.warning(
+            "executor=vmap trains %s one client at a time (PyTorch has no batched kernel for it under "
+            "torch.func.vmap): expect no speed-up over executor=serial; executor=process is faster for this "
+            "model",
+            ", ".join(recurrent),
+        )
 
 
 def check_clients(clients: Sequence[Client]) -> None:
@@ -274,15 +301,24 @@ def probe_vectorisation(ctx: ChunkModel, clients: Sequence[Client]) -> None:
     if client is None:
         return
     probe = replace_indices(client, client.train_indices[:2])
-    plans = [plan_task(probe, FitTask(client_id=probe.client_id, round_num=-1, seed=seed), ctx.model) for seed in range(EAGER_TAIL + 1)]
+    plans = [
+        plan_task(probe, FitTask(client_id=probe.client_id, round_num=-1, seed=seed), ctx.model)
+        for seed in range(EAGER_TAIL + 1)
+    ]
     plans = [replace(p, rows=p.rows[:1], sizes=p.sizes[:1], epochs=1, steps_per_epoch=1) for p in plans]
     global_params = flatten(ctx.model)
     try:
         with torch.random.fork_rng(devices=[]):
             train_chunk(ctx, global_params, plans)
     except RuntimeError as error:
-        reason = "the model draws random numbers (e.g. dropout)" if "randomness" in str(error) else f"{error}".splitlines()[0]
-        raise VmapUnsupportedError(f"executor=vmap cannot vectorise this model: {reason}; use executor=process") from error
+        reason = (
+            "the model draws random numbers (e.g. dropout)"
+            if "randomness" in str(error)
+            else f"{error}".splitlines()[0]
+        )
+        raise VmapUnsupportedError(
+            f"executor=vmap cannot vectorise this model: {reason}; use executor=process"
+        ) from error
 
 
 def replace_indices(client: Client, indices: object) -> Client:

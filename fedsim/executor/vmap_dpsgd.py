@@ -32,9 +32,9 @@ from torch import nn
 from torch.func import functional_call, grad, grad_and_value, vmap
 
 from fedsim.client.base import Client
-from fedsim.privacy.local import DPSGDClient
-from fedsim.core.seeding import dpsgd_noise_seed
 from fedsim.client.local_training import LocalTraining
+from fedsim.core.seeding import dpsgd_noise_seed
+from fedsim.privacy.local import DPSGDClient
 
 Tensors = dict[str, torch.Tensor]
 Clipped = tuple[Tensors, torch.Tensor]  # the sums of the clipped example gradients (n, *shape), the losses (n, width)
@@ -47,7 +47,9 @@ def is_private(client: Client) -> bool:
     return isinstance(client, DPSGDClient)
 
 
-def poisson_batches(client: DPSGDClient, generator: torch.Generator, epochs: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+def poisson_batches(
+    client: DPSGDClient, generator: torch.Generator, epochs: int
+) -> tuple[torch.Tensor, tuple[int, ...]]:
     """Every step's Poisson batch, as :meth:`DPSGDClient._run_epoch` draws them: rows ``(steps, widest)``
     (``rows[t, :sizes[t]]``, in the client's order; the rest is padding at row 0) and the batch sizes.
 
@@ -66,18 +68,30 @@ class PrivateGradient:
     """The noisy clipped gradient of a chunk's live clients at one step (the first ``n`` of ``plans``, which come
     longest first), and each client's noise generator, which the eager tail continues."""
 
-    def __init__(self, model: nn.Module, fixed: Tensors, anchor: Tensors, local: LocalTraining | None, plans: Sequence[Any],
-                 data: Any, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        fixed: Tensors,
+        anchor: Tensors,
+        local: LocalTraining | None,
+        plans: Sequence[Any],
+        data: Any,
+        device: torch.device,
+    ) -> None:
         clients: list[DPSGDClient] = [p.client for p in plans]
         self.data, self.device = data, device
         self.noise = [torch.Generator().manual_seed(dpsgd_noise_seed(p.task.seed)) for p in plans]
         self.names = [n for n, p in model.named_parameters() if n in anchor]  # the clients' noise order
-        self.buffers = {n: torch.empty(len(plans), *anchor[n].shape) for n in self.names}  # CPU, where the noise is drawn
+        self.buffers = {
+            n: torch.empty(len(plans), *anchor[n].shape) for n in self.names
+        }  # CPU, where the noise is drawn
         self.draws = [[self.buffers[n][k] for n in self.names] for k in range(len(plans))]  # client k's, in its order
         self.clip = _per_client([c.clip_norm for c in clients], device)
         self.scale = _per_client([c.noise_multiplier * c.clip_norm for c in clients], device)
         self.expected = _per_client([c.sampling_rate * c.num_train for c in clients], device)
-        self.widths = [max([p.sizes[t] for p in plans if p.num_steps > t] + [1]) for t in range(max(p.num_steps for p in plans))]
+        self.widths = [
+            max([p.sizes[t] for p in plans if p.num_steps > t] + [1]) for t in range(max(p.num_steps for p in plans))
+        ]
         per_example_loss = clients[0].per_example_loss
         self.model = model
         self.examples = ExampleClipping(model, fixed, per_example_loss, sum(v.numel() for v in anchor.values()), device)
@@ -85,8 +99,9 @@ class PrivateGradient:
         self.linear = None if layers is None else LinearClipping(model, fixed, per_example_loss, layers)
         self.term = _term_gradient(local, anchor)
 
-    def __call__(self, t: int, params: Tensors, rows: torch.Tensor, mask: torch.Tensor,
-                 numbers: Tensors) -> tuple[Tensors, torch.Tensor]:
+    def __call__(
+        self, t: int, params: Tensors, rows: torch.Tensor, mask: torch.Tensor, numbers: Tensors
+    ) -> tuple[Tensors, torch.Tensor]:
         """Gradients ``{name: (n, *shape)}`` and each client's mean loss over its batch, for the ``n = len(rows)``
         live clients at step ``t`` (``rows``, ``mask``: ``(n, width)``, cut here to the step's widest batch)."""
         n, width = rows.shape[0], self.widths[t]
@@ -120,7 +135,9 @@ class PrivateGradient:
         except NotPerExample:
             return False
         exact, _ = self.examples(params, x, y, mask, clip)
-        return all(float((fast[name] - value).norm()) <= 1e-4 * float(value.norm()) + 1e-6 for name, value in exact.items())
+        return all(
+            float((fast[name] - value).norm()) <= 1e-4 * float(value.norm()) + 1e-6 for name, value in exact.items()
+        )
 
     def _draw(self, n: int) -> Tensors:
         """Each of the first ``n`` clients' noise for one step, from its own generator in its own order."""
@@ -133,12 +150,14 @@ class PrivateGradient:
         """Client ``i``'s steps after it leaves the vectorised calls, as :meth:`DPSGDClient._run_epoch` takes them:
         the private gradient into ``.grad`` from its noise generator (where the vectorised steps left it) and
         the strategy's ``loss_term``; returns the batch's mean loss (the optimizer steps after)."""
+
         def gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, local: LocalTraining | None) -> torch.Tensor:
             loss_sum = client._private_gradient(model, x, y, self.noise[i])
             term = local.loss_term(model) if local is not None else None
             if term is not None:
                 term.backward()
             return x.new_tensor(loss_sum / max(len(x), 1), dtype=torch.float32)
+
         return gradient
 
 
@@ -161,8 +180,13 @@ class LinearClipping:
     times the model in memory traffic (12× a batch gradient for the 2NN here). Forward hooks record each layer's
     input and add a zero "tap" to its output, whose gradient is g."""
 
-    def __init__(self, model: nn.Module, fixed: Tensors, per_example_loss: Callable[..., torch.Tensor],
-                 layers: dict[str, tuple[nn.Linear, str | None, str | None]]) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        fixed: Tensors,
+        per_example_loss: Callable[..., torch.Tensor],
+        layers: dict[str, tuple[nn.Linear, str | None, str | None]],
+    ) -> None:
         self.layers = layers
 
         def loss(taps: Tensors, params: Tensors, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -173,7 +197,9 @@ class LinearClipping:
 
         self.taps = vmap(grad(loss, has_aux=True))
 
-    def __call__(self, params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: torch.Tensor) -> Clipped:
+    def __call__(
+        self, params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: torch.Tensor
+    ) -> Clipped:
         """The sums of the clipped example gradients ``{name: (n, *shape)}`` and the examples' losses ``(n, width)``."""
         taps = {name: x.new_zeros(*y.shape, layer.out_features) for name, (layer, _, _) in self.layers.items()}
         outputs, (losses, inputs) = self.taps(taps, params, x, y)
@@ -199,7 +225,9 @@ class LinearClipping:
                     raise NotPerExample(name)
                 inputs[name] = args[0]
                 return output + taps[name]
+
             return tap
+
         handles = [layer.register_forward_hook(hook(name)) for name, (layer, _, _) in self.layers.items()]
         try:
             yield
@@ -232,21 +260,39 @@ class ExampleClipping:
     """Per-example clipping for any model: every example's gradient (a ``vmap`` over the examples inside the ``vmap``
     over the clients), clipped and summed, for as many clients at a time as keep those gradients within a budget."""
 
-    def __init__(self, model: nn.Module, fixed: Tensors, per_example_loss: Callable[..., torch.Tensor], numel: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        fixed: Tensors,
+        per_example_loss: Callable[..., torch.Tensor],
+        numel: int,
+        device: torch.device,
+    ) -> None:
         self.numel, self.budget = numel, _EXAMPLE_GRADIENT_BYTES["cuda" if device.type == "cuda" else "cpu"]
         self.grads = vmap(vmap(grad_and_value(_example_loss(model, fixed, per_example_loss)), in_dims=(None, 0, 0)))
 
-    def __call__(self, params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: torch.Tensor) -> Clipped:
+    def __call__(
+        self, params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: torch.Tensor
+    ) -> Clipped:
         n, width = y.shape
         step = max(1, self.budget // (4 * width * max(self.numel, 1)))
-        pieces = [self._clipped({k: v[i : i + step] for k, v in params.items()}, x[i : i + step], y[i : i + step],
-                                mask[i : i + step], clip[i : i + step]) for i in range(0, n, step)]
+        pieces = [
+            self._clipped(
+                {k: v[i : i + step] for k, v in params.items()},
+                x[i : i + step],
+                y[i : i + step],
+                mask[i : i + step],
+                clip[i : i + step],
+            )
+            for i in range(0, n, step)
+        ]
         if len(pieces) == 1:
             return pieces[0]
         return {k: torch.cat([s[k] for s, _ in pieces]) for k in pieces[0][0]}, torch.cat([l for _, l in pieces])
 
-    def _clipped(self, params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: torch.Tensor) -> Clipped:
+    def _clipped(
+        self, params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: torch.Tensor
+    ) -> Clipped:
         grads, losses = self.grads(params, x, y)
         flat = {name: g.flatten(2) for name, g in grads.items()}
         norms = torch.stack([torch.linalg.vector_norm(g, dim=2) for g in flat.values()]).square().sum(0).sqrt()
@@ -259,10 +305,13 @@ class ExampleClipping:
 _EXAMPLE_GRADIENT_BYTES = {"cpu": 64 * 2**20, "cuda": 2 * 2**30}
 
 
-def _example_loss(model: nn.Module, fixed: Tensors, per_example_loss: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _example_loss(
+    model: nn.Module, fixed: Tensors, per_example_loss: Callable[..., torch.Tensor]
+) -> Callable[..., torch.Tensor]:
     def loss(params: Tensors, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         out = functional_call(model, {**fixed, **params}, (x.unsqueeze(0),))
         return per_example_loss(out, y.unsqueeze(0)).sum()
+
     return loss
 
 

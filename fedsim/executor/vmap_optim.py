@@ -44,15 +44,22 @@ def optimizer_spec(optimizer: torch.optim.Optimizer) -> OptimizerSpec:
     group = optimizer.param_groups[0]
     unsupported = [k for k in ("maximize", "amsgrad", "differentiable") if group.get(k)]
     if unsupported:
-        raise VmapUnsupportedError(f"executor=vmap does not replicate the optimizer option {unsupported[0]}=True; use executor=process")
+        raise VmapUnsupportedError(
+            f"executor=vmap does not replicate the optimizer option {unsupported[0]}=True; use executor=process"
+        )
     if type(optimizer) is torch.optim.SGD:
         hyper = {k: float(group[k]) for k in _SGD_KEYS}
         flags = (("nesterov", bool(group["nesterov"])), ("momentum", hyper["momentum"] != 0.0))
         return OptimizerSpec("sgd", flags, tuple(hyper.items()))
     if type(optimizer) is torch.optim.Adam:
         beta1, beta2 = group["betas"]
-        hyper = {"lr": float(group["lr"]), "beta1": float(beta1), "beta2": float(beta2),
-                 "eps": float(group["eps"]), "weight_decay": float(group["weight_decay"])}
+        hyper = {
+            "lr": float(group["lr"]),
+            "beta1": float(beta1),
+            "beta2": float(beta2),
+            "eps": float(group["eps"]),
+            "weight_decay": float(group["weight_decay"]),
+        }
         return OptimizerSpec("adam", (), tuple(hyper.items()))
     raise VmapUnsupportedError(
         f"executor=vmap trains with SGD (with or without momentum) or Adam, not {type(optimizer).__name__}; use executor=process"
@@ -62,7 +69,9 @@ def optimizer_spec(optimizer: torch.optim.Optimizer) -> OptimizerSpec:
 def stack_hyper(specs: list[OptimizerSpec], device: torch.device) -> Tensors:
     """One ``(K,)`` float32 tensor per hyper-parameter, in client order."""
     names = [name for name, _ in specs[0].hyper]
-    return {name: torch.tensor([dict(s.hyper)[name] for s in specs], dtype=torch.float32, device=device) for name in names}
+    return {
+        name: torch.tensor([dict(s.hyper)[name] for s in specs], dtype=torch.float32, device=device) for name in names
+    }
 
 
 def init_state(spec: OptimizerSpec, params: Tensors) -> Tensors:
@@ -77,7 +86,13 @@ def init_state(spec: OptimizerSpec, params: Tensors) -> Tensors:
 
 
 def step(
-    spec: OptimizerSpec, params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors, first: bool, decay: bool = True
+    spec: OptimizerSpec,
+    params: Tensors,
+    grads: Tensors,
+    state: Tensors,
+    hyper: Tensors,
+    first: bool,
+    decay: bool = True,
 ) -> None:
     """One optimizer step for every client, in place on ``params`` and ``state`` (``grads`` are consumed).
     ``first``: no client has stepped before. ``decay=False``: no client has weight decay (see
@@ -132,8 +147,9 @@ def _adam(params: Tensors, grads: Tensors, state: Tensors, hyper: Tensors) -> No
         p.addcdiv_(m * _per_client(step_size, m), denom)
 
 
-def to_torch_state(spec: OptimizerSpec, optimizer: torch.optim.Optimizer, named: dict[str, torch.nn.Parameter],
-                   state: Tensors, i: int) -> None:
+def to_torch_state(
+    spec: OptimizerSpec, optimizer: torch.optim.Optimizer, named: dict[str, torch.nn.Parameter], state: Tensors, i: int
+) -> None:
     """Give a fresh ``torch.optim`` optimizer client ``i``'s state (after at least one vectorised step), so
     that it continues exactly where the vectorised optimizer stopped. Adam's ``step`` is a float32 tensor
     on the CPU, or on the parameter's device for ``capturable``/``fused`` Adam, as torch.optim keeps it."""
@@ -145,5 +161,7 @@ def to_torch_state(spec: OptimizerSpec, optimizer: torch.optim.Optimizer, named:
         elif spec.kind == "adam":
             step = torch.tensor(float(state["step"][i]), dtype=torch.float32, device=step_device or param.device)
             optimizer.state[param].update(
-                step=step, exp_avg=state[f"m.{name}"][i].clone(), exp_avg_sq=state[f"v.{name}"][i].clone(),
+                step=step,
+                exp_avg=state[f"m.{name}"][i].clone(),
+                exp_avg_sq=state[f"v.{name}"][i].clone(),
             )

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from fedsim.client.base import Client
-from fedsim.executor import vmap_dpsgd, vmap_optim
-from fedsim.executor.vmap_optim import OptimizerSpec
 from fedsim.client.local_training import LocalTraining
 from fedsim.core.types import FitTask
+from fedsim.executor import vmap_dpsgd, vmap_optim
+from fedsim.executor.vmap_optim import OptimizerSpec
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,9 @@ def plan_task(
     return ClientPlan(task, client, rows, sizes, epochs, steps, spec, numbers, vectors)
 
 
-def _shuffled_batches(client: Client, generator: torch.Generator, epochs: int, batch_size: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+def _shuffled_batches(
+    client: Client, generator: torch.Generator, epochs: int, batch_size: int
+) -> tuple[torch.Tensor, tuple[int, ...]]:
     """Every step's rows ``(steps, batch_size)`` (an epoch: one shuffle, cut into batches; the last one's tail
     is padding at row 0, masked out later) and the batch sizes, drawn as :meth:`Client._run_epoch` draws them."""
     n, steps = client.num_train, math.ceil(client.num_train / batch_size)

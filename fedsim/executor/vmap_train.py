@@ -21,15 +21,14 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedsim.client.base import Client
+from fedsim.client.local_training import LocalTraining, hook_before_step
+from fedsim.core.params import ParamLayout, load_flat
+from fedsim.core.state_values import copy_state
+from fedsim.core.types import ClientUpdate
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import vmap_dpsgd, vmap_optim
 from fedsim.executor.vmap_optim import OptimizerSpec, Tensors
 from fedsim.executor.vmap_plan import ClientPlan
-from fedsim.core.params import ParamLayout, load_flat
-from fedsim.core.state_values import copy_state
-from fedsim.client.local_training import LocalTraining, hook_before_step
-from fedsim.core.types import ClientUpdate
-
 
 # When this few clients are left in a chunk, the rest of their steps run one client at a time with the
 # eager model and torch.optim (a vectorised call costs ~0.7 ms for one client of a small model, an eager
@@ -66,7 +65,9 @@ def train_chunk(ctx: ChunkModel, global_params: torch.Tensor, plans: Sequence[Cl
     return by_plan
 
 
-def _train_longest_first(ctx: ChunkModel, global_params: torch.Tensor, plans: Sequence[ClientPlan]) -> list[ClientUpdate]:
+def _train_longest_first(
+    ctx: ChunkModel, global_params: torch.Tensor, plans: Sequence[ClientPlan]
+) -> list[ClientUpdate]:
     """The training loop. ``plans`` come longest first, so at step ``t`` the clients that still have steps
     left are exactly the first ``live[t]``: every call works on that prefix of the stacked tensors (views,
     updated in place) and no client computes steps it does not have."""
@@ -85,11 +86,21 @@ def _train_longest_first(ctx: ChunkModel, global_params: torch.Tensor, plans: Se
     for t, n in enumerate(live):
         if n <= EAGER_TAIL:  # a vectorised call costs the same for one client as for many: finish one by one
             for i in range(n):
-                _finish_eagerly(ctx, global_params, plans[i], t, _client_view(params, i), _client_state(spec, state, i),
-                                losses[:, i], gradient.eager_step(plans[i].client, i))
+                _finish_eagerly(
+                    ctx,
+                    global_params,
+                    plans[i],
+                    t,
+                    _client_view(params, i),
+                    _client_state(spec, state, i),
+                    losses[:, i],
+                    gradient.eager_step(plans[i].client, i),
+                )
             break
         grads, reported = gradient(t, _prefix(params, n), rows[t, :n], mask[t, :n], _prefix(numbers, n))
-        vmap_optim.step(spec, _prefix(params, n), grads, _prefix(state, n), _prefix(hyper, n), first=t == 0, decay=decay)
+        vmap_optim.step(
+            spec, _prefix(params, n), grads, _prefix(state, n), _prefix(hyper, n), first=t == 0, decay=decay
+        )
         losses[t, :n] = reported.detach()
     flat = _flatten_stacked(ctx.layout, params, fixed, k)
     per_client = losses.double().cpu().T.tolist()
@@ -100,13 +111,21 @@ def _client_view(tensors: Tensors, i: int) -> Tensors:
     return {name: value[i] for name, value in tensors.items()}
 
 
-def _client_state(spec: OptimizerSpec, state: Tensors, i: int) -> Callable[[torch.optim.Optimizer, dict[str, nn.Parameter]], None]:
+def _client_state(
+    spec: OptimizerSpec, state: Tensors, i: int
+) -> Callable[[torch.optim.Optimizer, dict[str, nn.Parameter]], None]:
     return lambda optimizer, named: vmap_optim.to_torch_state(spec, optimizer, named, state, i)
 
 
 def _finish_eagerly(
-    ctx: ChunkModel, global_params: torch.Tensor, plan: ClientPlan, start: int, params: Tensors,
-    give_state: Callable[[torch.optim.Optimizer, dict[str, nn.Parameter]], None], losses: torch.Tensor, gradient: EagerGradient,
+    ctx: ChunkModel,
+    global_params: torch.Tensor,
+    plan: ClientPlan,
+    start: int,
+    params: Tensors,
+    give_state: Callable[[torch.optim.Optimizer, dict[str, nn.Parameter]], None],
+    losses: torch.Tensor,
+    gradient: EagerGradient,
 ) -> None:
     """Steps ``start`` onwards of one client with its own ``torch.optim`` optimizer on the device's model,
     as :meth:`Client.train_step` takes them (``gradient`` fills ``.grad``); ``params`` (views into the stack)
@@ -114,7 +133,9 @@ def _finish_eagerly(
     model, client, config = ctx.model, plan.client, dict(plan.task.config)
     load_flat(model, global_params.to(ctx.device))
     if ctx.local is not None:
-        ctx.local.begin_task(model, config, copy_state(plan.task.state))  # anchored at the global model, as in Client.fit
+        ctx.local.begin_task(
+            model, config, copy_state(plan.task.state)
+        )  # anchored at the global model, as in Client.fit
     named = {name: p for name, p in model.named_parameters() if name in params}
     with torch.no_grad():
         for name, p in named.items():
@@ -140,9 +161,13 @@ class _BatchGradient:
 
     def __init__(self, ctx: ChunkModel, fixed: Tensors, anchor: Tensors, plans: Sequence[ClientPlan]) -> None:
         self.data = ctx.data
-        self.grad_fn = vmap(grad_and_value(_objective(ctx, fixed, anchor, plans[0].client.per_example_loss), has_aux=True))
+        self.grad_fn = vmap(
+            grad_and_value(_objective(ctx, fixed, anchor, plans[0].client.per_example_loss), has_aux=True)
+        )
 
-    def __call__(self, t: int, params: Tensors, rows: torch.Tensor, mask: torch.Tensor, numbers: Tensors) -> tuple[Tensors, torch.Tensor]:
+    def __call__(
+        self, t: int, params: Tensors, rows: torch.Tensor, mask: torch.Tensor, numbers: Tensors
+    ) -> tuple[Tensors, torch.Tensor]:
         x, y = _gather(self.data.x, rows), _gather(self.data.y, rows)
         grads, (_, reported) = self.grad_fn(params, x, y, mask, numbers)
         return grads, reported
@@ -155,10 +180,13 @@ class _BatchGradient:
             objective = objective if term is None else objective + term
             objective.backward()
             return objective.detach()
+
         return gradient
 
 
-def _gradient(ctx: ChunkModel, fixed: Tensors, anchor: Tensors, plans: Sequence[ClientPlan]) -> _BatchGradient | vmap_dpsgd.PrivateGradient:
+def _gradient(
+    ctx: ChunkModel, fixed: Tensors, anchor: Tensors, plans: Sequence[ClientPlan]
+) -> _BatchGradient | vmap_dpsgd.PrivateGradient:
     """The chunk's step gradient: DP-SGD's (:mod:`fedsim.executor.vmap_dpsgd`) or the built-in loop's."""
     if vmap_dpsgd.is_private(plans[0].client):
         return vmap_dpsgd.PrivateGradient(ctx.model, fixed, anchor, ctx.local, plans, ctx.data, ctx.device)
@@ -189,7 +217,10 @@ def _split_state(ctx: ChunkModel, global_params: torch.Tensor) -> tuple[Tensors,
 
 
 def _objective(
-    ctx: ChunkModel, fixed: Tensors, anchor: Tensors, per_example_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    ctx: ChunkModel,
+    fixed: Tensors,
+    anchor: Tensors,
+    per_example_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """One client's batch objective as a pure function of its parameters: the masked mean of the
     per-example loss, plus the strategy's functional client-side term (e.g. FedProx's); and, as the
@@ -197,7 +228,9 @@ def _objective(
     model, local = ctx.model, ctx.local
     reports_term = local is not None and type(local).loss_term is not LocalTraining.loss_term
 
-    def objective(params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, numbers: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
+    def objective(
+        params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, numbers: Tensors
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = functional_call(model, {**fixed, **params}, (x,))
         loss = (per_example_loss(logits, y) * mask).sum() / mask.sum().clamp(min=1)
         term = local.functional_term(params, anchor, numbers) if local is not None else None
@@ -209,7 +242,9 @@ def _objective(
     return objective
 
 
-def _stack_numbers(plans: Sequence[ClientPlan], device: torch.device, layout: ParamLayout, trained: set[str]) -> dict[str, Any]:
+def _stack_numbers(
+    plans: Sequence[ClientPlan], device: torch.device, layout: ParamLayout, trained: set[str]
+) -> dict[str, Any]:
     """What functional terms read: numeric config entries present for every client as ``(K,)`` tensors,
     and model-sized vectors (as long as the flat weights) as ``{parameter name: (K, *shape)}``; vectors
     that are empty for every client (SCAFFOLD's first round) are left out."""
@@ -222,8 +257,10 @@ def _stack_numbers(plans: Sequence[ClientPlan], device: torch.device, layout: Pa
         if sizes == {0}:
             continue
         if sizes != {layout.numel}:
-            raise ValueError(f"executor=vmap: config entry {key!r} has sizes {sorted(sizes)} in one round; a vector must "
-                             f"hold one value per weight ({layout.numel}) for every client, or be empty for every client")
+            raise ValueError(
+                f"executor=vmap: config entry {key!r} has sizes {sorted(sizes)} in one round; a vector must "
+                f"hold one value per weight ({layout.numel}) for every client, or be empty for every client"
+            )
         flat = torch.from_numpy(np.stack([p.vectors[key] for p in plans]).astype(np.float32)).to(device)
         stacked[key] = {name: piece for name, piece in _split_flat(flat, layout).items() if name in trained}
     return stacked
@@ -256,8 +293,10 @@ def _step_tensors(plans: Sequence[ClientPlan], device: torch.device) -> tuple[to
 
 def _flatten_stacked(layout: ParamLayout, params: Tensors, fixed: Tensors, k: int) -> torch.Tensor:
     """``(K, numel)`` float32 CPU tensor: each client's float state in ``state_dict`` order."""
-    pieces = [(params[n] if n in params else fixed[n].unsqueeze(0).expand(k, *fixed[n].shape)).reshape(k, -1)
-              for n in layout.names]
+    pieces = [
+        (params[n] if n in params else fixed[n].unsqueeze(0).expand(k, *fixed[n].shape)).reshape(k, -1)
+        for n in layout.names
+    ]
     return torch.cat(pieces, dim=1).detach().float().cpu() if pieces else torch.zeros(k, 0)
 
 

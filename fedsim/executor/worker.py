@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
+from fedsim.core.params import fixed_state
+from fedsim.core.types import ClientUpdate, EvalTask
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import run_task
 from fedsim.executor.eval_task import run_eval_task
-from fedsim.core.params import fixed_state
 from fedsim.executor.worker_log import log_result, redirect_output, tagged
-from fedsim.core.types import ClientUpdate, EvalTask
 
 _PR_SET_PDEATHSIG = 1
 
@@ -70,9 +70,13 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         task, slot = message
         with tagged(task):
             if isinstance(task, EvalTask):
-                result = run_eval_task(model, workload.clients, data, global_params, task, spec.name, workload.local, fixed)
+                result = run_eval_task(
+                    model, workload.clients, data, global_params, task, spec.name, workload.local, fixed
+                )
             else:
-                result = run_task(model, workload.clients[task.client_id], data, global_params, task, spec.name, workload.local, fixed)
+                result = run_task(
+                    model, workload.clients[task.client_id], data, global_params, task, spec.name, workload.local, fixed
+                )
             log_result(log, result)
         if isinstance(result, ClientUpdate) and fits(result.params, result_buffers[slot]):
             result_buffers[slot].copy_(result.params)

@@ -85,8 +85,12 @@ def tagged(task: FitTask | EvalTask) -> Iterator[None]:
 def log_result(log: logging.Logger, result: TaskResult | EvalResult) -> None:
     """One line per trained client, or the failure's full traceback."""
     if isinstance(result, ClientUpdate):
-        log.info("trained: %d examples, train loss %.4f", result.num_examples, result.metrics.get("train_loss", float("nan")))
+        log.info(
+            "trained: %d examples, train loss %.4f", result.num_examples, result.metrics.get("train_loss", float("nan"))
+        )
     elif isinstance(result, EvalResult):
-        log.info("evaluated %d clients (%d..%d)", len(result.scores), result.scores[0].client_id, result.scores[-1].client_id)
+        log.info(
+            "evaluated %d clients (%d..%d)", len(result.scores), result.scores[0].client_id, result.scores[-1].client_id
+        )
     else:
         log.error("failed:\n%s", result.traceback)

@@ -9,6 +9,16 @@ from fedsim.models.resnet import ResNet18GN
 from fedsim.models.text import BagOfWords, CharLSTM, SentimentLSTM
 
 __all__ = [
-    "BagOfWords", "CelebaCNN", "CharLSTM", "CifarCNN", "CNNBatchNorm", "EmnistCNN", "FemnistCNN", "LogisticRegression",
-    "MLP2NN", "McMahanCNN", "ResNet18GN", "SentimentLSTM",
+    "BagOfWords",
+    "CelebaCNN",
+    "CharLSTM",
+    "CifarCNN",
+    "CNNBatchNorm",
+    "EmnistCNN",
+    "FemnistCNN",
+    "LogisticRegression",
+    "MLP2NN",
+    "McMahanCNN",
+    "ResNet18GN",
+    "SentimentLSTM",
 ]

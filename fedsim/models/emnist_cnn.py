@@ -24,14 +24,17 @@ class EmnistCNN(nn.Module):
         h, w = _out_size(_out_size(h, 3), 3) // 2, _out_size(_out_size(w, 3), 3) // 2
         _check_positive((h, w), input_shape, "emnist_cnn")
         self.features = nn.Sequential(
-            nn.Conv2d(c, 32, kernel_size=3), nn.ReLU(),
-            nn.Conv2d(32, 64, kernel_size=3), nn.ReLU(),
+            nn.Conv2d(c, 32, kernel_size=3),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, kernel_size=3),
+            nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Dropout(0.25 if dropout else 0.0),
         )
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(64 * h * w, 128), nn.ReLU(),
+            nn.Linear(64 * h * w, 128),
+            nn.ReLU(),
             nn.Dropout(0.5 if dropout else 0.0),
             nn.Linear(128, num_classes),
         )

@@ -48,8 +48,10 @@ def require_sequence_shape(input_shape: tuple[int, ...], model_name: str) -> int
 def _require_token_ids(x: torch.Tensor, model_name: str) -> None:
     """Refuse float features (a static check on the dtype: it costs nothing and works under vmap)."""
     if x.is_floating_point():
-        raise ValueError(f"model={model_name} reads int64 token ids but got {x.dtype} features; "
-                         "give integer arrays (DataSplit.from_arrays keeps them as int64 ids)")
+        raise ValueError(
+            f"model={model_name} reads int64 token ids but got {x.dtype} features; "
+            "give integer arrays (DataSplit.from_arrays keeps them as int64 ids)"
+        )
 
 
 def last_token_index(x: torch.Tensor) -> torch.Tensor:
@@ -67,8 +69,10 @@ def read_glove(path: str | Path, max_words: int | None = None) -> torch.Tensor:
     """
     where = os.path.expanduser(str(path))
     if not os.path.isfile(where):
-        raise FileNotFoundError(f"model: no GloVe file {where}; download one from {GLOVE_SOURCE}, unzip it and set "
-                                "model.glove to the .txt file, or model.glove=null to learn the embedding")
+        raise FileNotFoundError(
+            f"model: no GloVe file {where}; download one from {GLOVE_SOURCE}, unzip it and set "
+            "model.glove to the .txt file, or model.glove=null to learn the embedding"
+        )
     rows: list[np.ndarray] = []
     dim = 0
     with open(where, encoding="utf-8") as lines:
@@ -86,13 +90,17 @@ def read_glove(path: str | Path, max_words: int | None = None) -> torch.Tensor:
 def _glove_vector(fields: list[str], dim: int, where: str, number: int) -> np.ndarray:
     """The last ``dim`` fields of one line as float32; ValueError naming the file and line otherwise."""
     if len(fields) < dim + 1 or not fields[0]:
-        raise ValueError(f"model: GloVe file {where} line {number} has {len(fields) - 1} values after the word, "
-                         f"line 1 has {dim}; every line must be 'word' and {dim} numbers separated by spaces")
+        raise ValueError(
+            f"model: GloVe file {where} line {number} has {len(fields) - 1} values after the word, "
+            f"line 1 has {dim}; every line must be 'word' and {dim} numbers separated by spaces"
+        )
     try:
         return np.asarray(fields[-dim:], dtype=np.float32)
     except ValueError:
-        raise ValueError(f"model: GloVe file {where} line {number} has a value that is not a number; each line must "
-                         "be 'word v1 v2 ... vd'") from None
+        raise ValueError(
+            f"model: GloVe file {where} line {number} has a value that is not a number; each line must "
+            "be 'word v1 v2 ... vd'"
+        ) from None
 
 
 class TokenEmbedding(nn.Module):
@@ -107,22 +115,27 @@ class TokenEmbedding(nn.Module):
     with fewer is refused); ``None`` reads it all.
     """
 
-    def __init__(self, vocab_size: int | None, dim: int, model_name: str, glove: str | Path | None = None,
-                 freeze: bool = True) -> None:
+    def __init__(
+        self, vocab_size: int | None, dim: int, model_name: str, glove: str | Path | None = None, freeze: bool = True
+    ) -> None:
         super().__init__()
         if glove is None:
             if vocab_size is None or vocab_size <= RESERVED_IDS:
-                raise ValueError(f"model={model_name}: vocab_size must be > {RESERVED_IDS} (ids 0 and 1 are padding "
-                                 f"and unknown), got {vocab_size}; set model.vocab_size to the data's vocabulary size")
+                raise ValueError(
+                    f"model={model_name}: vocab_size must be > {RESERVED_IDS} (ids 0 and 1 are padding "
+                    f"and unknown), got {vocab_size}; set model.vocab_size to the data's vocabulary size"
+                )
             self.weight = nn.Parameter(torch.randn(vocab_size, dim))
             with torch.no_grad():
                 self.weight[0].zero_()
             return
         vectors = read_glove(glove, None if vocab_size is None else vocab_size - RESERVED_IDS)
         if vocab_size is not None and vectors.shape[0] != vocab_size:
-            raise ValueError(f"model={model_name}: GloVe file {glove} has {vectors.shape[0] - RESERVED_IDS} words but "
-                             f"vocab_size is {vocab_size} ({vocab_size - RESERVED_IDS} words + padding + unknown); set "
-                             f"model.vocab_size={vectors.shape[0]} (or null) to match the data's vocabulary")
+            raise ValueError(
+                f"model={model_name}: GloVe file {glove} has {vectors.shape[0] - RESERVED_IDS} words but "
+                f"vocab_size is {vocab_size} ({vocab_size - RESERVED_IDS} words + padding + unknown); set "
+                f"model.vocab_size={vectors.shape[0]} (or null) to match the data's vocabulary"
+            )
         if freeze:
             self.register_buffer("frozen", vectors, persistent=False)
         else:
@@ -150,8 +163,15 @@ class CharLSTM(nn.Module):
     (81 when the reader adds an unknown symbol). A window is never padded, so no masking is needed.
     """
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None,
-                 embed_dim: int = 8, hidden: int = 256, num_layers: int = 2) -> None:
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        vocab_size: int | None = None,
+        embed_dim: int = 8,
+        hidden: int = 256,
+        num_layers: int = 2,
+    ) -> None:
         super().__init__()
         require_sequence_shape(input_shape, "char_lstm")
         self.embedding = nn.Embedding(vocab_size or num_classes, embed_dim)
@@ -175,9 +195,18 @@ class SentimentLSTM(nn.Module):
     ``vocab_size`` and ``freeze_embedding``.
     """
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None,
-                 glove: str | Path | None = None, freeze_embedding: bool = True, embed_dim: int = 100,
-                 hidden: int = 100, num_layers: int = 2, fc_units: int = 128) -> None:
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        vocab_size: int | None = None,
+        glove: str | Path | None = None,
+        freeze_embedding: bool = True,
+        embed_dim: int = 100,
+        hidden: int = 100,
+        num_layers: int = 2,
+        fc_units: int = 128,
+    ) -> None:
         super().__init__()
         require_sequence_shape(input_shape, "sent_lstm")
         self.embedding = TokenEmbedding(vocab_size, embed_dim, "sent_lstm", glove, freeze_embedding)
@@ -201,8 +230,15 @@ class BagOfWords(nn.Module):
     dimension when ``glove`` is given; see :class:`TokenEmbedding` for ``vocab_size`` and ``freeze_embedding``.
     """
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None = None,
-                 glove: str | Path | None = None, freeze_embedding: bool = True, embed_dim: int = 100) -> None:
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        vocab_size: int | None = None,
+        glove: str | Path | None = None,
+        freeze_embedding: bool = True,
+        embed_dim: int = 100,
+    ) -> None:
         super().__init__()
         require_sequence_shape(input_shape, "bag_of_words")
         self.embedding = TokenEmbedding(vocab_size, embed_dim, "bag_of_words", glove, freeze_embedding)

@@ -26,14 +26,20 @@ with warnings.catch_warnings():  # in Jupyter without ipywidgets, tqdm.contrib.l
     warnings.simplefilter("ignore")  # "IProgress not found"; fedsim's progress bar is the plain one
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-from fedsim.core.checkpoint import write_text_atomic
 from fedsim.client.evaluation import csv_text, describe
-from fedsim.observe.metrics_records import add_client_rows, read_records, without_client_rows
+from fedsim.core.checkpoint import write_text_atomic
 from fedsim.core.errors import RunWriteError
 from fedsim.core.storage import closing_naming_errors, naming_write_errors, quiet_writer_thread_errors
 from fedsim.core.types import ClientScore
+from fedsim.observe.metrics_records import add_client_rows, read_records, without_client_rows
 from fedsim.observe.tensorboard_log import (
-    add_axis_scalars, after_existing_files, is_counter, label_distribution_image, shown_hparams, tensorboard_tag, write_hparams,
+    add_axis_scalars,
+    after_existing_files,
+    is_counter,
+    label_distribution_image,
+    shown_hparams,
+    tensorboard_tag,
+    write_hparams,
 )
 
 log = logging.getLogger("fedsim")
@@ -94,8 +100,11 @@ class RunLogger:
         records = [dict(record) for record in history]
         missing = add_client_rows(records, read_records(earlier) if earlier is not None else {})
         if missing:
-            log.warning("resume: the per-client rows of %d round(s) were not found in %s; those rounds keep their "
-                        "scalars only", missing, earlier)
+            log.warning(
+                "resume: the per-client rows of %d round(s) were not found in %s; those rounds keep their scalars only",
+                missing,
+                earlier,
+            )
         if self._jsonl is not None:  # replaced atomically: a full disk must not cost the interrupted run's rows
             path = Path(self._jsonl.name)
             self._jsonl.close()
@@ -112,14 +121,20 @@ class RunLogger:
                 self._writer.close()
                 after_existing_files(Path(self._writer.log_dir))
                 self._writer = SummaryWriter(log_dir=self._writer.log_dir, purge_step=next_round)
-                for record in records:  # by_sim_time/ and vs_kb_sent/ steps are seconds and kB: the purge dropped those >= next_round
+                for record in (
+                    records
+                ):  # by_sim_time/ and vs_kb_sent/ steps are seconds and kB: the purge dropped those >= next_round
                     add_axis_scalars(self._writer, record, first_step=next_round)
 
     def rounds(self, first: int, last: int) -> Iterator[int]:
         """Iterate rounds ``first..last`` under a progress bar; log lines go above the bar, at the console's
         level (tqdm's handler would print everything: ``logger=quiet`` shows only warnings)."""
         root = logging.getLogger()
-        console = [h.level for h in root.handlers if isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.stderr)]
+        console = [
+            h.level
+            for h in root.handlers
+            if isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.stderr)
+        ]
         with logging_redirect_tqdm(loggers=[root]):
             root.handlers[-1].setLevel(console[0] if console else logging.NOTSET)  # tqdm's, in place of the console's
             disable = None if self.progress is None else not self.progress
@@ -158,7 +173,9 @@ class RunLogger:
         for field, prefix in (("metrics", "client/fit"), ("strategy", "client/strategy")):
             names = dict.fromkeys(name for r in rows for name in r.get(field, {}))
             for name in names:
-                self._histogram(tensorboard_tag(f"{prefix}/{name}"), [r.get(field, {}).get(name) for r in rows], round_num)
+                self._histogram(
+                    tensorboard_tag(f"{prefix}/{name}"), [r.get(field, {}).get(name) for r in rows], round_num
+                )
 
     def log_client_scores(self, round_num: int, scores: list[ClientScore], personal: bool) -> None:
         """An every-client evaluation (:mod:`fedsim.client.evaluation`): each client's values to
@@ -169,7 +186,9 @@ class RunLogger:
             with self._writing(path):
                 path.parent.mkdir(exist_ok=True)
                 write_text_atomic(path, csv_text(scores, personal))
-        families = [("eval_global", "loss", "accuracy")] + ([("eval_personal", "personal_loss", "personal_accuracy")] if personal else [])
+        families = [("eval_global", "loss", "accuracy")] + (
+            [("eval_personal", "personal_loss", "personal_accuracy")] if personal else []
+        )
         for prefix, loss, accuracy in families:
             self._histogram(f"{prefix}/client_accuracy", [getattr(s, accuracy) for s in scores], round_num)
             self._histogram(f"{prefix}/client_loss", [getattr(s, loss) for s in scores], round_num)
@@ -228,7 +247,13 @@ class RunLogger:
 
     def _show_eval(self, round_num: int, metrics: dict[str, float]) -> None:
         acc, loss = metrics["eval/accuracy"], metrics.get("eval/loss", math.nan)
-        log.info("round %d: test accuracy %.4f, test loss %.4f, train loss %.4f", round_num, acc, loss, metrics.get("train/loss", math.nan))
+        log.info(
+            "round %d: test accuracy %.4f, test loss %.4f, train loss %.4f",
+            round_num,
+            acc,
+            loss,
+            metrics.get("train/loss", math.nan),
+        )
         if self._bar is not None:
             self._bar.set_postfix(acc=f"{acc:.4f}")
 
@@ -258,10 +283,12 @@ class RunLogger:
             self._failed = True
             raise
 
-    def __enter__(self) -> "RunLogger":
+    def __enter__(self) -> RunLogger:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -290,4 +317,3 @@ def _finish_tensorboard(writer: Any) -> None:
         writer.flush()
     finally:
         writer.close()
-

@@ -79,8 +79,11 @@ def _against(metrics: Mapping[str, Any], axis: str, scale: float, prefix: str) -
     if not isinstance(position, numbers.Real) or isinstance(position, bool) or not math.isfinite(position):  # numpy too
         return []
     step = int(round(float(position) * scale))
-    return [(prefix + name, math.nan if metrics[name] is None else float(metrics[name]), step)
-            for name in SIM_TIME_SCALARS if name in metrics]
+    return [
+        (prefix + name, math.nan if metrics[name] is None else float(metrics[name]), step)
+        for name in SIM_TIME_SCALARS
+        if name in metrics
+    ]
 
 
 def add_sim_time_scalars(writer: Any, metrics: Mapping[str, Any], first_step: int = 0) -> None:
@@ -110,7 +113,9 @@ def after_existing_files(log_dir: Path) -> None:
     with ``n`` counting this process's writers: a resume in the same process and second as the run it continues
     (the Python API, a notebook) could get ``….10`` after ``….9``, which sorts first, and its purge of the abandoned
     rounds would be read before them."""
-    seconds = [int(p.name.split(".")[3]) for p in log_dir.glob("events.out.tfevents.*") if p.name.split(".")[3].isdigit()]
+    seconds = [
+        int(p.name.split(".")[3]) for p in log_dir.glob("events.out.tfevents.*") if p.name.split(".")[3].isdigit()
+    ]
     while seconds and int(time.time()) <= max(seconds):
         time.sleep(0.05)
 
@@ -120,7 +125,7 @@ def tensorboard_tag(name: str) -> str:
     ``traffic/...``, ``dp/...`` ``privacy/...`` and ``attack/...`` ``robustness/...`` (:data:`SHOWN_AS`)."""
     for prefix, shown in SHOWN_AS.items():
         if name.startswith(prefix):
-            return shown + name[len(prefix):]
+            return shown + name[len(prefix) :]
     return name
 
 
@@ -220,19 +225,31 @@ def hparams_summaries(hparams: dict[str, Any]) -> list[Any]:
         else:
             start.hparams[key].string_value, kind = str(value), api_pb2.DATA_TYPE_STRING
         infos.append(api_pb2.HParamInfo(name=key, type=kind))
-    metrics = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=title)
-               for tag, title in HPARAMS_METRICS.items()]
+    metrics = [
+        api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=title)
+        for tag, title in HPARAMS_METRICS.items()
+    ]
     parts = [
-        (metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(
-            experiment=api_pb2.Experiment(hparam_infos=infos, metric_infos=metrics))),
+        (
+            metadata.EXPERIMENT_TAG,
+            plugin_data_pb2.HParamsPluginData(experiment=api_pb2.Experiment(hparam_infos=infos, metric_infos=metrics)),
+        ),
         (metadata.SESSION_START_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_start_info=start)),
-        (metadata.SESSION_END_INFO_TAG, plugin_data_pb2.HParamsPluginData(
-            session_end_info=plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS))),
+        (
+            metadata.SESSION_END_INFO_TAG,
+            plugin_data_pb2.HParamsPluginData(
+                session_end_info=plugin_data_pb2.SessionEndInfo(status=api_pb2.STATUS_SUCCESS)
+            ),
+        ),
     ]
     for _, data in parts:
         data.version = metadata.PLUGIN_DATA_VERSION
-    return [Summary(value=[Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(data),
-                                         tensor=metadata.NULL_TENSOR)]) for tag, data in parts]
+    return [
+        Summary(
+            value=[Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR)]
+        )
+        for tag, data in parts
+    ]
 
 
 def label_distribution_image(label_counts: np.ndarray) -> np.ndarray:
@@ -250,12 +267,21 @@ def label_distribution_image(label_counts: np.ndarray) -> np.ndarray:
         grey = np.kron(shares, np.ones((4, 8)))  # each cell 4x8 pixels
         return np.repeat((grey * 255).astype(np.uint8)[..., None], 3, axis=2)
     num_clients, num_classes = shares.shape
-    figure = Figure(figsize=(5.0, 2.8), dpi=100, layout="constrained")  # 500 x 280 pixels: legible at its size in TensorBoard
+    figure = Figure(
+        figsize=(5.0, 2.8), dpi=100, layout="constrained"
+    )  # 500 x 280 pixels: legible at its size in TensorBoard
     figure.set_facecolor("white")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    cells = axes.imshow(shares.T, aspect="auto", origin="lower", cmap="viridis", vmin=0.0, vmax=max(float(shares.max()), 1e-9),
-                        interpolation="nearest")
+    cells = axes.imshow(
+        shares.T,
+        aspect="auto",
+        origin="lower",
+        cmap="viridis",
+        vmin=0.0,
+        vmax=max(float(shares.max()), 1e-9),
+        interpolation="nearest",
+    )
     axes.set_xlabel("client", fontsize=12)
     axes.set_ylabel("class", fontsize=12)
     axes.tick_params(labelsize=10)

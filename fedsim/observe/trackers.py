@@ -53,20 +53,30 @@ class MLflowTracker(Tracker):
     ``<run dir>/mlruns``. For ``file:`` URIs ``MLFLOW_ALLOW_FILE_STORE`` defaults to true (MLflow 3 refuses
     its file store without it)."""
 
-    def __init__(self, tracking_uri: str | None = None, experiment: str = "fedsim", run_name: str | None = None) -> None:
+    def __init__(
+        self, tracking_uri: str | None = None, experiment: str = "fedsim", run_name: str | None = None
+    ) -> None:
         _require("mlflow", "mlflow")  # fail at build time, before any training
         self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
         self.uri, self.client, self.run_id = "", None, ""  # set by start()
 
     def start(self, run_name: str, config: dict[str, Any], run_dir: Path | None = None) -> None:
-        self.uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or (Path(run_dir or ".") / "mlruns").resolve().as_uri()
+        self.uri = (
+            self.tracking_uri
+            or os.environ.get("MLFLOW_TRACKING_URI")
+            or (Path(run_dir or ".") / "mlruns").resolve().as_uri()
+        )
         if self.uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = _require("mlflow.tracking", "mlflow").MlflowClient(self.uri)
         run = self.client.create_run(self._experiment_id(), run_name=self.run_name or run_name)
         self.run_id = run.info.run_id
         # MLflow keeps at most 6000 characters of a parameter's value: longer ones end with "..."
-        self._batch(params={k: str(v) if len(str(v)) <= 6000 else str(v)[:5997] + "..." for k, v in flat_scalars(config).items()})
+        self._batch(
+            params={
+                k: str(v) if len(str(v)) <= 6000 else str(v)[:5997] + "..." for k, v in flat_scalars(config).items()
+            }
+        )
 
     def _experiment_id(self) -> str:
         found = self.client.get_experiment_by_name(self.experiment)
@@ -77,8 +87,13 @@ class MLflowTracker(Tracker):
         except Exception:  # noqa: BLE001 - another run created it meanwhile
             return self.client.get_experiment_by_name(self.experiment).experiment_id
 
-    def _batch(self, metrics: dict[str, float] | None = None, step: int = 0, params: dict[str, str] | None = None,
-               tags: dict[str, str] | None = None) -> None:
+    def _batch(
+        self,
+        metrics: dict[str, float] | None = None,
+        step: int = 0,
+        params: dict[str, str] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> None:
         """``log_batch`` calls within MLflow's limits: 1000 metrics, 100 params, 100 tags (8000 characters) each."""
         from mlflow.entities import Metric, Param, RunTag
 
@@ -89,7 +104,7 @@ class MLflowTracker(Tracker):
             ("tags", [RunTag(mlflow_key(k), v[:8000]) for k, v in (tags or {}).items()], 100),
         ):
             for i in range(0, len(rows), size):
-                self.client.log_batch(self.run_id, **{kind: rows[i:i + size]})
+                self.client.log_batch(self.run_id, **{kind: rows[i : i + size]})
 
     def log_round(self, round_num: int, scalars: dict[str, float]) -> None:
         self._batch(metrics=scalars, step=round_num)
@@ -106,8 +121,15 @@ class WandbTracker(Tracker):
     ``<dir>/wandb/offline-run-*`` without a network or a login (``wandb sync`` uploads it later);
     ``dir`` defaults to the run directory; ``settings`` go to ``wandb.Settings``."""
 
-    def __init__(self, project: str = "fedsim", mode: str = "offline", dir: str | None = None, entity: str | None = None,
-                 run_name: str | None = None, settings: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        project: str = "fedsim",
+        mode: str = "offline",
+        dir: str | None = None,
+        entity: str | None = None,
+        run_name: str | None = None,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
         _require("wandb", "wandb")  # fail at build time, before any training
         self.project, self.mode, self.dir, self.entity, self.run_name = project, mode, dir, entity, run_name
         self.settings, self.run = dict(settings or {}), None
@@ -117,8 +139,15 @@ class WandbTracker(Tracker):
         where = self.dir or run_dir
         if where is not None:
             Path(where).mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=self.project, entity=self.entity, mode=self.mode, dir=None if where is None else str(where),
-                              name=self.run_name or run_name, config=config, settings=wandb.Settings(**self.settings))
+        self.run = wandb.init(
+            project=self.project,
+            entity=self.entity,
+            mode=self.mode,
+            dir=None if where is None else str(where),
+            name=self.run_name or run_name,
+            config=config,
+            settings=wandb.Settings(**self.settings),
+        )
 
     def log_round(self, round_num: int, scalars: dict[str, float]) -> None:
         self.run.log(scalars, step=round_num)
@@ -140,9 +169,16 @@ class TrackedLogger(RunLogger):
     warning: tracking never stops the training.
     """
 
-    def __init__(self, run_dir: str | Path | None = None, *, trackers: Sequence[Tracker] = (),
-                 config: dict[str, Any] | None = None, run_name: str | None = None, summary_follows: bool = False,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path | None = None,
+        *,
+        trackers: Sequence[Tracker] = (),
+        config: dict[str, Any] | None = None,
+        run_name: str | None = None,
+        summary_follows: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(run_dir, **kwargs)
         self.trackers, self.config, self.summary_follows = list(trackers), dict(config or {}), summary_follows
         self.run_name = run_name or default_run_name(self.run_dir)
@@ -208,8 +244,13 @@ def make_logger(cfg: Any, run_dir: str | Path | None, **logger_kwargs: Any) -> R
         tracker = instantiate(node, _convert_="all")
     except InstantiationException as error:  # a missing library: its one line, not Hydra's wrapping
         raise (error.__cause__ if isinstance(error.__cause__, ValueError) else error) from None
-    return TrackedLogger(run_dir, trackers=[tracker], config=OmegaConf.to_container(cfg, resolve=True),
-                         summary_follows=run_dir is not None, **logger_kwargs)
+    return TrackedLogger(
+        run_dir,
+        trackers=[tracker],
+        config=OmegaConf.to_container(cfg, resolve=True),
+        summary_follows=run_dir is not None,
+        **logger_kwargs,
+    )
 
 
 def default_run_name(run_dir: Path | None) -> str:
@@ -219,8 +260,9 @@ def default_run_name(run_dir: Path | None) -> str:
 
 def finite_scalars(values: dict[str, Any]) -> dict[str, float]:
     """The finite numbers of ``values`` (``None``, NaN, infinities, booleans and non-numbers left out)."""
-    return {k: v for k, v in values.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return {
+        k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 def flat_scalars(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -237,4 +279,3 @@ def flat_scalars(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def mlflow_key(key: str) -> str:
     """A name MLflow accepts: characters other than letters, digits, ``_-./`` and space become ``_``; 250 at most."""
     return re.sub(r"[^\w.\-/ ]", "_", key)[:250]
-

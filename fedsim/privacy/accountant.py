@@ -65,8 +65,10 @@ class PrivacyLedger:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if (state["q"], state["z"], state["delta"]) != (self.q, self.z, self.delta):
-            raise ValueError(f"the checkpoint's privacy ledger is for q={state['q']}, z={state['z']}, delta={state['delta']}, "
-                             f"not this run's q={self.q}, z={self.z}, delta={self.delta}")
+            raise ValueError(
+                f"the checkpoint's privacy ledger is for q={state['q']}, z={state['z']}, delta={state['delta']}, "
+                f"not this run's q={self.q}, z={self.z}, delta={self.delta}"
+            )
         self.rounds = int(state["rounds"])
 
 

@@ -25,16 +25,24 @@ from typing import Any
 
 import torch
 
-from fedsim.privacy.accountant import accounting_library
 from fedsim.core.seeding import dp_seed
+from fedsim.privacy.accountant import accounting_library
 
 
 class CentralDP:
     """DP-FedAvg's server side for a run of ``num_clients`` clients with ``clients_per_round`` expected per round."""
 
     def __init__(
-        self, *, noise_multiplier: float, clip_norm: float, delta: float = 1e-5, epsilon_max: float | None = None,
-        adaptive: bool = False, target_quantile: float = 0.5, clip_lr: float = 0.2, count_noise: float | None = None,
+        self,
+        *,
+        noise_multiplier: float,
+        clip_norm: float,
+        delta: float = 1e-5,
+        epsilon_max: float | None = None,
+        adaptive: bool = False,
+        target_quantile: float = 0.5,
+        clip_lr: float = 0.2,
+        count_noise: float | None = None,
     ) -> None:
         if not noise_multiplier > 0:
             raise ValueError(f"dp.noise_multiplier must be > 0 (got {noise_multiplier})")
@@ -46,8 +54,18 @@ class CentralDP:
             raise ValueError(f"dp.epsilon_max must be > 0 or null (got {epsilon_max})")
         if not 0 <= target_quantile <= 1:
             raise ValueError(f"dp.target_quantile must be in [0, 1] (got {target_quantile})")
-        self.noise_multiplier, self.clip_norm, self.delta, self.epsilon_max = noise_multiplier, clip_norm, delta, epsilon_max
-        self.adaptive, self.target_quantile, self.clip_lr, self.count_noise = adaptive, target_quantile, clip_lr, count_noise
+        self.noise_multiplier, self.clip_norm, self.delta, self.epsilon_max = (
+            noise_multiplier,
+            clip_norm,
+            delta,
+            epsilon_max,
+        )
+        self.adaptive, self.target_quantile, self.clip_lr, self.count_noise = (
+            adaptive,
+            target_quantile,
+            clip_lr,
+            count_noise,
+        )
         accounting_library()  # the run's ledger needs it: without it, stop now in one line
 
     def count_std(self, expected: float) -> float:
@@ -58,15 +76,24 @@ class CentralDP:
         """z_Δ: the noise multiplier of the update sum (z itself with fixed clipping)."""
         if not self.adaptive:
             return self.noise_multiplier
-        rest = self.noise_multiplier ** -2 - (2 * self.count_std(expected)) ** -2
+        rest = self.noise_multiplier**-2 - (2 * self.count_std(expected)) ** -2
         if rest <= 0:
-            raise ValueError(f"dp.count_noise={self.count_std(expected):g} is too small for noise_multiplier="
-                             f"{self.noise_multiplier}: 2·count_noise must exceed noise_multiplier; set dp.count_noise, "
-                             f"e.g. {self.noise_multiplier:g}")
-        return rest ** -0.5
+            raise ValueError(
+                f"dp.count_noise={self.count_std(expected):g} is too small for noise_multiplier="
+                f"{self.noise_multiplier}: 2·count_noise must exceed noise_multiplier; set dp.count_noise, "
+                f"e.g. {self.noise_multiplier:g}"
+            )
+        return rest**-0.5
 
-    def noisy_mean(self, seed: int, round_num: int, global_params: torch.Tensor, params: Sequence[torch.Tensor],
-                   expected: float, clip_norm: float) -> tuple[torch.Tensor, dict[str, float], float]:
+    def noisy_mean(
+        self,
+        seed: int,
+        round_num: int,
+        global_params: torch.Tensor,
+        params: Sequence[torch.Tensor],
+        expected: float,
+        clip_norm: float,
+    ) -> tuple[torch.Tensor, dict[str, float], float]:
         """(the noisy mean update, the round's ``dp/`` metrics, the next round's clip norm) for the clients' weights
         ``params``, summed in client-id order in float64."""
         generator = torch.Generator().manual_seed(dp_seed(seed, round_num))
@@ -81,7 +108,9 @@ class CentralDP:
         metrics = {"dp/clip_norm": clip_norm, "dp/cohort": float(len(params))}
         next_clip = clip_norm
         if self.adaptive:
-            noisy_count = (unclipped - len(params) / 2) + float(torch.randn((), generator=generator, dtype=torch.float64)) * self.count_std(expected)
+            noisy_count = (unclipped - len(params) / 2) + float(
+                torch.randn((), generator=generator, dtype=torch.float64)
+            ) * self.count_std(expected)
             estimate = noisy_count / expected + 0.5
             next_clip = clip_norm * math.exp(-self.clip_lr * (estimate - self.target_quantile))
             metrics["dp/unclipped_estimate"] = estimate
@@ -90,5 +119,9 @@ class CentralDP:
         return (total / expected).to(global_params.dtype), metrics, next_clip
 
     def describe(self) -> dict[str, Any]:
-        return {"noise_multiplier": self.noise_multiplier, "clip_norm": self.clip_norm, "delta": self.delta,
-                "adaptive": self.adaptive}
+        return {
+            "noise_multiplier": self.noise_multiplier,
+            "clip_norm": self.clip_norm,
+            "delta": self.delta,
+            "adaptive": self.adaptive,
+        }

@@ -27,9 +27,9 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedsim.client.base import Client
+from fedsim.core.seeding import dpsgd_noise_seed
 from fedsim.data.tensor_data import TensorData
 from fedsim.privacy.accountant import accounting_library
-from fedsim.core.seeding import dpsgd_noise_seed
 
 
 class DPSGDClient(Client):
@@ -37,8 +37,18 @@ class DPSGDClient(Client):
     unused (the expected batch is ``sampling_rate`` × the client's examples); ``delta`` is the δ at which the server
     reports each client's ε (:class:`LocalLedger`)."""
 
-    def __init__(self, client_id: int, train_indices: Any, test_indices: Any = (), *, noise_multiplier: float = 1.0,
-                 clip_norm: float = 1.0, sampling_rate: float = 0.1, delta: float = 1e-5, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        client_id: int,
+        train_indices: Any,
+        test_indices: Any = (),
+        *,
+        noise_multiplier: float = 1.0,
+        clip_norm: float = 1.0,
+        sampling_rate: float = 0.1,
+        delta: float = 1e-5,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(client_id, train_indices, test_indices, **kwargs)
         if not noise_multiplier > 0:
             raise ValueError(f"client.noise_multiplier must be > 0 (got {noise_multiplier})")
@@ -48,7 +58,12 @@ class DPSGDClient(Client):
             raise ValueError(f"client.sampling_rate must be in (0, 1] (got {sampling_rate})")
         if not 0 < delta < 1:
             raise ValueError(f"client.delta must be in (0, 1) (got {delta})")
-        self.noise_multiplier, self.clip_norm, self.sampling_rate, self.delta = noise_multiplier, clip_norm, sampling_rate, delta
+        self.noise_multiplier, self.clip_norm, self.sampling_rate, self.delta = (
+            noise_multiplier,
+            clip_norm,
+            sampling_rate,
+            delta,
+        )
         self._noise: torch.Generator | None = None
         accounting_library()  # the server's LocalLedger needs it: without it, stop now in one line
 
@@ -58,8 +73,15 @@ class DPSGDClient(Client):
 
     task_attributes = ("_noise",)  # the task's noise generator, set for the task only
 
-    def _train(self, model: nn.Module, data: TensorData, config: dict[str, Any], generator: torch.Generator,
-               round_num: int, local: Any) -> Any:
+    def _train(
+        self,
+        model: nn.Module,
+        data: TensorData,
+        config: dict[str, Any],
+        generator: torch.Generator,
+        round_num: int,
+        local: Any,
+    ) -> Any:
         """The local epochs, with the noise drawn from its own stream (:func:`fedsim.core.seeding.dpsgd_noise_seed` of
         the task seed), the batches from the task's generator."""
         self._noise = torch.Generator().manual_seed(dpsgd_noise_seed(generator.initial_seed()))
@@ -67,8 +89,15 @@ class DPSGDClient(Client):
         epochs = int(config.get("epochs", self.epochs))
         return replace(update, metrics={**update.metrics, "local_steps": float(epochs * self.steps_per_epoch)})
 
-    def _run_epoch(self, model: nn.Module, optimizer: torch.optim.Optimizer, data: TensorData, batch_size: int,
-                   generator: torch.Generator, device: torch.device) -> float:
+    def _run_epoch(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data: TensorData,
+        batch_size: int,
+        generator: torch.Generator,
+        device: torch.device,
+    ) -> float:
         """⌈1/q⌉ DP-SGD steps on Poisson batches; returns the mean loss of the examples drawn."""
         indices = torch.from_numpy(self.train_indices)
         total, seen = 0.0, 0
@@ -89,12 +118,16 @@ class DPSGDClient(Client):
         """Put the noisy mean of the clipped per-example gradients into ``.grad`` (the noise drawn from ``noise``,
         one ``randn`` per trainable parameter in order); returns the batch's loss sum."""
         trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
-        fixed = {**{n: p.detach() for n, p in model.named_parameters() if not p.requires_grad}, **dict(model.named_buffers())}
+        fixed = {
+            **{n: p.detach() for n, p in model.named_parameters() if not p.requires_grad},
+            **dict(model.named_buffers()),
+        }
         summed = {n: torch.zeros_like(p) for n, p in trainable.items()}
         loss_sum = 0.0
         if len(x):
-            grads, losses = vmap(grad_and_value(self._example_loss(model, fixed)), in_dims=(None, 0, 0), randomness="different")(
-                {n: p.detach() for n, p in trainable.items()}, x, y)
+            grads, losses = vmap(
+                grad_and_value(self._example_loss(model, fixed)), in_dims=(None, 0, 0), randomness="different"
+            )({n: p.detach() for n, p in trainable.items()}, x, y)
             norms = torch.sqrt(sum(g.reshape(len(x), -1).pow(2).sum(1) for g in grads.values()))
             factors = (self.clip_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
             summed = {n: torch.einsum("b,b...->...", factors, g) for n, g in grads.items()}
@@ -109,6 +142,7 @@ class DPSGDClient(Client):
         def loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             out = functional_call(model, {**params, **fixed}, (x.unsqueeze(0),))
             return self.per_example_loss(out, y.unsqueeze(0)).sum()
+
         return loss
 
 
@@ -126,10 +160,15 @@ class LocalLedger:
     def record(self, updates: Any) -> dict[str, float]:
         """Add the steps of this round's ``updates``; the ``dp/`` metrics (ε of the client that has spent most)."""
         for update in updates:
-            self.steps[update.client_id] = self.steps.get(update.client_id, 0) + int(update.metrics.get("local_steps", 0))
+            self.steps[update.client_id] = self.steps.get(update.client_id, 0) + int(
+                update.metrics.get("local_steps", 0)
+            )
         most = max(self.steps.values(), default=0)
-        return {"dp/local_epsilon_max": self.curve.epsilon(most), "dp/local_steps_max": float(most),
-                "dp/local_delta": self.curve.delta}
+        return {
+            "dp/local_epsilon_max": self.curve.epsilon(most),
+            "dp/local_steps_max": float(most),
+            "dp/local_delta": self.curve.delta,
+        }
 
     def epsilon(self, client_id: int) -> float:
         return self.curve.epsilon(self.steps.get(client_id, 0))
@@ -149,10 +188,14 @@ def local_ledger(clients: Any, model: nn.Module) -> LocalLedger | None:
         return None
     settings = {(c.sampling_rate, c.noise_multiplier, c.delta) for c in private}
     if len(private) != len(clients) or len(settings) != 1:
-        raise ValueError("client: DP-SGD clients must be all the clients, with the same sampling_rate, noise_multiplier and delta")
+        raise ValueError(
+            "client: DP-SGD clients must be all the clients, with the same sampling_rate, noise_multiplier and delta"
+        )
     norms = [type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if norms:
-        raise ValueError(f"client=dpsgd: the model has {norms[0]}, whose batch statistics make per-example gradients "
-                         "undefined; use a model without BatchNorm (e.g. GroupNorm)")
-    (rate, z, delta), = settings
+        raise ValueError(
+            f"client=dpsgd: the model has {norms[0]}, whose batch statistics make per-example gradients "
+            "undefined; use a model without BatchNorm (e.g. GroupNorm)"
+        )
+    ((rate, z, delta),) = settings
     return LocalLedger(rate, z, delta)

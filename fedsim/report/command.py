@@ -33,10 +33,32 @@ from fedsim.report.plot import ACCURACY, ROUND_TIME, X_AXES, have_matplotlib, la
 from fedsim.report.runs import CUMULATIVE, Run, along, at_target, load_runs, mb_to_target, seconds_to_target, split_seed
 from fedsim.report.table import ConfigStats, csv_rows, format_table, status, table_rows, write_csv
 
-__all__ = ["ConfigStats", "Run", "aggregate", "csv_rows", "format_table", "group_runs", "labels", "load_runs", "main",
-           "mb_to_target", "mean_curve", "mean_std", "plot_accuracy", "plot_metric", "rounds_to_target", "seconds_to_target",
-           "split_seed", "status", "table_rows", "unclocked_lines", "unfinished_lines", "unplotted_lines", "write_csv",
-           "write_plots"]
+__all__ = [
+    "ConfigStats",
+    "Run",
+    "aggregate",
+    "csv_rows",
+    "format_table",
+    "group_runs",
+    "labels",
+    "load_runs",
+    "main",
+    "mb_to_target",
+    "mean_curve",
+    "mean_std",
+    "plot_accuracy",
+    "plot_metric",
+    "rounds_to_target",
+    "seconds_to_target",
+    "split_seed",
+    "status",
+    "table_rows",
+    "unclocked_lines",
+    "unfinished_lines",
+    "unplotted_lines",
+    "write_csv",
+    "write_plots",
+]
 
 PROG = "fedsim.report"
 METRIC_NAME = re.compile(r"[A-Za-z0-9_.\-/]+")  # as fedsim.server.round_metrics.NAME (not imported: no torch here)
@@ -65,8 +87,9 @@ def rounds_to_target(curve: Sequence[tuple[int, float]], target: float) -> int |
     return next((round_num for round_num, acc in curve if acc >= target), None)
 
 
-def aggregate(config: tuple[str, ...], runs: Sequence[Run], target: float | None = None,
-              metrics: Sequence[str] = ()) -> ConfigStats:
+def aggregate(
+    config: tuple[str, ...], runs: Sequence[Run], target: float | None = None, metrics: Sequence[str] = ()
+) -> ConfigStats:
     """Summarise one configuration over its seeds. Unfinished runs count with what they have logged.
     Each of ``metrics`` gets the mean ± std of its final value over the seeds that logged it."""
     evaluated = [r for r in runs if r.curve]
@@ -115,8 +138,10 @@ def unfinished_lines(runs: Sequence[Run], root: Path) -> list[str]:
         if r.failed:
             lines.append(f"failed: {where} ({r.rounds} rounds logged): {r.stop_reason}")
         elif not r.finished:
-            lines.append(f"unfinished: {where} ({r.rounds} rounds logged"
-                         f"{'' if (r.path / 'summary.json').exists() else ', no summary.json'})")
+            lines.append(
+                f"unfinished: {where} ({r.rounds} rounds logged"
+                f"{'' if (r.path / 'summary.json').exists() else ', no summary.json'})"
+            )
     return lines
 
 
@@ -132,8 +157,12 @@ def unplotted_lines(runs: Sequence[Run], root: Path, x: str) -> list[str]:
     name, (hint, why) = CUMULATIVE[x], UNLOGGED[x]
     if not any(along(r, x) for r in runs):
         return [f"{PROG}: no run logged {name} ({hint}); nothing to plot against {x}"]
-    return [f"{PROG}: {r.path.relative_to(root) if r.path != root else r.path} logged no {name} ({why}); "
-            f"left out of the {x} plots" for r in runs if r.rounds and not along(r, x)]
+    return [
+        f"{PROG}: {r.path.relative_to(root) if r.path != root else r.path} logged no {name} ({why}); "
+        f"left out of the {x} plots"
+        for r in runs
+        if r.rounds and not along(r, x)
+    ]
 
 
 def unclocked_lines(runs: Sequence[Run], root: Path) -> list[str]:
@@ -159,17 +188,39 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun dir (or any dir holding run dirs)")
     parser.add_argument("--target", type=_fraction, default=None, help="report rounds to reach this test accuracy")
     parser.add_argument("--out", type=Path, default=None, help="where report.csv and the plots go (default: sweep_dir)")
-    parser.add_argument("--metric", type=_metric, action="append", default=[], metavar="NAME",
-                        help="add a column (this scalar's final value, mean ± std over seeds) and its plot, NAME.png (repeatable)")
-    parser.add_argument("--plot", type=_metric, action="append", default=[], metavar="NAME",
-                        help=f"plot this scalar per configuration into NAME.png (repeatable; default {ACCURACY}, "
-                             "drawn as accuracy.png)")
-    parser.add_argument("--x", choices=list(X_AXES), default="round",
-                        help=f"the plots' x axis: the round (default), wall_time (the running sum of {ROUND_TIME}), "
-                             f"sim_time ({CUMULATIVE['sim_time']}, the simulated clock: clock=sampled|trace) or "
-                             f"comm_mb ({CUMULATIVE['comm_mb']}, megabytes sent both ways)")
-    parser.add_argument("--grid", nargs=2, metavar=("ROWS", "COLS"), default=None, help="also a ROWS x COLS table of "
-                        "final eval/accuracy and each --metric (e.g. strategy attack) into grid.csv and grid.md")
+    parser.add_argument(
+        "--metric",
+        type=_metric,
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="add a column (this scalar's final value, mean ± std over seeds) and its plot, NAME.png (repeatable)",
+    )
+    parser.add_argument(
+        "--plot",
+        type=_metric,
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"plot this scalar per configuration into NAME.png (repeatable; default {ACCURACY}, "
+        "drawn as accuracy.png)",
+    )
+    parser.add_argument(
+        "--x",
+        choices=list(X_AXES),
+        default="round",
+        help=f"the plots' x axis: the round (default), wall_time (the running sum of {ROUND_TIME}), "
+        f"sim_time ({CUMULATIVE['sim_time']}, the simulated clock: clock=sampled|trace) or "
+        f"comm_mb ({CUMULATIVE['comm_mb']}, megabytes sent both ways)",
+    )
+    parser.add_argument(
+        "--grid",
+        nargs=2,
+        metavar=("ROWS", "COLS"),
+        default=None,
+        help="also a ROWS x COLS table of "
+        "final eval/accuracy and each --metric (e.g. strategy attack) into grid.csv and grid.md",
+    )
     return parser.parse_args(argv)
 
 
@@ -205,8 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def write_plots(groups: dict[tuple[str, ...], list[Run]], out: Path, plots: Sequence[str], x: str,
-                target: float | None) -> list[Path]:
+def write_plots(
+    groups: dict[tuple[str, ...], list[Run]], out: Path, plots: Sequence[str], x: str, target: float | None
+) -> list[Path]:
     """One PNG per name in ``plots``; says in one line why one was not drawn. The paths written."""
     names = [png_name(metric) for metric in plots]
     if not have_matplotlib():

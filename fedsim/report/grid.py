@@ -126,15 +126,26 @@ def build_grid(runs: Sequence[Run], keys: Sequence[str], metric: str, split: tup
     kept_rows = [r for r in rows if any(values.get((r, c)) for c in cols)]
     kept_cols = [c for c in cols if any(values.get((r, c)) for r in rows)]
     dropped = [f"row {r}" for r in rows if r not in kept_rows] + [f"column {c}" for c in cols if c not in kept_cols]
-    return Grid(metric, (rows_key, cols_key), split, tuple(kept_rows), tuple(kept_cols),
-                {cell: tuple(v) for cell, v in values.items()}, counts, tuple(dropped))
+    return Grid(
+        metric,
+        (rows_key, cols_key),
+        split,
+        tuple(kept_rows),
+        tuple(kept_cols),
+        {cell: tuple(v) for cell, v in values.items()},
+        counts,
+        tuple(dropped),
+    )
 
 
 def build_grids(runs: Sequence[Run], keys: Sequence[str], metrics: Sequence[str]) -> list[Grid]:
     """One grid per scalar in ``metrics`` and per combination of the splitting overrides (see :func:`split_runs`)."""
     keys = tuple(override_key(k) for k in keys)
-    return [build_grid(members, keys, metric, split)
-            for metric in metrics for split, members in split_runs(runs, keys).items()]
+    return [
+        build_grid(members, keys, metric, split)
+        for metric in metrics
+        for split, members in split_runs(runs, keys).items()
+    ]
 
 
 def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
@@ -170,16 +181,19 @@ def title(grid: Grid) -> str:
 def table_cells(grid: Grid) -> list[list[str]]:
     """The grid as cells, header first (``ROWS \\ COLS`` in the corner)."""
     rows_key, cols_key = grid.keys
-    return [[f"{rows_key} \\ {cols_key}", *grid.cols]] + [[row, *(cell_text(grid, (row, col)) for col in grid.cols)]
-                                                         for row in grid.rows]
+    return [[f"{rows_key} \\ {cols_key}", *grid.cols]] + [
+        [row, *(cell_text(grid, (row, col)) for col in grid.cols)] for row in grid.rows
+    ]
 
 
 def format_grid(grid: Grid) -> str:
     """The title, then a fixed-width table (first column left-aligned, cells right-aligned)."""
     cells = table_cells(grid)
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-             for row in cells]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+        for row in cells
+    ]
     return "\n".join([title(grid), *lines])
 
 
@@ -204,8 +218,13 @@ def csv_rows(grids: Sequence[Grid]) -> list[dict[str, object]]:
             for col in cols:
                 found = g.values.get((row, col), ()) if col in g.cols else ()
                 mean, std = mean_std(found)
-                line.update({f"{col}_mean": "" if mean is None else mean, f"{col}_std": "" if std is None else std,
-                             f"{col}_seeds": len(found) if col in g.cols else ""})
+                line.update(
+                    {
+                        f"{col}_mean": "" if mean is None else mean,
+                        f"{col}_std": "" if std is None else std,
+                        f"{col}_seeds": len(found) if col in g.cols else "",
+                    }
+                )
             out.append(line)
     return out
 
@@ -214,8 +233,9 @@ def write_grids(grids: Sequence[Grid], common: Sequence[str], out: Path) -> list
     """``grid.md`` (the common overrides, then each grid) and ``grid.csv`` (:func:`csv_rows`) in ``out``."""
     md = out / "grid.md"
     head = [f"common overrides: `{' '.join(common)}`", ""] if common else []
-    md.write_text("\n\n".join(["\n".join(head).rstrip(), *(markdown_grid(g) for g in grids)]).lstrip() + "\n",
-                  encoding="utf-8")
+    md.write_text(
+        "\n\n".join(["\n".join(head).rstrip(), *(markdown_grid(g) for g in grids)]).lstrip() + "\n", encoding="utf-8"
+    )
     rows = csv_rows(grids)
     path = out / "grid.csv"
     with open(path, "w", newline="", encoding="utf-8") as f:

@@ -23,8 +23,12 @@ if TYPE_CHECKING:
 
 Config = tuple[str, ...]
 ACCURACY = "eval/accuracy"
-X_AXES = {"round": "round", "wall_time": "wall time, s (mean over seeds)",  # --x choices and their axis labels
-          "sim_time": f"simulated time, s ({SIM_TIME})", "comm_mb": f"communication, MB both ways ({COMM_MB})"}
+X_AXES = {
+    "round": "round",
+    "wall_time": "wall time, s (mean over seeds)",  # --x choices and their axis labels
+    "sim_time": f"simulated time, s ({SIM_TIME})",
+    "comm_mb": f"communication, MB both ways ({COMM_MB})",
+}
 ROUND_TIME = "time/round_s"  # summed into the wall_time axis
 MAX_VALUE = 24  # legend values longer than this are cut in the middle
 LEGEND_CHARS = 40  # longer legend names wrap onto more lines (between overrides)
@@ -65,7 +69,7 @@ def _cut(value: str, limit: int = MAX_VALUE) -> str:
     if len(value) <= limit:
         return value
     head = (limit - 1) // 2
-    return f"{value[:head]}…{value[len(value) - (limit - 1 - head):]}"
+    return f"{value[:head]}…{value[len(value) - (limit - 1 - head) :]}"
 
 
 def legend_labels(configs: Sequence[Config]) -> dict[Config, str]:
@@ -106,11 +110,16 @@ def points(run: Run, metric: str = ACCURACY, x: str = "round") -> list[tuple[int
     ``wall_time`` axis, a round time; for ``sim_time``, a simulated time; for ``comm_mb``, the megabytes sent)."""
     values = run.curve if metric == ACCURACY else run.series.get(metric, ())
     when = elapsed(run) if x == "wall_time" else dict(along(run, x)) if x in CUMULATIVE else None
-    return [(n, float(n) if when is None else when[n], v) for n, v in values
-            if math.isfinite(v) and (when is None or n in when)]
+    return [
+        (n, float(n) if when is None else when[n], v)
+        for n, v in values
+        if math.isfinite(v) and (when is None or n in when)
+    ]
 
 
-def mean_curve(runs: Sequence[Run], metric: str = ACCURACY, x: str = "round") -> list[tuple[float, float, float, float]]:
+def mean_curve(
+    runs: Sequence[Run], metric: str = ACCURACY, x: str = "round"
+) -> list[tuple[float, float, float, float]]:
     """``(x, mean, min, max)`` of ``metric`` per round over the seeds that logged it that round; ``x`` is the
     round, or with ``x="wall_time"`` the mean over those seeds of the seconds elapsed by then. With
     ``x="sim_time"`` or ``x="comm_mb"`` the seeds' running totals may differ (clock drops, failed uploads), so
@@ -128,7 +137,9 @@ def mean_curve(runs: Sequence[Run], metric: str = ACCURACY, x: str = "round") ->
     return curve
 
 
-def latest_mean(runs: Sequence[Run], metric: str = ACCURACY, x: str = "sim_time") -> list[tuple[float, float, float, float]]:
+def latest_mean(
+    runs: Sequence[Run], metric: str = ACCURACY, x: str = "sim_time"
+) -> list[tuple[float, float, float, float]]:
     """``(t, mean, min, max)`` against a running total (``x``: ``sim_time``, the simulated time ``sim/time_s``, or
     ``comm_mb``, the megabytes sent ``comm/mb_total``): at every total at which some seed logged a finite
     ``metric`` (the union of the seeds' totals, ascending), each seed's latest value by then (a step function:
@@ -156,8 +167,9 @@ def _seeds(runs: Sequence[Run]) -> str:
     return f"{len(runs)} seed{'s' if len(runs) != 1 else ''}" + (f", {failed} failed" if failed else "")
 
 
-def draw(groups: Mapping[Config, Sequence[Run]], metric: str = ACCURACY, x: str = "round",
-         target: float | None = None) -> Figure | None:
+def draw(
+    groups: Mapping[Config, Sequence[Run]], metric: str = ACCURACY, x: str = "round", target: float | None = None
+) -> Figure | None:
     """The figure of ``metric`` against ``x``: per configuration the mean over seeds as a line and the min–max
     as a band; ``None`` when no run logged ``metric``. Needs matplotlib."""
     from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
@@ -173,8 +185,14 @@ def draw(groups: Mapping[Config, Sequence[Run]], metric: str = ACCURACY, x: str 
         if not curve:
             continue
         at, mean, low, high = zip(*curve)
-        (line,) = ax.plot(at, mean, color=f"C{i % 10}", linestyle=STYLES[i // 10 % len(STYLES)],
-                          marker="." if len(at) == 1 else None, label=_wrap(f"{names[config]} ({_seeds(groups[config])})"))
+        (line,) = ax.plot(
+            at,
+            mean,
+            color=f"C{i % 10}",
+            linestyle=STYLES[i // 10 % len(STYLES)],
+            marker="." if len(at) == 1 else None,
+            label=_wrap(f"{names[config]} ({_seeds(groups[config])})"),
+        )
         ax.fill_between(at, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
     if target is not None and metric == ACCURACY:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
@@ -184,11 +202,25 @@ def draw(groups: Mapping[Config, Sequence[Run]], metric: str = ACCURACY, x: str 
     over = "mean over seeds of the latest value" if x in CUMULATIVE else "mean over seeds"
     ax.set_title(f"{metric}: {over}, band min–max", fontsize="medium")
     entries = len(ax.get_legend_handles_labels()[1])
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small",
-              ncol=math.ceil(entries / LEGEND_ROWS))
+    ax.legend(
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0.0,
+        fontsize="small",
+        ncol=math.ceil(entries / LEGEND_ROWS),
+    )
     if note:
-        ax.annotate(footnote(note, heading), xy=(0, 0), xycoords=("axes fraction", ax.xaxis.label), xytext=(0, -6),
-                    textcoords="offset points", ha="left", va="top", fontsize="small", color="dimgrey")
+        ax.annotate(
+            footnote(note, heading),
+            xy=(0, 0),
+            xycoords=("axes fraction", ax.xaxis.label),
+            xytext=(0, -6),
+            textcoords="offset points",
+            ha="left",
+            va="top",
+            fontsize="small",
+            color="dimgrey",
+        )
     return fig
 
 
@@ -209,8 +241,13 @@ def _wrap(name: str, width: int = LEGEND_CHARS) -> str:
     return "\n".join(textwrap.wrap(name, width=width, break_on_hyphens=False)) if len(name) > width else name
 
 
-def plot_metric(groups: Mapping[Config, Sequence[Run]], path: Path, metric: str = ACCURACY, x: str = "round",
-                target: float | None = None) -> bool:
+def plot_metric(
+    groups: Mapping[Config, Sequence[Run]],
+    path: Path,
+    metric: str = ACCURACY,
+    x: str = "round",
+    target: float | None = None,
+) -> bool:
     """Write the :func:`draw` figure to ``path`` (sized to hold the legend and footnote); ``False`` when no
     run logged ``metric``. Needs matplotlib."""
     fig = draw(groups, metric, x, target)

@@ -13,7 +13,6 @@ from typing import Any
 
 import yaml
 
-
 Series = tuple[tuple[int, float], ...]  # (round, value) of the rounds that logged a scalar
 SIM_TIME = "sim/time_s"  # the simulated clock at the end of a round (clock=sampled|trace; docs/system-heterogeneity.md)
 COMM_MB = "comm/mb_total"  # megabytes (10^6 bytes) sent both ways by the end of a round (fedsim.server.exchange)
@@ -135,9 +134,20 @@ def load_run(run_dir: Path, root: Path, series: Sequence[str] = ()) -> Run:
         wall = sum(float(r["time/round_s"]) for r in records if r.get("time/round_s") is not None)
     reason = summary.get("stop_reason") if summary is not None else None
     clock, sent = (finite_series(records, name) for name in (SIM_TIME, COMM_MB))
-    return Run(run_dir, config, seed, rounds, curve, finished, wall, final_scalars(records),
-               str(reason) if reason is not None else None, {name: scalar_series(records, name) for name in series},
-               clock, sent)
+    return Run(
+        run_dir,
+        config,
+        seed,
+        rounds,
+        curve,
+        finished,
+        wall,
+        final_scalars(records),
+        str(reason) if reason is not None else None,
+        {name: scalar_series(records, name) for name in series},
+        clock,
+        sent,
+    )
 
 
 def along(run: Run, x: str) -> Series:
@@ -170,8 +180,11 @@ def _int(value: Any) -> int:
 
 def scalar_series(records: Sequence[dict[str, Any]], name: str) -> Series:
     """``(round, value)`` of every record holding the scalar ``name`` (``null`` reads as NaN)."""
-    return tuple((int(r["round"]), math.nan if r[name] is None else float(r[name])) for r in records
-                 if name in r and (r[name] is None or _is_number(r[name])))
+    return tuple(
+        (int(r["round"]), math.nan if r[name] is None else float(r[name]))
+        for r in records
+        if name in r and (r[name] is None or _is_number(r[name]))
+    )
 
 
 def finite_series(records: Sequence[dict[str, Any]], name: str) -> Series:

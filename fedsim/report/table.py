@@ -18,6 +18,7 @@ TOTALS = {  # per running total (the --x axes of CUMULATIVE): table header, cell
     "comm_mb": ("MB", "no bytes", "mb_to_target", "seeds_reached_target_mb"),
 }
 
+
 @dataclass(frozen=True)
 class ConfigStats:
     """One configuration aggregated over its seeds; ``None`` where there is nothing to aggregate."""
@@ -101,7 +102,10 @@ def format_table(stats: Sequence[ConfigStats], target: float | None = None) -> s
     """A fixed-width text table, preceded by the overrides every configuration shares."""
     rows = table_rows(stats, target)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+        for row in rows
+    ]
     _, common = labels([s.config for s in stats])
     return "\n".join(([f"common overrides: {' '.join(common)}"] if common else []) + lines)
 
@@ -111,13 +115,20 @@ def csv_rows(stats: Sequence[ConfigStats], target: float | None = None) -> list[
     rows = []
     any_failed = any(s.failures for s in stats)
     for s in stats:
-        row: dict[str, Any] = {"configuration": ",".join(s.config), "seeds_finished": s.finished, "seeds_total": s.total}
+        row: dict[str, Any] = {
+            "configuration": ",".join(s.config),
+            "seeds_finished": s.finished,
+            "seeds_total": s.total,
+        }
         if any_failed:  # as the target columns: only when there is something to say
             row.update(status=status(s), seeds_failed=len(s.failures), failures="; ".join(s.failures))
         row |= {
-            "rounds_min": s.rounds[0], "rounds_max": s.rounds[1],
-            "final_accuracy_mean": s.final[0], "final_accuracy_std": s.final[1],
-            "best_accuracy_mean": s.best[0], "best_accuracy_std": s.best[1],
+            "rounds_min": s.rounds[0],
+            "rounds_max": s.rounds[1],
+            "final_accuracy_mean": s.final[0],
+            "final_accuracy_std": s.final[1],
+            "best_accuracy_mean": s.best[0],
+            "best_accuracy_std": s.best[1],
         }
         if target is not None:
             row.update(target=target, rounds_to_target_mean=s.to_target, seeds_reached_target=s.reached)

@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fedsim.server.exchange import task_state
 from fedsim.core.seeding import task_seed
+from fedsim.core.types import ClientUpdate, FitTask, TaskResult
+from fedsim.server.exchange import task_state
+from fedsim.server.strategy_guard import checked_client_values, checked_scalars
+from fedsim.server.updates import apply_failure_policy, sound_updates
 from fedsim.sim.clock import SyncClock, can_start, next_start_s, online_until
 from fedsim.strategy.fedbuff import FedBuff
-from fedsim.server.strategy_guard import checked_client_values, checked_scalars
-from fedsim.core.types import ClientUpdate, FitTask, TaskResult
-from fedsim.server.updates import apply_failure_policy, sound_updates
 
 if TYPE_CHECKING:
     from fedsim.server.server import Server
@@ -85,18 +85,24 @@ class Task:
 def check_async(clock: SyncClock | None, strategy: FedBuff, num_clients: int) -> None:
     """Refuse, in one line, what the asynchronous loop cannot run."""
     if clock is None:
-        raise ValueError(f"strategy: {type(strategy).__name__} trains asynchronously on the simulated clock: add clock=sampled "
-                         "or clock=trace")
+        raise ValueError(
+            f"strategy: {type(strategy).__name__} trains asynchronously on the simulated clock: add clock=sampled "
+            "or clock=trace"
+        )
     if clock.deadline_s is not None or clock.over_selection:
-        raise ValueError(f"strategy: {type(strategy).__name__}: clock.deadline_s and clock.over_selection are for synchronous rounds; "
-                         "use no deadline and no over-selection")
+        raise ValueError(
+            f"strategy: {type(strategy).__name__}: clock.deadline_s and clock.over_selection are for synchronous rounds; "
+            "use no deadline and no over-selection"
+        )
     if strategy.concurrency + strategy.buffer_size > num_clients:
-        raise ValueError(f"strategy.concurrency + strategy.{strategy.buffer_setting} must be <= the {num_clients} clients (got "
-                         f"{strategy.concurrency} + {strategy.buffer_size}): a client whose update waits in the buffer "
-                         "does not train again before the server step")
+        raise ValueError(
+            f"strategy.concurrency + strategy.{strategy.buffer_setting} must be <= the {num_clients} clients (got "
+            f"{strategy.concurrency} + {strategy.buffer_size}): a client whose update waits in the buffer "
+            "does not train again before the server step"
+        )
 
 
-def event_loop(clock: SyncClock | None, strategy: object, num_clients: int, seed: int) -> "BufferedLoop | None":
+def event_loop(clock: SyncClock | None, strategy: object, num_clients: int, seed: int) -> BufferedLoop | None:
     """The event loop of an asynchronous strategy (refusing in one line what it cannot run); None for the others."""
     if not getattr(strategy, "asynchronous", False):
         return None
@@ -122,8 +128,11 @@ class BufferedLoop:
         started_at, before = self.clock.now_s, self.started
         self.start_params.setdefault(self.version, server.params.clone())
         buffer, dropped_offline = self._arrivals(server, round_num)
-        consumed = (self._attacked(server, round_num, buffer) if server.attack
-                    else self._sound(server, round_num, [(u, t) for u, t, _ in buffer]))
+        consumed = (
+            self._attacked(server, round_num, buffer)
+            if server.attack
+            else self._sound(server, round_num, [(u, t) for u, t, _ in buffer])
+        )
         taus = [self.version - t.version for _, t in consumed]
         deltas = [u.params - self.start_params[t.version] for u, t in consumed]
         new, from_strategy, per_client = server.params, {}, {}
@@ -135,13 +144,20 @@ class BufferedLoop:
         self.version += 1
         self.start_params = {v: p for v, p in self.start_params.items() if any(t.version == v for t in self.in_flight)}
         self.start_params[self.version] = new.clone()
-        metrics = {"sim/time_s": self.clock.now_s, "sim/round_s": self.clock.now_s - started_at,
-                   "sim/started": float(self.started - before), "sim/in_flight": float(len(self.in_flight)),
-                   "sim/dropped_offline": float(dropped_offline), "client/num_rejected": float(len(buffer) - len(consumed))}
+        metrics = {
+            "sim/time_s": self.clock.now_s,
+            "sim/round_s": self.clock.now_s - started_at,
+            "sim/started": float(self.started - before),
+            "sim/in_flight": float(len(self.in_flight)),
+            "sim/dropped_offline": float(dropped_offline),
+            "client/num_rejected": float(len(buffer) - len(consumed)),
+        }
         if taus:
             metrics |= {"sim/staleness_mean": float(np.mean(taus)), "sim/staleness_max": float(max(taus))}
         if server.attack is not None:
-            metrics |= server.attack.round_metrics(round_num, sorted(u.client_id for u, _, _ in buffer), [u for u, _ in consumed], None)
+            metrics |= server.attack.round_metrics(
+                round_num, sorted(u.client_id for u, _, _ in buffer), [u for u, _ in consumed], None
+            )
         return ServerStep(new, started, [u for u, _, _ in buffer], metrics | from_strategy, per_client)
 
     def _arrivals(self, server: Server, round_num: int) -> tuple[list[tuple[ClientUpdate, Task, Trained]], int]:
@@ -156,9 +172,11 @@ class BufferedLoop:
             task = min(self.in_flight, key=lambda t: (t.finish_s, t.seq)) if self.in_flight else None
             wake = self._wake_s(server, {t.client_id for _, t, _ in buffer})
             if task is None and wake == float("inf"):
-                raise RuntimeError(f"round {round_num}: every client waits in the buffer and none trains, but "
-                                   f"{type(self.strategy).__name__}.buffer_full is still false; it must become true "
-                                   "once every client's update has arrived")
+                raise RuntimeError(
+                    f"round {round_num}: every client waits in the buffer and none trains, but "
+                    f"{type(self.strategy).__name__}.buffer_full is still false; it must become true "
+                    "once every client's update has arrived"
+                )
             if task is None or wake < task.finish_s:
                 self.clock.now_s = wake
             else:
@@ -180,8 +198,14 @@ class BufferedLoop:
         if len(self.in_flight) >= self.strategy.concurrency:
             return float("inf")
         busy = {t.client_id for t in self.in_flight} | buffered
-        return min((next_start_s(self.clock.profiles, c, self.clock.now_s) for c in range(len(server.clients)) if c not in busy),
-                   default=float("inf"))
+        return min(
+            (
+                next_start_s(self.clock.profiles, c, self.clock.now_s)
+                for c in range(len(server.clients))
+                if c not in busy
+            ),
+            default=float("inf"),
+        )
 
     def _fill(self, server: Server, buffered: set[int]) -> None:
         """Start new tasks until ``concurrency`` are in flight or no idle client is online, with clients drawn among
@@ -191,16 +215,25 @@ class BufferedLoop:
         now = self.clock.now_s
         while len(self.in_flight) < self.strategy.concurrency:
             busy = {t.client_id for t in self.in_flight} | buffered
-            idle = np.array([c for c in range(len(server.clients)) if c not in busy and can_start(self.clock.profiles, c, now)])
+            idle = np.array(
+                [c for c in range(len(server.clients)) if c not in busy and can_start(self.clock.profiles, c, now)]
+            )
             if idle.size == 0:
                 return
             client = int(idle[np.random.default_rng([self.seed, _DOMAIN, self.started]).integers(len(idle))])
             epochs = int(server._client_config(self.version, client).get("epochs", server.clients[client].epochs))
-            timing = self.clock.timing(client, epochs=epochs, num_train=server.clients[client].num_train,
-                                       model_bytes=server.comm.down_bytes, update_bytes=server.comm.up_bytes)
+            timing = self.clock.timing(
+                client,
+                epochs=epochs,
+                num_train=server.clients[client].num_train,
+                model_bytes=server.comm.down_bytes,
+                update_bytes=server.comm.up_bytes,
+            )
             leaves = online_until(self.clock.profiles, client, now)
             arrives = leaves >= now + timing.total_s
-            self.in_flight.append(Task(self.started, client, self.version, now, now + timing.total_s if arrives else leaves, arrives))
+            self.in_flight.append(
+                Task(self.started, client, self.version, now, now + timing.total_s if arrives else leaves, arrives)
+            )
             self.started += 1
 
     def _train_pending(self, server: Server, round_num: int) -> None:
@@ -211,9 +244,16 @@ class BufferedLoop:
         for version in sorted({t.version for t in pending}):
             group = [t for t in pending if t.version == version]
             states = {t.client_id: server.client_states.get(t.client_id) for t in group}
-            tasks = [FitTask(t.client_id, t.seq + 1, task_seed(self.seed, t.seq + 1, t.client_id),
-                             server._client_config(t.version, t.client_id), task_state(states[t.client_id]))
-                     for t in group]
+            tasks = [
+                FitTask(
+                    t.client_id,
+                    t.seq + 1,
+                    task_seed(self.seed, t.seq + 1, t.client_id),
+                    server._client_config(t.version, t.client_id),
+                    task_state(states[t.client_id]),
+                )
+                for t in group
+            ]
             received = server.comm.broadcast(self.start_params[version], version + 1)
             results = server.executor.fit(received, tasks)
             apply_failure_policy(round_num, list(results), server.min_success_fraction, server.logger)
@@ -232,12 +272,20 @@ class BufferedLoop:
         result = trained.result if server.attack is not None else self._decoded(server, task, trained)
         return result if isinstance(result, ClientUpdate) else None
 
-    def _sound(self, server: Server, round_num: int, arrived: Sequence[tuple[TaskResult, Task]]) -> list[tuple[ClientUpdate, Task]]:
+    def _sound(
+        self, server: Server, round_num: int, arrived: Sequence[tuple[TaskResult, Task]]
+    ) -> list[tuple[ClientUpdate, Task]]:
         """The updates that pass the server's checks against their start weights (the others logged)."""
-        return [(u, t) for u, t in arrived
-                if isinstance(u, ClientUpdate) and sound_updates(round_num, [u], self.start_params[t.version], server.logger)]
+        return [
+            (u, t)
+            for u, t in arrived
+            if isinstance(u, ClientUpdate)
+            and sound_updates(round_num, [u], self.start_params[t.version], server.logger)
+        ]
 
-    def _attacked(self, server: Server, round_num: int, buffer: list[tuple[ClientUpdate, Task, Trained]]) -> list[tuple[ClientUpdate, Task]]:
+    def _attacked(
+        self, server: Server, round_num: int, buffer: list[tuple[ClientUpdate, Task, Trained]]
+    ) -> list[tuple[ClientUpdate, Task]]:
         """The buffer after the attack (:meth:`fedsim.attacks.stage.AttackStage.apply_buffer`): the malicious
         clients among its sound updates replace theirs, an omniscient attack seeing those updates, all honest; each
         is then encoded and decoded as it is sent, and checked again. One the server then rejects (a boosted
@@ -245,14 +293,23 @@ class BufferedLoop:
         assert server.attack is not None
         trained = {t.seq: b for _, t, b in buffer}
         sound = self._sound(server, round_num, [(u, t) for u, t, _ in buffer])
-        updates = server.attack.apply_buffer([u for u, _ in sound], [trained[t.seq].received for _, t in sound], round_num)
-        return self._sound(server, round_num, [(self._decoded(server, t, replace(trained[t.seq], result=u)), t)
-                                               for u, (_, t) in zip(updates, sound)])
+        updates = server.attack.apply_buffer(
+            [u for u, _ in sound], [trained[t.seq].received for _, t in sound], round_num
+        )
+        return self._sound(
+            server,
+            round_num,
+            [(self._decoded(server, t, replace(trained[t.seq], result=u)), t) for u, (_, t) in zip(updates, sound)],
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps (after a server step the buffer is empty and no result is pending)."""
-        return {"version": self.version, "started": self.started, "in_flight": [asdict(t) for t in self.in_flight],
-                "start_params": {str(v): p.clone() for v, p in self.start_params.items()}}
+        return {
+            "version": self.version,
+            "started": self.started,
+            "in_flight": [asdict(t) for t in self.in_flight],
+            "start_params": {str(v): p.clone() for v, p in self.start_params.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.version, self.started = int(state["version"]), int(state["started"])

@@ -14,8 +14,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from fedsim.data.tensor_data import TensorData
 from fedsim.core.params import load_flat
+from fedsim.data.tensor_data import TensorData
 
 
 def eval_device(name: str) -> torch.device:
@@ -33,7 +33,9 @@ def eval_device(name: str) -> torch.device:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = 0 if device.index is None else device.index
         if index >= count:
-            raise ValueError(f"eval_device asks for {name} but {count} CUDA device(s) are visible; use eval_device=auto or cpu")
+            raise ValueError(
+                f"eval_device asks for {name} but {count} CUDA device(s) are visible; use eval_device=auto or cpu"
+            )
         device = torch.device("cuda", index)
     return device
 

@@ -19,10 +19,10 @@ import torch
 
 from fedsim.comm.messages import message_nbytes
 from fedsim.comm.pipeline import Compression
-from fedsim.executor.base import Executor
 from fedsim.core.seeding import comm_seed
 from fedsim.core.types import ClientUpdate, FitTask, TaskResult
 from fedsim.core.update_checks import rejection_reason
+from fedsim.executor.base import Executor
 
 Poison = Callable[[Sequence[TaskResult], torch.Tensor], list[TaskResult]]
 RESIDUAL = "fedsim.comm.residual"  # the client-state key of the error-feedback residual (never sent to the worker)
@@ -43,8 +43,14 @@ class Exchange:
         self.up_bytes = compression.uplink.nbytes(num_params)
         self.total_down, self.total_up = 0, 0
 
-    def fit(self, executor: Executor, global_params: torch.Tensor, tasks: Sequence[FitTask],
-            states: Mapping[int, dict[str, Any]], poison: Poison | None = None) -> list[TaskResult]:
+    def fit(
+        self,
+        executor: Executor,
+        global_params: torch.Tensor,
+        tasks: Sequence[FitTask],
+        states: Mapping[int, dict[str, Any]],
+        poison: Poison | None = None,
+    ) -> list[TaskResult]:
         """Broadcast ``global_params``, run ``tasks`` and decode their updates (sorted by client id); ``states``: the
         clients' full states as stored (the tasks carry :func:`task_state` of them). ``poison(results, received)``:
         the malicious clients' replacements, applied before encoding, as a client would (:mod:`fedsim.attacks`)."""
@@ -63,8 +69,9 @@ class Exchange:
         generator = torch.Generator().manual_seed(comm_seed(self.seed, round_num, _DOWN, 0))
         return self.compression.downlink.apply(params, generator)
 
-    def receive(self, result: TaskResult, received: torch.Tensor, global_params: torch.Tensor,
-                state: dict[str, Any]) -> TaskResult:
+    def receive(
+        self, result: TaskResult, received: torch.Tensor, global_params: torch.Tensor, state: dict[str, Any]
+    ) -> TaskResult:
         """The update as the server decodes it: ``global_params`` + the decoded Δ (trained − ``received``), with the
         new residual in its state under error feedback. Failures, and updates the server's checks will reject
         (wrong shape, non-finite...), pass unchanged."""
@@ -95,8 +102,13 @@ class Exchange:
         up = uploads * self.up_bytes
         self.total_down += down
         self.total_up += up
-        return {"comm/bytes_down": float(down), "comm/bytes_up": float(up), "comm/bytes_down_total": float(self.total_down),
-                "comm/bytes_up_total": float(self.total_up), "comm/mb_total": (self.total_down + self.total_up) / 1e6}
+        return {
+            "comm/bytes_down": float(down),
+            "comm/bytes_up": float(up),
+            "comm/bytes_down_total": float(self.total_down),
+            "comm/bytes_up_total": float(self.total_up),
+            "comm/mb_total": (self.total_down + self.total_up) / 1e6,
+        }
 
     def state_dict(self) -> dict[str, int]:
         return {"bytes_down_total": self.total_down, "bytes_up_total": self.total_up}

@@ -6,15 +6,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from fedsim.client.evaluation import eval_tasks, summary
-from fedsim.server.exchange import task_state
 from fedsim.client.local_training import personalises
 from fedsim.core.types import ClientFailure
+from fedsim.server.exchange import task_state
 
 if TYPE_CHECKING:
     from fedsim.server.server import Server
 
 
-def evaluate_clients(server: "Server", round_num: int, sampled: Sequence[int]) -> dict[str, float]:
+def evaluate_clients(server: Server, round_num: int, sampled: Sequence[int]) -> dict[str, float]:
     """Federated evaluation (see :mod:`fedsim.client.evaluation`): the clients that ``evaluate_clients`` names (``sampled``:
     this round's) scored on their local test splits with the global model and, if the algorithm has them, their
     personal models; their distribution as metrics, each client's values in ``client_eval/round-<NNNN>.csv``. Empty

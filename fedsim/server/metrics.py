@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from fedsim.server.server import Server
 
 
-def row_extras(server: "Server", round_num: int, client_id: int, config: dict[str, Any]) -> dict[str, Any]:
+def row_extras(server: Server, round_num: int, client_id: int, config: dict[str, Any]) -> dict[str, Any]:
     """A client row's bytes each way (``config``: its task's) and, in an attacked run, whether the client is
     malicious."""
     extras: dict[str, Any] = {"bytes_down": server.comm.task_down_bytes(config), "bytes_up": server.comm.up_bytes}
@@ -20,7 +20,7 @@ def row_extras(server: "Server", round_num: int, client_id: int, config: dict[st
     return extras
 
 
-def async_row_extras(server: "Server", round_num: int, client_id: int) -> dict[str, Any]:
+def async_row_extras(server: Server, round_num: int, client_id: int) -> dict[str, Any]:
     """An asynchronous server step's client row: its upload's bytes (its download belongs to the step that started
     it) and, in an attacked run, whether the client is malicious in this step."""
     extras: dict[str, Any] = {"bytes_up": server.comm.up_bytes}
@@ -29,7 +29,7 @@ def async_row_extras(server: "Server", round_num: int, client_id: int) -> dict[s
     return extras
 
 
-def wire_metrics(server: "Server", down: int, results: Sequence[TaskResult]) -> dict[str, float]:
+def wire_metrics(server: Server, down: int, results: Sequence[TaskResult]) -> dict[str, float]:
     """The round's ``comm/`` bytes (``down``: downloaded by the round's clients) and, with DP-SGD clients, their
     spent privacy (every update that came back was released, accepted or not)."""
     metrics = server.comm.round_metrics(down, results)
@@ -38,8 +38,12 @@ def wire_metrics(server: "Server", down: int, results: Sequence[TaskResult]) -> 
     return metrics
 
 
-def attack_metrics(server: "Server", round_num: int, client_ids: Sequence[int], kept: Sequence[ClientUpdate]) -> dict[str, float]:
+def attack_metrics(
+    server: Server, round_num: int, client_ids: Sequence[int], kept: Sequence[ClientUpdate]
+) -> dict[str, float]:
     """The round's ``attack/`` counts (empty without an attack); a rule that selects updates (Krum) says which."""
     if server.attack is None:
         return {}
-    return server.attack.round_metrics(round_num, client_ids, kept, getattr(server.strategy, "selected_client_ids", None))
+    return server.attack.round_metrics(
+        round_num, client_ids, kept, getattr(server.strategy, "selected_client_ids", None)
+    )

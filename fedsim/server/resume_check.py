@@ -21,10 +21,23 @@ from fedsim.core.checkpoint import CheckpointError
 FREE_PREFIXES = ("executor.", "logger.", "tracker.", "early_stop.", "hydra.", "objective.")
 # settings added after checkpoints began to keep them, with the value that computes what older versions did: a
 # checkpoint without the key was written with that value
-ADDED_LATER = {"compression.uplink": [], "compression.downlink": [], "compression.error_feedback": False,
-               "attack.fraction": 0.2, "attack.per_round": False}
-FREE_KEYS = {"resume", "resume_allow_changes", "num_rounds", "checkpoint_every", "keep_checkpoints", "eval_device",
-             "state_store", "server_threads"}
+ADDED_LATER = {
+    "compression.uplink": [],
+    "compression.downlink": [],
+    "compression.error_feedback": False,
+    "attack.fraction": 0.2,
+    "attack.per_round": False,
+}
+FREE_KEYS = {
+    "resume",
+    "resume_allow_changes",
+    "num_rounds",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "eval_device",
+    "state_store",
+    "server_threads",
+}
 
 
 def computation_settings(flat: dict[str, Any]) -> dict[str, Any]:
@@ -32,14 +45,18 @@ def computation_settings(flat: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in sorted(flat.items()) if k not in FREE_KEYS and not k.startswith(FREE_PREFIXES)}
 
 
-def check_changes(saved: dict[str, Any], current: dict[str, Any], allowed: Iterable[str], checkpoint: Path) -> dict[str, list[Any]]:
+def check_changes(
+    saved: dict[str, Any], current: dict[str, Any], allowed: Iterable[str], checkpoint: Path
+) -> dict[str, list[Any]]:
     """The changed settings (key → [checkpoint's value, now]); :class:`CheckpointError` (one line) when one is not
     in ``allowed``. Nothing to compare (a checkpoint from before settings were kept, or the Python API
     without a config) means no check."""
     if not saved or not current:
         return {}
     saved = {**{k: v for k, v in ADDED_LATER.items() if k in current}, **saved}
-    changes = {k: [saved.get(k), current.get(k)] for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)}
+    changes = {
+        k: [saved.get(k), current.get(k)] for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)
+    }
     refused = [k for k in changes if k not in set(allowed)]
     if refused:
         listed = ", ".join(f"{k} ({_show(changes[k][0])} -> {_show(changes[k][1])})" for k in refused)

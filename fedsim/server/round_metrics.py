@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from fedsim.strategy.base import Strategy
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy.base import Strategy
 
 log = logging.getLogger("fedsim")
 
@@ -44,8 +44,13 @@ def user_metrics(update: ClientUpdate) -> dict[str, float]:
             extras[name] = float(value)
         elif repr(name) not in _warned:
             _warned.add(repr(name))
-            log.warning("client metric %r = %r ignored (client %d): names must match %s and values be numbers",
-                        name, value, update.client_id, NAME.pattern)
+            log.warning(
+                "client metric %r = %r ignored (client %d): names must match %s and values be numbers",
+                name,
+                value,
+                update.client_id,
+                NAME.pattern,
+            )
     return extras
 
 
@@ -125,15 +130,20 @@ def strategy_client_values(strategy: Strategy, round_num: int, client_ids: Seque
     out: dict[int, dict[str, Any]] = {}
     for client_id, named in values.items():
         if isinstance(client_id, bool) or not isinstance(client_id, int) or client_id not in allowed:
-            raise ValueError(f"{owner} returned values for client {client_id!r}, whose update it did not aggregate "
-                             f"this round")
+            raise ValueError(
+                f"{owner} returned values for client {client_id!r}, whose update it did not aggregate this round"
+            )
         if not isinstance(named, Mapping):
-            raise ValueError(f"{owner} returned {type(named).__name__} for client {client_id}: must be a dict of name -> number")
+            raise ValueError(
+                f"{owner} returned {type(named).__name__} for client {client_id}: must be a dict of name -> number"
+            )
         for name, value in named.items():
             if not isinstance(name, str) or not NAME.fullmatch(name):
                 raise ValueError(f"{owner} returned the name {name!r}: names must match {NAME.pattern}")
             if not is_number(value):
-                raise ValueError(f"{owner} returned {name!r} = {value!r} for client {client_id}: values must be numbers (int or float)")
+                raise ValueError(
+                    f"{owner} returned {name!r} = {value!r} for client {client_id}: values must be numbers (int or float)"
+                )
         out[client_id] = {name: _finite_or_none(float(value)) for name, value in named.items()}
     return out
 

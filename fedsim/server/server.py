@@ -13,41 +13,52 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.core.checkpoint import list_checkpoints, save_checkpoint, save_if_missing
-from fedsim.server.exchange import task_state
-from fedsim.comm.pipeline import Compression
 from fedsim.attacks.base import Attack
-from fedsim.privacy.central import CentralDP
-from fedsim.privacy.rounds import private_rounds
-from fedsim.client.state import ClientStateStore
 from fedsim.client.base import Client
-from fedsim.client.scoring import evaluate_indices
-from fedsim.data.tensor_data import TensorData
-from fedsim.executor.base import Executor, Workload
-from fedsim.server.early_stop import EarlyStop
 from fedsim.client.evaluation import ClientEvaluation
-from fedsim.server.central_eval import DeviceEvaluator, eval_device as eval_device_named
-from fedsim.observe.run_logger import RunLogger, process_rss_mb
-from fedsim.strategy.context import RunContext
-from fedsim.core.params import ParamLayout, flatten, load_flat
-from fedsim.strategy.root_data import root_trainer
-from fedsim.server.round_metrics import client_row, train_metrics, with_strategy_values
-from fedsim.core.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
-from fedsim.core.seeding import sampling_rng, task_seed
-from fedsim.server.setup import check_model_fits_data, check_settings as _check_settings, initial_model as _initial_model
-from fedsim.server.setup import checkpoint_state, resume_from, setup_pipeline
-from fedsim.server.metrics import async_row_extras, attack_metrics, row_extras, wire_metrics
-from fedsim.server.federated_eval import evaluate_clients
-from fedsim.sim.clock import RoundSchedule, SyncClock
-from fedsim.server.buffered import consumed_ids, event_loop
-from fedsim.sim.rounds import check_sampling, clocked_round
-from fedsim.server.stragglers import Stragglers
 from fedsim.client.local_training import LocalTraining
-from fedsim.strategy.base import Strategy
-from fedsim.server.strategy_guard import checked_aggregate, checked_client_values, checked_scalars
+from fedsim.client.scoring import evaluate_indices
+from fedsim.client.state import ClientStateStore
+from fedsim.comm.pipeline import Compression
+from fedsim.core.checkpoint import list_checkpoints, save_checkpoint, save_if_missing
+from fedsim.core.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
+from fedsim.core.params import ParamLayout, flatten, load_flat
+from fedsim.core.seeding import sampling_rng, task_seed
 from fedsim.core.threads import torch_threads
 from fedsim.core.types import ClientUpdate, FitTask
+from fedsim.data.tensor_data import TensorData
+from fedsim.executor.base import Executor, Workload
+from fedsim.observe.run_logger import RunLogger, process_rss_mb
+from fedsim.privacy.central import CentralDP
+from fedsim.privacy.rounds import private_rounds
+from fedsim.server.buffered import consumed_ids, event_loop
+from fedsim.server.central_eval import DeviceEvaluator
+from fedsim.server.central_eval import eval_device as eval_device_named
+from fedsim.server.early_stop import EarlyStop
+from fedsim.server.exchange import task_state
+from fedsim.server.federated_eval import evaluate_clients
+from fedsim.server.metrics import async_row_extras, attack_metrics, row_extras, wire_metrics
+from fedsim.server.round_metrics import client_row, train_metrics, with_strategy_values
+from fedsim.server.setup import (
+    check_model_fits_data,
+    checkpoint_state,
+    resume_from,
+    setup_pipeline,
+)
+from fedsim.server.setup import (
+    check_settings as _check_settings,
+)
+from fedsim.server.setup import (
+    initial_model as _initial_model,
+)
+from fedsim.server.stragglers import Stragglers
+from fedsim.server.strategy_guard import checked_aggregate, checked_client_values, checked_scalars
 from fedsim.server.updates import apply_failure_policy, sound_updates
+from fedsim.sim.clock import RoundSchedule, SyncClock
+from fedsim.sim.rounds import check_sampling, clocked_round
+from fedsim.strategy.base import Strategy
+from fedsim.strategy.context import RunContext
+from fedsim.strategy.root_data import root_trainer
 
 log = logging.getLogger("fedsim")
 __all__ = ["ClientMisuseError", "RoundFailedError", "RunResult", "Server", "StrategyError"]
@@ -141,7 +152,9 @@ class Server:
         state_dir = self.checkpoint_dir / "client_state" if self.checkpoint_dir is not None else None
         self.client_states = ClientStateStore(state_store, state_dir)
         self.local: LocalTraining | None = None  # the strategy's client half, from run()
-        self.settings: dict[str, Any] = {}  # the run's settings as dotted keys, set by fedsim.cli.run (for resume checks)
+        self.settings: dict[
+            str, Any
+        ] = {}  # the run's settings as dotted keys, set by fedsim.cli.run (for resume checks)
         strategy.setup(self.run_context())  # here, so that a strategy's objection comes before any work
         executor.check(self._workload())  # likewise the executor's (e.g. what vmap cannot vectorise)
 
@@ -201,16 +214,28 @@ class Server:
         return RunResult(self.params, self.model, self.logger.history, self.stopped_early, self.stop_reason)
 
     def _workload(self) -> Workload:
-        return Workload(self.model_factory, self.clients, self.train_data, log_dir=self.logger.run_dir, local=self.strategy.local_training())
+        return Workload(
+            self.model_factory,
+            self.clients,
+            self.train_data,
+            log_dir=self.logger.run_dir,
+            local=self.strategy.local_training(),
+        )
 
     def run_context(self) -> RunContext:
         """What the strategy is told about the run (:meth:`Strategy.setup`)."""
         return RunContext(
-            layout=ParamLayout.of(self.model), num_clients=len(self.clients),
-            num_examples=tuple(c.num_train for c in self.clients), clients_per_round=self.clients_per_round,
-            num_rounds=self.num_rounds, seed=self.seed, run_dir=self.logger.run_dir, start_round=self.start_round,
+            layout=ParamLayout.of(self.model),
+            num_clients=len(self.clients),
+            num_examples=tuple(c.num_train for c in self.clients),
+            clients_per_round=self.clients_per_round,
+            num_rounds=self.num_rounds,
+            seed=self.seed,
+            run_dir=self.logger.run_dir,
+            start_round=self.start_round,
             root_trainer=functools.partial(
-                root_trainer, model=self.model, clients=self._clean_clients, data=self.train_data, seed=self.seed),
+                root_trainer, model=self.model, clients=self._clean_clients, data=self.train_data, seed=self.seed
+            ),
         )
 
     def _decide_stop(self, round_num: int) -> None:
@@ -238,7 +263,12 @@ class Server:
         return checkpoint_state(self, round_num)
 
     def _fingerprint(self) -> dict[str, int]:
-        return {"seed": self.seed, "num_clients": len(self.clients), "clients_per_round": self.clients_per_round, "num_params": self.params.numel()}
+        return {
+            "seed": self.seed,
+            "num_clients": len(self.clients),
+            "clients_per_round": self.clients_per_round,
+            "num_params": self.params.numel(),
+        }
 
     def save_checkpoint(self, round_num: int, state: dict[str, Any] | None = None) -> Path:
         """Write the checkpoint of ``round_num``: ``state`` (an earlier :meth:`state_dict`), else the current state."""
@@ -262,13 +292,22 @@ class Server:
         configs, schedule = self._plan(round_num)
         client_ids = sorted(configs)
         states = {cid: self.client_states.get(cid) for cid in client_ids}
-        tasks = [FitTask(cid, round_num, task_seed(self.seed, round_num, cid), configs[cid], task_state(states[cid])) for cid in client_ids]
+        tasks = [
+            FitTask(cid, round_num, task_seed(self.seed, round_num, cid), configs[cid], task_state(states[cid]))
+            for cid in client_ids
+        ]
         results = self.comm.fit(self.executor, self.params, tasks, states, self.attack.apply if self.attack else None)
         fit_s = time.perf_counter() - start
         succeeded = apply_failure_policy(round_num, results, self.min_success_fraction, self.logger)
         updates = sound_updates(round_num, succeeded, self.params, self.logger)
-        rows = [client_row(u, self.params) | row_extras(self, round_num, u.client_id, configs[u.client_id]) for u in updates]
-        kept = [u for u in updates if self.strategy.keeps_stragglers or self.stragglers.epochs_for(round_num, u.client_id) is None]
+        rows = [
+            client_row(u, self.params) | row_extras(self, round_num, u.client_id, configs[u.client_id]) for u in updates
+        ]
+        kept = [
+            u
+            for u in updates
+            if self.strategy.keeps_stragglers or self.stragglers.epochs_for(round_num, u.client_id) is None
+        ]
         from_strategy, aggregated = {}, kept
         if self.privacy is not None:  # one noisy mean update, even from an empty cohort
             aggregated, from_strategy = self.privacy.aggregate_input(round_num, self.params, kept)
@@ -278,8 +317,11 @@ class Server:
             rows = with_strategy_values(rows, checked_client_values(self.strategy, round_num, aggregated))
         self._commit_client_states(round_num, kept)
         self.logger.log_clients(round_num, rows)
-        down = (schedule.download_bytes if schedule is not None  # the clock's dropped clients downloaded too
-                else sum(self.comm.task_down_bytes(configs[cid]) for cid in client_ids))
+        down = (
+            schedule.download_bytes
+            if schedule is not None  # the clock's dropped clients downloaded too
+            else sum(self.comm.task_down_bytes(configs[cid]) for cid in client_ids)
+        )
         metrics = train_metrics(updates, len(results)) | from_strategy | wire_metrics(self, down, results)
         metrics |= attack_metrics(self, round_num, client_ids, kept)
         metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
@@ -303,9 +345,15 @@ class Server:
         metrics["client/num_aggregated"] = float(len(updates))
         return self._finish_round(round_num, metrics, consumed_ids(updates), start, fit_s)
 
-    def _finish_round(self, round_num: int, metrics: dict[str, float], client_ids: list[int], start: float, fit_s: float) -> dict[str, float]:
+    def _finish_round(
+        self, round_num: int, metrics: dict[str, float], client_ids: list[int], start: float, fit_s: float
+    ) -> dict[str, float]:
         """Evaluate when due and add the wall times and memory to the round's metrics."""
-        eval_start, central, federated = time.perf_counter(), self._central_eval_due(round_num), self.client_eval.due(round_num, self.eval_every, self.num_rounds)
+        eval_start, central, federated = (
+            time.perf_counter(),
+            self._central_eval_due(round_num),
+            self.client_eval.due(round_num, self.eval_every, self.num_rounds),
+        )
         if central:
             metrics.update(self.evaluate())
         if federated:
@@ -321,12 +369,22 @@ class Server:
         """The config of every task of the round, by client id, and the clock's schedule (None without a clock)."""
         rng = sampling_rng(self.seed, round_num)
         if self.clock is None:
-            ids = (self.privacy.sample(rng, len(self.clients)) if self.privacy is not None
-                   else self.strategy.sample(round_num, len(self.clients), self.clients_per_round, rng))
+            ids = (
+                self.privacy.sample(rng, len(self.clients))
+                if self.privacy is not None
+                else self.strategy.sample(round_num, len(self.clients), self.clients_per_round, rng)
+            )
             return {cid: self._client_config(round_num, cid) for cid in ids}, None
         schedule, configs = clocked_round(
-            self.clock, self.strategy, round_num, rng, clients=self.clients, clients_per_round=self.clients_per_round,
-            config_of=lambda cid: self._client_config(round_num, cid), model_bytes=self.comm.down_bytes, update_bytes=self.comm.up_bytes,
+            self.clock,
+            self.strategy,
+            round_num,
+            rng,
+            clients=self.clients,
+            clients_per_round=self.clients_per_round,
+            config_of=lambda cid: self._client_config(round_num, cid),
+            model_bytes=self.comm.down_bytes,
+            update_bytes=self.comm.up_bytes,
         )
         return configs, schedule
 
@@ -334,7 +392,9 @@ class Server:
         """Make the accepted updates' new states the clients' states from now on; collect versions that no
         kept checkpoint needs any more."""
         self.client_states.commit(round_num, {u.client_id: u.state for u in kept if u.state is not None})
-        kept_rounds = [int(p.stem.split("-")[1]) for p in list_checkpoints(self.checkpoint_dir)] if self.checkpoint_dir else []
+        kept_rounds = (
+            [int(p.stem.split("-")[1]) for p in list_checkpoints(self.checkpoint_dir)] if self.checkpoint_dir else []
+        )
         self.client_states.collect(kept_rounds)
 
     def _client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
@@ -352,7 +412,11 @@ class Server:
             return {}
         model = self.evaluator.load(self.params)
         result = evaluate_indices(model, self.evaluator.on_device(self.test_data))
-        backdoor = self.attack.evaluate(lambda d: evaluate_indices(model, self.evaluator.on_device(d))["accuracy"]) if self.attack else {}
+        backdoor = (
+            self.attack.evaluate(lambda d: evaluate_indices(model, self.evaluator.on_device(d))["accuracy"])
+            if self.attack
+            else {}
+        )
         return {"eval/loss": result["loss"], "eval/accuracy": result["accuracy"]} | backdoor
 
     def evaluate_clients(self, round_num: int, sampled: Sequence[int]) -> dict[str, float]:

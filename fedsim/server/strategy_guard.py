@@ -9,10 +9,10 @@ from typing import Any
 import torch
 
 from fedsim.core.errors import StrategyError
+from fedsim.core.types import ClientUpdate
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.round_metrics import strategy_client_values, strategy_scalars
 from fedsim.strategy.base import Strategy
-from fedsim.core.types import ClientUpdate
 
 
 def checked_aggregate(
@@ -37,7 +37,9 @@ def checked_aggregate(
         new = new.to(global_params.dtype)  # a float64 rule's result is cast back; an overflow shows as inf below
         problem = non_finite(new)
     if problem is not None:
-        raise StrategyError(f"round {round_num}: {name}.aggregate returned {problem}; the model of round {round_num - 1} is kept")
+        raise StrategyError(
+            f"round {round_num}: {name}.aggregate returned {problem}; the model of round {round_num - 1} is kept"
+        )
     return new
 
 
@@ -49,7 +51,9 @@ def checked_scalars(strategy: Strategy, round_num: int) -> dict[str, float]:
         raise StrategyError(f"round {round_num}: {first_line(error)}") from error
 
 
-def checked_client_values(strategy: Strategy, round_num: int, updates: Sequence[ClientUpdate]) -> dict[int, dict[str, Any]]:
+def checked_client_values(
+    strategy: Strategy, round_num: int, updates: Sequence[ClientUpdate]
+) -> dict[int, dict[str, Any]]:
     """:meth:`Strategy.client_metrics` of the clients of ``updates``; a bad id, name or value is a :class:`StrategyError`."""
     try:
         return strategy_client_values(strategy, round_num, [u.client_id for u in updates])

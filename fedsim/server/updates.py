@@ -6,12 +6,14 @@ from __future__ import annotations
 import torch
 
 from fedsim.core.errors import ClientMisuseError, RoundFailedError
-from fedsim.observe.run_logger import RunLogger
 from fedsim.core.types import ClientFailure, ClientUpdate, TaskResult
 from fedsim.core.update_checks import rejection_reason
+from fedsim.observe.run_logger import RunLogger
 
 
-def apply_failure_policy(round_num: int, results: list[TaskResult], min_success_fraction: float, logger: RunLogger) -> list[ClientUpdate]:
+def apply_failure_policy(
+    round_num: int, results: list[TaskResult], min_success_fraction: float, logger: RunLogger
+) -> list[ClientUpdate]:
     """The round's updates, once every failure is logged; :class:`RoundFailedError` when fewer than
     ``min_success_fraction`` of the clients succeeded, :class:`ClientMisuseError` on any fatal failure (a
     misuse that would make results depend on the executor is never tolerated)."""
@@ -23,7 +25,11 @@ def apply_failure_policy(round_num: int, results: list[TaskResult], min_success_
     if fatal is not None:
         raise ClientMisuseError(f"round {round_num}: {fatal.error}")
     for failure in failures:
-        logger.log_text("failures", f"client {failure.client_id} (worker {failure.worker}): {failure.error}\n{failure.traceback}", round_num)
+        logger.log_text(
+            "failures",
+            f"client {failure.client_id} (worker {failure.worker}): {failure.error}\n{failure.traceback}",
+            round_num,
+        )
     if not updates or len(updates) < min_success_fraction * len(results):
         first = failures[0]
         raise RoundFailedError(
@@ -33,7 +39,9 @@ def apply_failure_policy(round_num: int, results: list[TaskResult], min_success_
     return updates
 
 
-def sound_updates(round_num: int, updates: list[ClientUpdate], global_params: torch.Tensor, logger: RunLogger) -> list[ClientUpdate]:
+def sound_updates(
+    round_num: int, updates: list[ClientUpdate], global_params: torch.Tensor, logger: RunLogger
+) -> list[ClientUpdate]:
     """Drop (and log) updates that do not fit the global model (shape, dtype, non-finite values, bad counts)."""
     sound = []
     for update in updates:

@@ -133,11 +133,15 @@ class SyncClock:
     ``deadline_s``: None or > 0. ``over_selection``: ≥ 0, the extra share of clients sampled (0.3: 30 % more).
     """
 
-    def __init__(self, profiles: DeviceProfiles, *, deadline_s: float | None = None, over_selection: float = 0.0) -> None:
+    def __init__(
+        self, profiles: DeviceProfiles, *, deadline_s: float | None = None, over_selection: float = 0.0
+    ) -> None:
         if deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s > 0):
             raise ValueError(f"clock.deadline_s must be > 0 or null (got {deadline_s!r})")
         if not (math.isfinite(over_selection) and over_selection >= 0):
-            raise ValueError(f"clock.over_selection must be >= 0 (got {over_selection!r}); 0.3 samples 30 % more clients")
+            raise ValueError(
+                f"clock.over_selection must be >= 0 (got {over_selection!r}); 0.3 samples 30 % more clients"
+            )
         self.profiles = profiles
         self.deadline_s = None if deadline_s is None else float(deadline_s)
         self.over_selection = float(over_selection)
@@ -146,8 +150,10 @@ class SyncClock:
     def check(self, num_clients: int) -> None:
         """Refuse, in one line, profiles for another number of clients."""
         if self.profiles.num_clients != num_clients:
-            raise ValueError(f"clock: the device profiles describe {self.profiles.num_clients} clients but the run has "
-                             f"{num_clients}; give a profile (trace row) for every client")
+            raise ValueError(
+                f"clock: the device profiles describe {self.profiles.num_clients} clients but the run has "
+                f"{num_clients}; give a profile (trace row) for every client"
+            )
 
     def sample_size(self, clients_per_round: int, available: int) -> int:
         """How many clients to sample: ``ceil(K (1 + over_selection))``, at most the ``available`` ones."""
@@ -165,19 +171,32 @@ class SyncClock:
         """The planned timing of one task (see the module docstring)."""
         p = self.profiles
         return Timing(
-            client_id, epochs, model_bytes / float(p.download[client_id]),
-            epochs * num_train / float(p.speed[client_id]), update_bytes / float(p.upload[client_id]),
+            client_id,
+            epochs,
+            model_bytes / float(p.download[client_id]),
+            epochs * num_train / float(p.speed[client_id]),
+            update_bytes / float(p.upload[client_id]),
         )
 
     def schedule(
-        self, sampled: Sequence[int], *, clients_per_round: int, online: int, epochs: Mapping[int, int],
-        num_train: Mapping[int, int], model_bytes: int | Mapping[int, int], update_bytes: int, keeps_partial: bool,
+        self,
+        sampled: Sequence[int],
+        *,
+        clients_per_round: int,
+        online: int,
+        epochs: Mapping[int, int],
+        num_train: Mapping[int, int],
+        model_bytes: int | Mapping[int, int],
+        update_bytes: int,
+        keeps_partial: bool,
     ) -> RoundSchedule:
         """Decide the round that starts at ``now_s`` with the ``sampled`` clients (see the module docstring);
         ``model_bytes``: what each client downloads, one number for all or by client id."""
         down = {c: model_bytes if isinstance(model_bytes, int) else model_bytes[c] for c in sampled}
-        plans = [self.timing(c, epochs=epochs[c], num_train=num_train[c], model_bytes=down[c], update_bytes=update_bytes)
-                 for c in sorted(sampled)]
+        plans = [
+            self.timing(c, epochs=epochs[c], num_train=num_train[c], model_bytes=down[c], update_bytes=update_bytes)
+            for c in sorted(sampled)
+        ]
         plans, offline = self._drop_offline(plans)
         plans, late, cut = self._apply_deadline(plans, keeps_partial)
         plans, surplus = self._keep_first(plans, clients_per_round)
@@ -185,9 +204,16 @@ class SyncClock:
         short = len(plans) < min(clients_per_round, len(sampled))  # someone sent never arrives
         round_s = self.deadline_s if short and late and self.deadline_s is not None else last
         return RoundSchedule(
-            start_s=self.now_s, online=online, sampled=tuple(sorted(sampled)), run=tuple(plans),
-            dropped_offline=offline, dropped_deadline=late, dropped_overselected=surplus, cut_by_deadline=cut,
-            round_s=float(round_s), download_bytes=sum(down.values()),
+            start_s=self.now_s,
+            online=online,
+            sampled=tuple(sorted(sampled)),
+            run=tuple(plans),
+            dropped_offline=offline,
+            dropped_deadline=late,
+            dropped_overselected=surplus,
+            cut_by_deadline=cut,
+            round_s=float(round_s),
+            download_bytes=sum(down.values()),
         )
 
     def advance(self, schedule: RoundSchedule) -> None:
@@ -199,7 +225,9 @@ class SyncClock:
         ok = [t for t in plans if online_until(self.profiles, t.client_id, self.now_s) >= self.now_s + t.total_s]
         return ok, tuple(t.client_id for t in plans if t not in ok)
 
-    def _apply_deadline(self, plans: list[Timing], keeps_partial: bool) -> tuple[list[Timing], tuple[int, ...], tuple[int, ...]]:
+    def _apply_deadline(
+        self, plans: list[Timing], keeps_partial: bool
+    ) -> tuple[list[Timing], tuple[int, ...], tuple[int, ...]]:
         """(tasks that meet the deadline, possibly cut to fewer epochs; dropped ids; cut ids)."""
         if self.deadline_s is None:
             return plans, (), ()
@@ -238,18 +266,35 @@ class SyncClock:
 
 
 def sampled_clock(
-    num_clients: int, seed: int, *, deadline_s: float | None = None, over_selection: float = 0.0,
-    speed_median: float = 100.0, speed_sigma: float = 1.0, upload_mbps: float = 2.0, upload_sigma: float = 1.0,
-    download_mbps: float = 20.0, download_sigma: float = 1.0, always_online: bool = True, period_h: float = 24.0,
+    num_clients: int,
+    seed: int,
+    *,
+    deadline_s: float | None = None,
+    over_selection: float = 0.0,
+    speed_median: float = 100.0,
+    speed_sigma: float = 1.0,
+    upload_mbps: float = 2.0,
+    upload_sigma: float = 1.0,
+    download_mbps: float = 20.0,
+    download_sigma: float = 1.0,
+    always_online: bool = True,
+    period_h: float = 24.0,
     online_fraction_mean: float = 0.25,
 ) -> SyncClock:
     """``clock=sampled``: profiles drawn per client from ``seed`` (:func:`fedsim.sim.profiles.sampled_profiles`;
     speeds in examples/s, bandwidths in Mbit/s, medians and log-scale sigmas), then a :class:`SyncClock`."""
     profiles = sampled_profiles(
-        num_clients, seed, speed_median=speed_median, speed_sigma=speed_sigma,
-        upload_median=upload_mbps * BYTES_PER_S_PER_MBPS, upload_sigma=upload_sigma,
-        download_median=download_mbps * BYTES_PER_S_PER_MBPS, download_sigma=download_sigma,
-        period_s=period_h * 3600.0, online_fraction_mean=online_fraction_mean, always_online=always_online,
+        num_clients,
+        seed,
+        speed_median=speed_median,
+        speed_sigma=speed_sigma,
+        upload_median=upload_mbps * BYTES_PER_S_PER_MBPS,
+        upload_sigma=upload_sigma,
+        download_median=download_mbps * BYTES_PER_S_PER_MBPS,
+        download_sigma=download_sigma,
+        period_s=period_h * 3600.0,
+        online_fraction_mean=online_fraction_mean,
+        always_online=always_online,
     )
     return SyncClock(profiles, deadline_s=deadline_s, over_selection=over_selection)
 

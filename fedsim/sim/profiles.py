@@ -55,8 +55,9 @@ _DOMAIN = 0x5133  # keeps the profile streams apart from any other stream of the
 def _checked_array(name: str, values: object) -> np.ndarray:
     arr = np.array(values, dtype=np.float64)  # a copy, made read-only below
     if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"DeviceProfiles.{name} must be a non-empty 1-D array, one value per client "
-                         f"(got shape {arr.shape})")
+        raise ValueError(
+            f"DeviceProfiles.{name} must be a non-empty 1-D array, one value per client (got shape {arr.shape})"
+        )
     arr.setflags(write=False)
     return arr
 
@@ -87,15 +88,18 @@ class DeviceProfiles:
         for name in ("speed", "upload", "download", "online_start", "online_length"):
             object.__setattr__(self, name, _checked_array(name, getattr(self, name)))
             if len(getattr(self, name)) != len(self.speed):
-                raise ValueError(f"DeviceProfiles.{name} has {len(getattr(self, name))} values but speed has "
-                                 f"{len(self.speed)}; give one value per client")
+                raise ValueError(
+                    f"DeviceProfiles.{name} has {len(getattr(self, name))} values but speed has "
+                    f"{len(self.speed)}; give one value per client"
+                )
         for name in ("speed", "upload", "download"):
             arr = getattr(self, name)
             _first_bad(name, arr, np.isfinite(arr) & (arr > 0), "finite and > 0")
         period = float(self.period_s)
         if not period > 0:
-            raise ValueError(f"DeviceProfiles.period_s must be > 0 seconds, or inf for always online "
-                             f"(got {self.period_s!r})")
+            raise ValueError(
+                f"DeviceProfiles.period_s must be > 0 seconds, or inf for always online (got {self.period_s!r})"
+            )
         object.__setattr__(self, "period_s", period)
         start, length = self.online_start, self.online_length
         _first_bad("online_start", start, (start >= 0) & (start < period), f"in [0, period_s={period:g})")
@@ -146,7 +150,10 @@ class DeviceProfiles:
         smallest whole k that makes it later than ``t``, nudged up by float rounding steps where needed so that the
         client is online then (:meth:`online_at`). Computed from k, not from ``t``'s phase, so the rounding error
         is that of one addition, not of ``period``."""
-        start, k = float(self.online_start[client_id]), math.floor((t - float(self.online_start[client_id])) / self.period_s)
+        start, k = (
+            float(self.online_start[client_id]),
+            math.floor((t - float(self.online_start[client_id])) / self.period_s),
+        )
         when = start + k * self.period_s
         while when <= t:
             k += 1
@@ -159,12 +166,17 @@ class DeviceProfiles:
 
 
 def _check_positive(name: str, value: object, *, allow_zero: bool = False, allow_inf: bool = False) -> float:
-    ok = isinstance(value, Real) and not isinstance(value, bool) and (math.isfinite(value) or
-                                                                      (allow_inf and value == math.inf))
+    ok = (
+        isinstance(value, Real)
+        and not isinstance(value, bool)
+        and (math.isfinite(value) or (allow_inf and value == math.inf))
+    )
     if not ok or value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"sampled_profiles: {name} must be a finite number {bound}"
-                         f"{' (or inf)' if allow_inf else ''} (got {value!r})")
+        raise ValueError(
+            f"sampled_profiles: {name} must be a finite number {bound}"
+            f"{' (or inf)' if allow_inf else ''} (got {value!r})"
+        )
     return float(value)
 
 
@@ -202,10 +214,18 @@ def sampled_profiles(
         raise ValueError(f"sampled_profiles: num_clients must be an integer >= 1 (got {num_clients!r})")
     if not isinstance(seed, Integral) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"sampled_profiles: seed must be an integer >= 0 (got {seed!r})")
-    medians = [_check_positive(n, v) for n, v in
-               (("speed_median", speed_median), ("upload_median", upload_median), ("download_median", download_median))]
-    sigmas = [_check_positive(n, v, allow_zero=True) for n, v in
-              (("speed_sigma", speed_sigma), ("upload_sigma", upload_sigma), ("download_sigma", download_sigma))]
+    medians = [
+        _check_positive(n, v)
+        for n, v in (
+            ("speed_median", speed_median),
+            ("upload_median", upload_median),
+            ("download_median", download_median),
+        )
+    ]
+    sigmas = [
+        _check_positive(n, v, allow_zero=True)
+        for n, v in (("speed_sigma", speed_sigma), ("upload_sigma", upload_sigma), ("download_sigma", download_sigma))
+    ]
     period = _check_positive("period_s", period_s, allow_inf=True)
     mean = _check_positive("online_fraction_mean", online_fraction_mean)
     if mean > 1:

@@ -58,8 +58,10 @@ def _where(path: Path, line: int, field: str | None = None) -> str:
 def _data_lines(path: Path) -> list[tuple[int, str]]:
     """``(line number, text)`` of every line that is not blank or a ``#`` comment."""
     if not path.is_file():
-        raise FileNotFoundError(f"device trace {path} not found; give the path of a CSV with the header {HEADER} "
-                                f"and one row per client (example: {EXAMPLE})")
+        raise FileNotFoundError(
+            f"device trace {path} not found; give the path of a CSV with the header {HEADER} "
+            f"and one row per client (example: {EXAMPLE})"
+        )
     with path.open(encoding="utf-8-sig", newline="") as f:
         lines = f.read().splitlines()
     return [(n, text) for n, text in enumerate(lines, start=1) if text.strip() and not text.lstrip().startswith("#")]
@@ -74,15 +76,19 @@ def _header(path: Path, line: int, text: str) -> list[str]:
     names = _split(text)
     for name in names:
         if name not in COLUMNS:
-            raise ValueError(f"{_where(path, line)} (header): unknown column {name!r}; the header must name the "
-                             f"columns {HEADER} (any order), and the first line that is not a comment is the header")
+            raise ValueError(
+                f"{_where(path, line)} (header): unknown column {name!r}; the header must name the "
+                f"columns {HEADER} (any order), and the first line that is not a comment is the header"
+            )
         if names.count(name) > 1:
-            raise ValueError(f"{_where(path, line)} (header): column {name!r} appears twice; "
-                             f"name each of {HEADER} once")
+            raise ValueError(
+                f"{_where(path, line)} (header): column {name!r} appears twice; name each of {HEADER} once"
+            )
     for name in COLUMNS:
         if name not in names:
-            raise ValueError(f"{_where(path, line)} (header): column {name!r} is missing; the header must be {HEADER} "
-                             "(any order)")
+            raise ValueError(
+                f"{_where(path, line)} (header): column {name!r} is missing; the header must be {HEADER} (any order)"
+            )
     return names
 
 
@@ -90,8 +96,7 @@ def _number(path: Path, line: int, field: str, text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"{_where(path, line, field)}: {text!r} is not a number; "
-                         f"give the {_MEANING[field]}") from None
+        raise ValueError(f"{_where(path, line, field)}: {text!r} is not a number; give the {_MEANING[field]}") from None
     if not math.isfinite(value):
         raise ValueError(f"{_where(path, line, field)}: {text!r} is not a finite number; give the {_MEANING[field]}")
     return value
@@ -103,8 +108,10 @@ def _client_id(path: Path, line: int, text: str) -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise ValueError(f"{_where(path, line, 'client_id')}: {text!r} is not a client id; "
-                         "give an integer >= 0 (clients are numbered 0 .. num_clients-1)")
+        raise ValueError(
+            f"{_where(path, line, 'client_id')}: {text!r} is not a client id; "
+            "give an integer >= 0 (clients are numbered 0 .. num_clients-1)"
+        )
     return value
 
 
@@ -118,19 +125,24 @@ def _check_range(path: Path, line: int, field: str, value: float) -> None:
         ok = value > 0.0
     if not ok:
         bound = {"online_start_h": "in [0, 24)", "online_hours": "in (0, 24]"}.get(field, "> 0")
-        raise ValueError(f"{_where(path, line, field)}: {value:g} is out of range, it must be {bound}; "
-                         f"give the {_MEANING[field]}")
+        raise ValueError(
+            f"{_where(path, line, field)}: {value:g} is out of range, it must be {bound}; give the {_MEANING[field]}"
+        )
 
 
 def _row(path: Path, line: int, text: str, names: list[str]) -> tuple[int, Row]:
     """One client's row: its id and its five numbers, checked."""
     values = _split(text)
     if len(values) < len(names):
-        raise ValueError(f"{_where(path, line, names[len(values)])}: missing (the row has {len(values)} values, the "
-                         f"header {len(names)}); give every column of {','.join(names)}")
+        raise ValueError(
+            f"{_where(path, line, names[len(values)])}: missing (the row has {len(values)} values, the "
+            f"header {len(names)}); give every column of {','.join(names)}"
+        )
     if len(values) > len(names):
-        raise ValueError(f"{_where(path, line)}: {len(values)} values but the header has {len(names)} columns "
-                         f"({','.join(names)}); remove the values after field {names[-1]}")
+        raise ValueError(
+            f"{_where(path, line)}: {len(values)} values but the header has {len(names)} columns "
+            f"({','.join(names)}); remove the values after field {names[-1]}"
+        )
     fields = dict(zip(names, values))
     client = _client_id(path, line, fields.pop("client_id"))
     row = {}
@@ -144,19 +156,24 @@ def _rows(path: Path) -> dict[int, tuple[int, Row]]:
     """Every client row of the file, by client id, with its line number."""
     lines = _data_lines(path)
     if not lines:
-        raise ValueError(f"device trace {path} line 1: the file is empty (or only comments); write the header "
-                         f"{HEADER} and one row per client (example: {EXAMPLE})")
+        raise ValueError(
+            f"device trace {path} line 1: the file is empty (or only comments); write the header "
+            f"{HEADER} and one row per client (example: {EXAMPLE})"
+        )
     header_line, header_text = lines[0]
     names = _header(path, header_line, header_text)
     if len(lines) == 1:
-        raise ValueError(f"device trace {path} line {header_line}: the header is followed by no client rows; "
-                         "add one row per client")
+        raise ValueError(
+            f"device trace {path} line {header_line}: the header is followed by no client rows; add one row per client"
+        )
     rows: dict[int, tuple[int, Row]] = {}
     for line, text in lines[1:]:
         client, row = _row(path, line, text, names)
         if client in rows:
-            raise ValueError(f"{_where(path, line, 'client_id')}: client {client} already has a row on line "
-                             f"{rows[client][0]}; give each client exactly one row")
+            raise ValueError(
+                f"{_where(path, line, 'client_id')}: client {client} already has a row on line "
+                f"{rows[client][0]}; give each client exactly one row"
+            )
         rows[client] = (line, row)
     return rows
 
@@ -165,8 +182,10 @@ def _check_all_present(path: Path, rows: dict[int, tuple[int, Row]], num_clients
     missing = [c for c in range(num_clients) if c not in rows]
     if missing:
         shown = ", ".join(map(str, missing[:5])) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise ValueError(f"device trace {path} field client_id: no row for client(s) {shown} (the run has "
-                         f"{num_clients} clients, 0..{num_clients - 1}); add one row for each")
+        raise ValueError(
+            f"device trace {path} field client_id: no row for client(s) {shown} (the run has "
+            f"{num_clients} clients, 0..{num_clients - 1}); add one row for each"
+        )
 
 
 def read_trace(path: str | Path, num_clients: int) -> dict[str, np.ndarray]:

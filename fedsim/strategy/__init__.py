@@ -6,25 +6,56 @@ from fedsim.strategy.bulyan import Bulyan
 from fedsim.strategy.centered_clipping import CenteredClipping
 from fedsim.strategy.ditto import Ditto, PersonalModel
 from fedsim.strategy.fedavg import FedAvg
-from fedsim.strategy.fedbuff import FedBuff
-from fedsim.strategy.fltrust import FLTrust
 from fedsim.strategy.fedbn import FedBN, LocalNorms
+from fedsim.strategy.fedbuff import FedBuff
 from fedsim.strategy.feddyn import DynamicRegulariser, FedDyn
 from fedsim.strategy.fednova import FedNova
 from fedsim.strategy.fedper import FedPer, PersonalLayers
 from fedsim.strategy.fedprox import FedProx, ProximalTerm
 from fedsim.strategy.fedrep import FedRep, HeadThenBody
+from fedsim.strategy.fltrust import FLTrust
 from fedsim.strategy.norm_bounding import NormBounding
-from fedsim.strategy.scaffold import ControlCorrection, Scaffold
 from fedsim.strategy.qffl import QFFL, StartLoss
 from fedsim.strategy.robust import Krum, Median, TrimmedMean
-from fedsim.strategy.zeno import Zeno
+from fedsim.strategy.scaffold import ControlCorrection, Scaffold
 from fedsim.strategy.server_opt import FedAdagrad, FedAdam, FedAvgM, FedOpt, FedYogi
+from fedsim.strategy.zeno import Zeno
 
 __all__ = [
-    "BASGD", "Bulyan", "ControlCorrection", "Ditto", "DynamicRegulariser", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM", "FedBN", "FedBuff", "FedDyn", "FedNova", "FLTrust",
-    "FedOpt", "FedPer", "FedProx", "FedRep", "FedYogi", "HeadThenBody", "Krum", "LocalNorms", "LocalTraining", "Median",
-    "PersonalLayers", "PersonalModel", "ProximalTerm", "QFFL", "Scaffold", "StartLoss", "Strategy", "TrimmedMean", "Zeno",
-    "CenteredClipping", "NormBounding",
+    "BASGD",
+    "Bulyan",
+    "ControlCorrection",
+    "Ditto",
+    "DynamicRegulariser",
+    "FedAdagrad",
+    "FedAdam",
+    "FedAvg",
+    "FedAvgM",
+    "FedBN",
+    "FedBuff",
+    "FedDyn",
+    "FedNova",
+    "FLTrust",
+    "FedOpt",
+    "FedPer",
+    "FedProx",
+    "FedRep",
+    "FedYogi",
+    "HeadThenBody",
+    "Krum",
+    "LocalNorms",
+    "LocalTraining",
+    "Median",
+    "PersonalLayers",
+    "PersonalModel",
+    "ProximalTerm",
+    "QFFL",
+    "Scaffold",
+    "StartLoss",
+    "Strategy",
+    "TrimmedMean",
+    "Zeno",
+    "CenteredClipping",
+    "NormBounding",
     "gradients",
 ]

@@ -15,12 +15,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from fedsim.client.local_training import LocalTraining, gradients, hook_before_step, personalises
-from fedsim.strategy.context import RunContext
 from fedsim.core.types import ClientUpdate
-
+from fedsim.strategy.context import RunContext
 
 
 class Strategy:
@@ -59,9 +57,7 @@ class Strategy:
         """Raise ValueError with one line if this strategy cannot work with that many clients per round;
         called once before any training. The default accepts any number."""
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         """Return the new global parameters (flat). ``updates`` come sorted by client id and non-empty."""
         raise NotImplementedError(f"{type(self).__name__} must implement aggregate()")
 
@@ -87,4 +83,10 @@ class Strategy:
         """Restore what :meth:`state_dict` returned."""
 
 
-__all__ = ["LocalTraining", "Strategy", "gradients", "hook_before_step", "personalises"]  # the client half: fedsim.client.local_training
+__all__ = [
+    "LocalTraining",
+    "Strategy",
+    "gradients",
+    "hook_before_step",
+    "personalises",
+]  # the client half: fedsim.client.local_training

@@ -35,10 +35,18 @@ class BASGD(FedBuff):
 
     buffer_setting = "num_buffers"
 
-    def __init__(self, num_buffers: int = 5, concurrency: int = 20, server_lr: float = 1.0,
-                 staleness_exponent: float = 0.0, rule: str = "median", trim: float = 0.2) -> None:
-        super().__init__(buffer_size=num_buffers, concurrency=concurrency, server_lr=server_lr,
-                         staleness_exponent=staleness_exponent)
+    def __init__(
+        self,
+        num_buffers: int = 5,
+        concurrency: int = 20,
+        server_lr: float = 1.0,
+        staleness_exponent: float = 0.0,
+        rule: str = "median",
+        trim: float = 0.2,
+    ) -> None:
+        super().__init__(
+            buffer_size=num_buffers, concurrency=concurrency, server_lr=server_lr, staleness_exponent=staleness_exponent
+        )
         if rule not in RULES:
             raise ValueError(f"strategy.rule must be one of {', '.join(RULES)} (got {rule!r})")
         if isinstance(trim, bool) or not isinstance(trim, (int, float)) or not 0 <= trim < 0.5:
@@ -49,8 +57,13 @@ class BASGD(FedBuff):
         """Every one of the B buffers holds at least one update."""
         return len({c % self.num_buffers for c in client_ids}) == self.num_buffers
 
-    def step(self, global_params: torch.Tensor, deltas: Sequence[torch.Tensor], staleness: Sequence[int],
-             client_ids: Sequence[int] = ()) -> torch.Tensor:
+    def step(
+        self,
+        global_params: torch.Tensor,
+        deltas: Sequence[torch.Tensor],
+        staleness: Sequence[int],
+        client_ids: Sequence[int] = (),
+    ) -> torch.Tensor:
         """``w + server_lr · Aggr(buffer means)``, each mean summed in float64 in arrival order. Buffers left empty
         (their updates rejected by the server's checks) are left out; with none left the model stays."""
         sums: dict[int, torch.Tensor] = {}

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 
 import torch
 
+from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.functional import coordinate_median, pairwise_squared_distances
-from fedsim.core.types import ClientUpdate
 
 _COLUMNS_PER_CHUNK = 1 << 16  # coordinates sorted at once in the aggregation step (bounds its memory)
 
@@ -80,15 +80,15 @@ class Bulyan(Strategy):
 
     def _require(self, n: int, where: str) -> None:
         if n < 4 * self.f + 3:
-            raise ValueError(f"strategy=bulyan needs at least 4f+3 = {4 * self.f + 3} clients per round (f={self.f}) "
-                             f"but {where} {n}; lower strategy.f or raise clients_per_round")
+            raise ValueError(
+                f"strategy=bulyan needs at least 4f+3 = {4 * self.f + 3} clients per round (f={self.f}) "
+                f"but {where} {n}; lower strategy.f or raise clients_per_round"
+            )
 
     def check(self, clients_per_round: int) -> None:
         self._require(clients_per_round, "clients_per_round is")
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         self._require(len(updates), "the round has")
         ordered = sorted(updates, key=lambda u: u.client_id)
         stack = torch.stack([u.params for u in ordered])

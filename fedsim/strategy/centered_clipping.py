@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.norm_bounding import clip_factor, in_client_order, positive_number
-from fedsim.core.types import ClientUpdate
 
 
 class CenteredClipping(Strategy):
@@ -40,9 +40,7 @@ class CenteredClipping(Strategy):
         self.center: torch.Tensor | None = None  # float64; None until the first aggregate (v = 0)
         self._metrics: dict[str, float] = {}
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         ordered = in_client_order(updates)
         start = global_params.to(torch.float64)
         if self.center is not None and self.center.shape != start.shape:

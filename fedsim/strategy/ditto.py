@@ -28,11 +28,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedsim.client.task_trainer import TaskTrainer
 from fedsim.core.params import flatten, load_flat
+from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.strategy.functional import weighted_average
-from fedsim.client.task_trainer import TaskTrainer
-from fedsim.core.types import ClientUpdate
 
 STATE_KEY = "ditto_personal"  # v_k, flat, in the client's state
 
@@ -81,7 +81,9 @@ class Ditto(Strategy):
         if not lam >= 0:
             raise ValueError(f"strategy.lam must be >= 0 (got {lam})")
         if personal_epochs is not None and personal_epochs < 1:
-            raise ValueError(f"strategy.personal_epochs must be >= 1 or null (got {personal_epochs}); null: the round's local epochs")
+            raise ValueError(
+                f"strategy.personal_epochs must be >= 1 or null (got {personal_epochs}); null: the round's local epochs"
+            )
         self.lam, self.personal_epochs = lam, personal_epochs
 
     def local_training(self) -> LocalTraining:

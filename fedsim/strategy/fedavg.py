@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import torch
 
+from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.functional import weighted_average
-from fedsim.core.types import ClientUpdate
 
 
 class FedAvg(Strategy):
@@ -21,7 +21,5 @@ class FedAvg(Strategy):
 
     keeps_stragglers = False
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         return weighted_average([u.params for u in updates], [u.num_examples for u in updates])

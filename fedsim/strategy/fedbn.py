@@ -38,11 +38,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.strategy.context import RunContext
 from fedsim.core.params import ParamLayout
-from fedsim.strategy.base import LocalTraining, Strategy
-from fedsim.strategy.functional import weighted_average
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy.base import LocalTraining, Strategy
+from fedsim.strategy.context import RunContext
+from fedsim.strategy.functional import weighted_average
 
 STATE_KEY = "fedbn_norm_layers"
 _RUNNING_STATS = ("running_mean", "running_var")
@@ -84,7 +84,9 @@ class FedBN(Strategy):
             try:
                 re.compile(norm_layers)
             except re.error as error:
-                raise ValueError(f"strategy.norm_layers is not a regular expression ({error}): {norm_layers!r}") from None
+                raise ValueError(
+                    f"strategy.norm_layers is not a regular expression ({error}): {norm_layers!r}"
+                ) from None
         self.norm_layers = norm_layers
         self.names: tuple[str, ...] = ()  # the normalisation entries, from setup()
         self.local: torch.Tensor | None = None  # boolean mask over the flat vector, from setup()
@@ -93,14 +95,20 @@ class FedBN(Strategy):
         layout = context.layout
         names = layout.matching(self.norm_layers) if self.norm_layers is not None else norm_entries(layout)
         if not names and self.norm_layers is None:
-            raise ValueError("FedBN needs a model with BatchNorm, e.g. model=cnn_bn (this one has no running_mean "
-                             "buffer; strategy.norm_layers can name another model's normalisation entries)")
+            raise ValueError(
+                "FedBN needs a model with BatchNorm, e.g. model=cnn_bn (this one has no running_mean "
+                "buffer; strategy.norm_layers can name another model's normalisation entries)"
+            )
         if not names:
-            raise ValueError(f"strategy.norm_layers={self.norm_layers!r} matches no entry of the model "
-                             f"(entries: {', '.join(layout.names)})")
+            raise ValueError(
+                f"strategy.norm_layers={self.norm_layers!r} matches no entry of the model "
+                f"(entries: {', '.join(layout.names)})"
+            )
         if len(names) == len(layout.names):
-            raise ValueError(f"strategy.norm_layers={self.norm_layers!r} selects every entry of the model: "
-                             "nothing would be federated")
+            raise ValueError(
+                f"strategy.norm_layers={self.norm_layers!r} selects every entry of the model: "
+                "nothing would be federated"
+            )
         self.names, self.local = names, layout.mask(names)
 
     def local_training(self) -> LocalTraining:
@@ -115,7 +123,9 @@ class FedBN(Strategy):
         return torch.where(self.local, global_params, average)
 
     def round_metrics(self, round_num: int) -> dict[str, float]:
-        return {"local_fraction": int(self.local.sum()) / self.local.numel() if self.local is not None else float("nan")}
+        return {
+            "local_fraction": int(self.local.sum()) / self.local.numel() if self.local is not None else float("nan")
+        }
 
 
 def norm_entries(layout: ParamLayout) -> tuple[str, ...]:

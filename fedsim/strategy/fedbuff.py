@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 import torch
 
-from fedsim.strategy.base import Strategy
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy.base import Strategy
 
 
 class FedBuff(Strategy):
@@ -33,13 +33,18 @@ class FedBuff(Strategy):
     keeps_stragglers = True
     buffer_setting = "buffer_size"  # the setting that bounds the updates a step waits for (in error messages)
 
-    def __init__(self, buffer_size: int = 10, concurrency: int = 20, server_lr: float = 1.0,
-                 staleness_exponent: float = 0.5) -> None:
+    def __init__(
+        self, buffer_size: int = 10, concurrency: int = 20, server_lr: float = 1.0, staleness_exponent: float = 0.5
+    ) -> None:
         if buffer_size < 1 or concurrency < 1:
-            raise ValueError(f"strategy.buffer_size and strategy.concurrency must be >= 1 (got {buffer_size}, {concurrency})")
+            raise ValueError(
+                f"strategy.buffer_size and strategy.concurrency must be >= 1 (got {buffer_size}, {concurrency})"
+            )
         if not server_lr > 0 or not staleness_exponent >= 0:
-            raise ValueError(f"strategy.server_lr must be > 0 and strategy.staleness_exponent >= 0 "
-                             f"(got {server_lr}, {staleness_exponent})")
+            raise ValueError(
+                f"strategy.server_lr must be > 0 and strategy.staleness_exponent >= 0 "
+                f"(got {server_lr}, {staleness_exponent})"
+            )
         self.buffer_size, self.concurrency = int(buffer_size), int(concurrency)
         self.server_lr, self.staleness_exponent = float(server_lr), float(staleness_exponent)
 
@@ -52,8 +57,13 @@ class FedBuff(Strategy):
         step: ``buffer_size`` of them. A subclass may ask for something else (:class:`fedsim.strategy.BASGD`)."""
         return len(client_ids) >= self.buffer_size
 
-    def step(self, global_params: torch.Tensor, deltas: Sequence[torch.Tensor], staleness: Sequence[int],
-             client_ids: Sequence[int] = ()) -> torch.Tensor:
+    def step(
+        self,
+        global_params: torch.Tensor,
+        deltas: Sequence[torch.Tensor],
+        staleness: Sequence[int],
+        client_ids: Sequence[int] = (),
+    ) -> torch.Tensor:
         """One server step from a full buffer: ``w + server_lr · mean_k s(τ_k) Δ_k``, summed in float64 in arrival
         order (the event order, which is deterministic). ``client_ids``: whose updates they are, in the same order
         (FedBuff does not need them)."""
@@ -63,4 +73,6 @@ class FedBuff(Strategy):
         return (global_params.double() + self.server_lr * total / len(deltas)).to(global_params.dtype)
 
     def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
-        raise RuntimeError("FedBuff aggregates asynchronously (fedsim.server.buffered); the synchronous round does not call it")
+        raise RuntimeError(
+            "FedBuff aggregates asynchronously (fedsim.server.buffered); the synchronous round does not call it"
+        )

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.strategy.context import RunContext
-from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy.base import LocalTraining, Strategy, gradients
+from fedsim.strategy.context import RunContext
 
 STATE_KEY = "feddyn_linear"  # g_k, in the client's state
 ALPHA_KEY = "feddyn_alpha"  # α, in the task's config
@@ -51,8 +51,11 @@ def _trained_pieces(model: nn.Module, flat: torch.Tensor) -> list[torch.Tensor]:
             offsets[name] = offset
             offset += value.numel()
     device = next(model.parameters()).device
-    return [flat[offsets[name] : offsets[name] + p.numel()].view(p.shape).to(device)
-            for name, p in model.named_parameters() if p.requires_grad]
+    return [
+        flat[offsets[name] : offsets[name] + p.numel()].view(p.shape).to(device)
+        for name, p in model.named_parameters()
+        if p.requires_grad
+    ]
 
 
 class DynamicRegulariser(LocalTraining):

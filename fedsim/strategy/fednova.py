@@ -27,8 +27,8 @@ from collections.abc import Sequence
 
 import torch
 
-from fedsim.strategy.base import Strategy
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy.base import Strategy
 
 
 def local_steps(update: ClientUpdate) -> float:

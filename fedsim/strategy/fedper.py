@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.strategy.context import RunContext
-from fedsim.strategy.base import LocalTraining, Strategy
-from fedsim.strategy.functional import weighted_average
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy.base import LocalTraining, Strategy
+from fedsim.strategy.context import RunContext
+from fedsim.strategy.functional import weighted_average
 
 STATE_KEY = "fedper_personal_layers"
 
@@ -69,7 +69,9 @@ class FedPer(Strategy):
             try:
                 re.compile(personal_layers)
             except re.error as error:
-                raise ValueError(f"strategy.personal_layers is not a regular expression ({error}): {personal_layers!r}") from None
+                raise ValueError(
+                    f"strategy.personal_layers is not a regular expression ({error}): {personal_layers!r}"
+                ) from None
         self.personal_layers = personal_layers
         self.names: tuple[str, ...] = ()  # the personal entries, from setup()
         self.personal: torch.Tensor | None = None  # boolean mask over the flat vector, from setup()
@@ -77,11 +79,15 @@ class FedPer(Strategy):
     def setup(self, context: RunContext) -> None:
         names = context.layout.matching(self.personal_layers or last_layer_pattern(context.layout.names))
         if not names:
-            raise ValueError(f"strategy.personal_layers={self.personal_layers!r} matches no entry of the model "
-                             f"(entries: {', '.join(context.layout.names)})")
+            raise ValueError(
+                f"strategy.personal_layers={self.personal_layers!r} matches no entry of the model "
+                f"(entries: {', '.join(context.layout.names)})"
+            )
         if len(names) == len(context.layout.names):
-            raise ValueError(f"strategy.personal_layers={self.personal_layers!r} matches every entry of the model: "
-                             "nothing would be federated")
+            raise ValueError(
+                f"strategy.personal_layers={self.personal_layers!r} matches every entry of the model: "
+                "nothing would be federated"
+            )
         self.names, self.personal = names, context.layout.mask(names)
 
     def local_training(self) -> LocalTraining:
@@ -96,7 +102,11 @@ class FedPer(Strategy):
         return torch.where(self.personal, global_params, average)
 
     def round_metrics(self, round_num: int) -> dict[str, float]:
-        return {"personal_fraction": int(self.personal.sum()) / self.personal.numel() if self.personal is not None else float("nan")}
+        return {
+            "personal_fraction": int(self.personal.sum()) / self.personal.numel()
+            if self.personal is not None
+            else float("nan")
+        }
 
 
 def last_layer_pattern(names: Sequence[str]) -> str:

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.strategy.functional import weighted_average
-from fedsim.core.types import ClientUpdate
 
 
 class ProximalTerm(LocalTraining):
@@ -64,7 +64,5 @@ class FedProx(Strategy):
     def client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
         return {"prox_mu": self.mu}
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         return weighted_average([u.params for u in updates], [u.num_examples for u in updates])

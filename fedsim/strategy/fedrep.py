@@ -26,11 +26,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.strategy.context import RunContext
-from fedsim.strategy.base import LocalTraining, Strategy
-from fedsim.strategy.fedper import FedPer, PersonalLayers
 from fedsim.client.task_trainer import TaskTrainer
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy.base import LocalTraining, Strategy
+from fedsim.strategy.context import RunContext
+from fedsim.strategy.fedper import FedPer, PersonalLayers
 
 
 class HeadThenBody(LocalTraining):

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedsim.strategy.context import RunContext, root_size_setting
-from fedsim.strategy.base import Strategy
-from fedsim.strategy.norm_bounding import in_client_order, positive_number
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy.base import Strategy
+from fedsim.strategy.context import RunContext, root_size_setting
+from fedsim.strategy.norm_bounding import in_client_order, positive_number
 
 if TYPE_CHECKING:
     from fedsim.strategy.root_data import RootTrainer
@@ -78,9 +78,7 @@ class FLTrust(Strategy):
     def setup(self, context: RunContext) -> None:
         self.root = context.root(self.root_size, "fltrust")
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         if self.root is None:
             raise RuntimeError("FLTrust.aggregate before setup(): the root dataset is drawn there")
         ordered = in_client_order(updates)

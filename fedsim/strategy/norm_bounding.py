@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
-from fedsim.strategy.base import Strategy
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy.base import Strategy
 
 
 def clip_factor(norm: float, bound: float) -> float:
@@ -59,9 +59,7 @@ class NormBounding(Strategy):
         self._metrics: dict[str, float] = {}
         self._per_client: dict[int, dict[str, float]] = {}
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         ordered = in_client_order(updates)
         weights = [float(u.num_examples) if self.weighted else 1.0 for u in ordered]
         total = math.fsum(weights)
@@ -78,8 +76,11 @@ class NormBounding(Strategy):
             factor = clip_factor(norm, self.max_norm)
             self._per_client[update.client_id] = {"delta_norm": norm, "clip_factor": factor}
             step.add_(delta, alpha=weight / total * factor)
-        self._metrics = {"clipped_fraction": sum(n > self.max_norm for n in norms) / len(norms),
-                         "delta_norm_median": statistics.median(norms), "delta_norm_max": max(norms)}
+        self._metrics = {
+            "clipped_fraction": sum(n > self.max_norm for n in norms) / len(norms),
+            "delta_norm_median": statistics.median(norms),
+            "delta_norm_max": max(norms),
+        }
         return (start + step).to(global_params.dtype)
 
     def round_metrics(self, round_num: int) -> dict[str, float]:

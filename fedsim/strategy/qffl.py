@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fedsim.strategy.context import RunContext
-from fedsim.strategy.base import LocalTraining, Strategy
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy.base import LocalTraining, Strategy
+from fedsim.strategy.context import RunContext
 
 if TYPE_CHECKING:
     from fedsim.client.task_trainer import TaskTrainer
@@ -61,7 +61,7 @@ class StartLoss(LocalTraining):
     """Client half: record F_k(w^t), the loss of the global weights on the client's training data, before the
     local epochs (no training, no random draw), as the update's ``qffl_start_loss`` metric."""
 
-    def before_training(self, trainer: "TaskTrainer", state: dict[str, Any]) -> None:
+    def before_training(self, trainer: TaskTrainer, state: dict[str, Any]) -> None:
         trainer.metrics[START_LOSS] = trainer.data_loss()
 
 
@@ -96,8 +96,11 @@ def lipschitz_of(update: ClientUpdate, lipschitz: float | None) -> float:
 
 
 def q_fedavg(
-    global_params: torch.Tensor, params: Sequence[torch.Tensor], losses: Sequence[float],
-    lipschitz: Sequence[float], q: float,
+    global_params: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    losses: Sequence[float],
+    lipschitz: Sequence[float],
+    q: float,
 ) -> torch.Tensor:
     """w^t − Σ_k Δ_k / Σ_k h_k (float64, folded in the given order, cast back to ``global_params``' dtype); the
     zero-loss rule of the module docstring; w^t itself when Σ_k h_k = 0."""

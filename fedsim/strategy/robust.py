@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import torch
 
+from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.functional import coordinate_median, krum_select, trim_count, trimmed_mean, weighted_average
-from fedsim.core.types import ClientUpdate
 
 
 def _stack(updates: Sequence[ClientUpdate]) -> torch.Tensor:
@@ -33,9 +33,7 @@ def _is_int(value: object) -> bool:
 class Median(Strategy):
     """w ← the coordinate-wise median of the clients' weights (mean of the two middle values for even n)."""
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         return coordinate_median(_stack(updates))
 
 
@@ -54,17 +52,19 @@ class TrimmedMean(Strategy):
         """Refuse ``n`` values per coordinate where β > 0 trims nothing (a silent plain mean) or none is kept."""
         k = trim_count(n, self.beta)
         if n - 2 * k < 1:
-            raise ValueError(f"strategy=trimmed_mean with beta={self.beta} keeps no value of {n} {what}; lower strategy.beta")
+            raise ValueError(
+                f"strategy=trimmed_mean with beta={self.beta} keeps no value of {n} {what}; lower strategy.beta"
+            )
         if self.beta > 0 and k == 0:
-            raise ValueError(f"strategy=trimmed_mean with beta={self.beta} trims floor(beta*{n}) = 0 of {n} {what}; "
-                             f"{fix}, or set strategy.beta=0 for the mean")
+            raise ValueError(
+                f"strategy=trimmed_mean with beta={self.beta} trims floor(beta*{n}) = 0 of {n} {what}; "
+                f"{fix}, or set strategy.beta=0 for the mean"
+            )
 
     def check(self, clients_per_round: int) -> None:
         self._require(clients_per_round, "clients per round", "raise strategy.beta or clients_per_round")
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         # failed, rejected or dropped clients can leave fewer updates than check() was told: refuse, do not
         # quietly turn into the plain mean
         stack = _stack(updates)
@@ -94,18 +94,20 @@ class Krum(Strategy):
 
     def _require(self, n: int, where: str) -> None:
         if n < 2 * self.f + 3:
-            raise ValueError(f"strategy=krum needs at least 2f+3 = {2 * self.f + 3} clients per round (f={self.f}) "
-                             f"but {where} {n}; lower strategy.f or raise clients_per_round")
+            raise ValueError(
+                f"strategy=krum needs at least 2f+3 = {2 * self.f + 3} clients per round (f={self.f}) "
+                f"but {where} {n}; lower strategy.f or raise clients_per_round"
+            )
         if self.m > n - self.f:
-            raise ValueError(f"strategy=krum needs m <= n - f = {n - self.f} (m={self.m}, f={self.f}) but {where} {n}; "
-                             "lower strategy.m or raise clients_per_round")
+            raise ValueError(
+                f"strategy=krum needs m <= n - f = {n - self.f} (m={self.m}, f={self.f}) but {where} {n}; "
+                "lower strategy.m or raise clients_per_round"
+            )
 
     def check(self, clients_per_round: int) -> None:
         self._require(clients_per_round, "clients_per_round is")
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         self._require(len(updates), "the round has")
         ordered = sorted(updates, key=lambda u: u.client_id)  # ties and summation order by client id
         stack = _stack(ordered)

@@ -68,8 +68,15 @@ class RootTrainer:
         return float(losses.double().sum()) / len(losses)
 
 
-def root_trainer(size: int, *, model: nn.Module, clients: Sequence[Client], data: TensorData, seed: int,
-                 field: str = "strategy.root_size") -> RootTrainer:
+def root_trainer(
+    size: int,
+    *,
+    model: nn.Module,
+    clients: Sequence[Client],
+    data: TensorData,
+    seed: int,
+    field: str = "strategy.root_size",
+) -> RootTrainer:
     """A :class:`RootTrainer` over ``size`` examples drawn from the clients' clean training examples.
 
     ``model`` is copied (the caller's is never trained); ``field`` names the setting in the one-line ``ValueError``
@@ -77,8 +84,10 @@ def root_trainer(size: int, *, model: nn.Module, clients: Sequence[Client], data
     """
     pool = np.unique(np.concatenate([np.asarray(c.train_indices, dtype=np.int64) for c in clients]))
     if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= len(pool):
-        raise ValueError(f"{field} must be an integer between 1 and the {len(pool)} training examples the clients "
-                         f"hold (got {size!r})")
+        raise ValueError(
+            f"{field} must be an integer between 1 and the {len(pool)} training examples the clients "
+            f"hold (got {size!r})"
+        )
     indices = np.sort(root_rng(seed).choice(pool, size=size, replace=False))
     recipe = copy.copy(clients[0])  # its class (the loss), epochs, batch size and optimizer
     recipe.client_id = ROOT_CLIENT_ID

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.strategy.context import RunContext
-from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy.base import LocalTraining, Strategy, gradients
+from fedsim.strategy.context import RunContext
 
 STATE_KEY = "scaffold_control"  # c_i, in the client's state
 CONFIG_KEY = "scaffold_control"  # c, in the task's config (an empty array while c = 0)

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
+from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.functional import weighted_average
-from fedsim.core.types import ClientUpdate
 
 OPTIMIZERS = ("sgdm", "adam", "yogi", "adagrad")
 
@@ -81,21 +81,27 @@ class FedOpt(Strategy):
         _require(0 <= _number("beta2", beta2) < 1, "beta2", "must be in [0, 1)", beta2)
         _require(_number("tau", tau) > 0, "tau", "must be > 0", tau)
         _require(isinstance(bias_correction, bool), "bias_correction", "must be true or false", bias_correction)
-        _require(not (bias_correction and optimizer == "sgdm"), "bias_correction",
-                 "applies to adam, yogi and adagrad, not sgdm (FedAvgM's momentum is undamped)", bias_correction)
+        _require(
+            not (bias_correction and optimizer == "sgdm"),
+            "bias_correction",
+            "applies to adam, yogi and adagrad, not sgdm (FedAvgM's momentum is undamped)",
+            bias_correction,
+        )
         if initial_accumulator is None:
             initial_accumulator = 0.0 if bias_correction else tau * tau
-        _require(_number("initial_accumulator", initial_accumulator) >= 0, "initial_accumulator", "must be >= 0",
-                 initial_accumulator)
+        _require(
+            _number("initial_accumulator", initial_accumulator) >= 0,
+            "initial_accumulator",
+            "must be >= 0",
+            initial_accumulator,
+        )
         self.optimizer, self.server_lr, self.momentum, self.beta2, self.tau = optimizer, server_lr, momentum, beta2, tau
         self.bias_correction, self.initial_accumulator = bias_correction, initial_accumulator
         self.step = 0
         self.m: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         average = weighted_average([u.params for u in updates], [u.num_examples for u in updates])
         x = global_params.to(torch.float64)
         delta = average.to(torch.float64) - x
@@ -144,22 +150,62 @@ def FedAvgM(*, server_lr: float = 1.0, momentum: float = 0.9) -> FedOpt:  # noqa
     return FedOpt(optimizer="sgdm", server_lr=server_lr, momentum=momentum)
 
 
-def FedAdagrad(*, server_lr: float = 0.01, momentum: float = 0.9, tau: float = 1e-3, bias_correction: bool = False,
-               initial_accumulator: float | None = None) -> FedOpt:  # noqa: N802
+def FedAdagrad(
+    *,
+    server_lr: float = 0.01,
+    momentum: float = 0.9,
+    tau: float = 1e-3,
+    bias_correction: bool = False,
+    initial_accumulator: float | None = None,
+) -> FedOpt:  # noqa: N802
     """FedAdagrad (Reddi et al. 2021): ``FedOpt(optimizer="adagrad", ...)``."""
-    return FedOpt(optimizer="adagrad", server_lr=server_lr, momentum=momentum, tau=tau,
-                  bias_correction=bias_correction, initial_accumulator=initial_accumulator)
+    return FedOpt(
+        optimizer="adagrad",
+        server_lr=server_lr,
+        momentum=momentum,
+        tau=tau,
+        bias_correction=bias_correction,
+        initial_accumulator=initial_accumulator,
+    )
 
 
-def FedAdam(*, server_lr: float = 0.01, momentum: float = 0.9, beta2: float = 0.99, tau: float = 1e-3,
-            bias_correction: bool = False, initial_accumulator: float | None = None) -> FedOpt:  # noqa: N802
+def FedAdam(
+    *,
+    server_lr: float = 0.01,
+    momentum: float = 0.9,
+    beta2: float = 0.99,
+    tau: float = 1e-3,
+    bias_correction: bool = False,
+    initial_accumulator: float | None = None,
+) -> FedOpt:  # noqa: N802
     """FedAdam (Reddi et al. 2021): ``FedOpt(optimizer="adam", ...)``."""
-    return FedOpt(optimizer="adam", server_lr=server_lr, momentum=momentum, beta2=beta2, tau=tau,
-                  bias_correction=bias_correction, initial_accumulator=initial_accumulator)
+    return FedOpt(
+        optimizer="adam",
+        server_lr=server_lr,
+        momentum=momentum,
+        beta2=beta2,
+        tau=tau,
+        bias_correction=bias_correction,
+        initial_accumulator=initial_accumulator,
+    )
 
 
-def FedYogi(*, server_lr: float = 0.01, momentum: float = 0.9, beta2: float = 0.99, tau: float = 1e-3,
-            bias_correction: bool = False, initial_accumulator: float | None = None) -> FedOpt:  # noqa: N802
+def FedYogi(
+    *,
+    server_lr: float = 0.01,
+    momentum: float = 0.9,
+    beta2: float = 0.99,
+    tau: float = 1e-3,
+    bias_correction: bool = False,
+    initial_accumulator: float | None = None,
+) -> FedOpt:  # noqa: N802
     """FedYogi (Reddi et al. 2021): ``FedOpt(optimizer="yogi", ...)``."""
-    return FedOpt(optimizer="yogi", server_lr=server_lr, momentum=momentum, beta2=beta2, tau=tau,
-                  bias_correction=bias_correction, initial_accumulator=initial_accumulator)
+    return FedOpt(
+        optimizer="yogi",
+        server_lr=server_lr,
+        momentum=momentum,
+        beta2=beta2,
+        tau=tau,
+        bias_correction=bias_correction,
+        initial_accumulator=initial_accumulator,
+    )

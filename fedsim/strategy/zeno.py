@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedsim.strategy.context import RunContext, root_size_setting
-from fedsim.strategy.base import Strategy
-from fedsim.strategy.norm_bounding import in_client_order
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy.base import Strategy
+from fedsim.strategy.context import RunContext, root_size_setting
+from fedsim.strategy.norm_bounding import in_client_order
 
 if TYPE_CHECKING:
     from fedsim.strategy.root_data import RootTrainer
@@ -62,12 +62,12 @@ class Zeno(Strategy):
 
     def check(self, clients_per_round: int) -> None:
         if self.b >= clients_per_round:
-            raise ValueError(f"strategy=zeno keeps n - b updates: strategy.b={self.b} must be below "
-                             f"clients_per_round={clients_per_round}")
+            raise ValueError(
+                f"strategy=zeno keeps n - b updates: strategy.b={self.b} must be below "
+                f"clients_per_round={clients_per_round}"
+            )
 
-    def aggregate(
-        self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]
-    ) -> torch.Tensor:
+    def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         if self.root is None:
             raise RuntimeError("Zeno.aggregate before setup(): the root dataset is drawn there")
         ordered = in_client_order(updates)
@@ -84,8 +84,11 @@ class Zeno(Strategy):
         self.selected_client_ids = [ordered[i].client_id for i in kept]
         self._scores = {u.client_id: score for u, score in zip(ordered, scores)}
         dropped = [scores[i] for i in range(len(scores)) if i not in kept]
-        self._metrics = {"root_loss": base, "score_kept_min": min(scores[i] for i in kept),
-                         "score_dropped_max": max(dropped) if dropped else float("nan")}
+        self._metrics = {
+            "root_loss": base,
+            "score_kept_min": min(scores[i] for i in kept),
+            "score_dropped_max": max(dropped) if dropped else float("nan"),
+        }
         return (start + step / len(kept)).to(global_params.dtype)
 
     def round_metrics(self, round_num: int) -> dict[str, float]:

@@ -27,7 +27,9 @@ def alie_reference():
 
 @pytest.mark.parametrize("workers", [1, 3])
 def test_an_omniscient_attack_gives_the_serial_weights_under_process_workers(workers: int, alie_reference) -> None:  # noqa: ANN001
-    result = build_server(compose([*ALIE, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])).run()
+    result = build_server(
+        compose([*ALIE, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])
+    ).run()
     assert torch.equal(result.params, alie_reference.params)
     assert _measured_free(result.history) == _measured_free(alie_reference.history)
 
@@ -72,10 +74,13 @@ def test_the_strategy_cannot_tell_malicious_updates_apart() -> None:
             assert u.worker == honest[0].worker and u.state == honest[0].state
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["attack=sign_flip", "attack.fraction=2"], "attack.fraction must be in [0, 1]"),
-    (["attack=gaussian", "attack.std=-1"], "attack.std must be >= 0"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["attack=sign_flip", "attack.fraction=2"], "attack.fraction must be in [0, 1]"),
+        (["attack=gaussian", "attack.std=-1"], "attack.std must be >= 0"),
+    ],
+)
 def test_bad_attack_settings_are_refused_in_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises(ValueError) as error:
         build_server(compose([*SHORT, *overrides]))

@@ -11,7 +11,12 @@ import torch
 from fedsim.attacks import ALittleIsEnough, GaussianNoise, InnerProductManipulation, Scaling, SignFlip, alie_z
 from fedsim.attacks.base import client_generator
 
-DELTAS = {0: torch.tensor([1.0, 2.0]), 3: torch.tensor([3.0, -2.0]), 5: torch.tensor([2.0, 0.0]), 7: torch.tensor([-2.0, 4.0])}
+DELTAS = {
+    0: torch.tensor([1.0, 2.0]),
+    3: torch.tensor([3.0, -2.0]),
+    5: torch.tensor([2.0, 0.0]),
+    7: torch.tensor([-2.0, 4.0]),
+}
 
 
 def test_the_malicious_set_is_the_fraction_drawn_from_the_seed_fixed_or_per_round() -> None:
@@ -30,8 +35,14 @@ def test_the_malicious_set_is_the_fraction_drawn_from_the_seed_fixed_or_per_roun
 
 def test_sign_flip_scaling_and_gaussian_replace_only_the_malicious_updates() -> None:
     bad = frozenset({3, 7, 11})  # 11 did not return an update this round
-    assert {c: v.tolist() for c, v in SignFlip(scale=2.0).poison(DELTAS, bad, 0, 1).items()} == {3: [-6.0, 4.0], 7: [4.0, -8.0]}
-    assert {c: v.tolist() for c, v in Scaling(boost=10.0).poison(DELTAS, bad, 0, 1).items()} == {3: [30.0, -20.0], 7: [-20.0, 40.0]}
+    assert {c: v.tolist() for c, v in SignFlip(scale=2.0).poison(DELTAS, bad, 0, 1).items()} == {
+        3: [-6.0, 4.0],
+        7: [4.0, -8.0],
+    }
+    assert {c: v.tolist() for c, v in Scaling(boost=10.0).poison(DELTAS, bad, 0, 1).items()} == {
+        3: [30.0, -20.0],
+        7: [-20.0, 40.0],
+    }
     noise = GaussianNoise(std=0.5).poison(DELTAS, bad, 9, 4)
     assert set(noise) == {3, 7}
     assert torch.equal(noise[3], torch.randn(2, generator=client_generator(9, 4, 3)) * 0.5)
@@ -47,9 +58,12 @@ def test_alie_sends_mean_minus_z_times_std_with_the_papers_z_max() -> None:
     crafted = ALittleIsEnough().poison(DELTAS, frozenset({3, 7}), 0, 1)
     assert set(crafted) == {3, 7} and torch.allclose(crafted[3], expected) and torch.equal(crafted[3], crafted[7])
     assert ALittleIsEnough(z=1.0).poison(DELTAS, frozenset({0}), 0, 1)[0].tolist() == pytest.approx(
-        (stack.mean(0) - stack.std(0, unbiased=False)).tolist())
+        (stack.mean(0) - stack.std(0, unbiased=False)).tolist()
+    )
     # the paper's example: 50 workers, 24 % of them corrupted (m = 12): s = 14, z_max = Φ⁻¹(36/50) ≈ 0.58
-    assert alie_z(50, 12) == pytest.approx(NormalDist().inv_cdf(0.72)) and math.isclose(alie_z(50, 12), 0.5828, abs_tol=1e-3)
+    assert alie_z(50, 12) == pytest.approx(NormalDist().inv_cdf(0.72)) and math.isclose(
+        alie_z(50, 12), 0.5828, abs_tol=1e-3
+    )
 
 
 def test_ipm_sends_minus_epsilon_times_the_mean() -> None:

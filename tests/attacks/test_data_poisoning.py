@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from fedsim.attacks import Backdoor, LabelFlip
+from fedsim.cli.run import build_server, compose
 from fedsim.client.base import Client
 from fedsim.data.tensor_data import TensorData
-from fedsim.cli.run import build_server, compose
 
 
 def _gen() -> torch.Generator:
@@ -52,7 +52,14 @@ def test_malicious_clients_train_on_appended_poisoned_copies_and_the_others_are_
     assert np.array_equal(out[1].test_indices, clients[1].test_indices)
 
 
-BACKDOOR = ["num_rounds=3", "logger=quiet", "clients_per_round=8", "model=mlp", "attack=backdoor", "attack.fraction=0.3"]
+BACKDOOR = [
+    "num_rounds=3",
+    "logger=quiet",
+    "clients_per_round=8",
+    "model=mlp",
+    "attack=backdoor",
+    "attack.fraction=0.3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -70,4 +77,6 @@ def test_a_backdoor_run_reports_its_success_rate(backdoor_reference) -> None:  #
 def test_a_data_attack_gives_the_serial_weights_under_process_workers(backdoor_reference) -> None:  # noqa: ANN001
     result = build_server(compose([*BACKDOOR, "executor=process", "executor.devices=cpu", "executor.workers=3"])).run()
     assert torch.equal(result.params, backdoor_reference.params)
-    assert [r["attack/backdoor_success"] for r in result.history] == [r["attack/backdoor_success"] for r in backdoor_reference.history]
+    assert [r["attack/backdoor_success"] for r in result.history] == [
+        r["attack/backdoor_success"] for r in backdoor_reference.history
+    ]

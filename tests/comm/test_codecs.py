@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from fedsim.comm import QSGD, BFloat16, Chain, Compression, Float16, RandomMask, TopK
-from fedsim.server.exchange import RESIDUAL, Exchange
 from fedsim.core.types import ClientUpdate
+from fedsim.server.exchange import RESIDUAL, Exchange
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -92,15 +92,25 @@ def test_a_chain_codes_only_the_values_its_sparsifiers_kept() -> None:
     assert str(chain) == "TopK(fraction=0.5) > Float16()"
 
 
-@pytest.mark.parametrize(("up", "down", "feedback", "message"), [
-    ([Float16(), TopK()], [], False, "compression.uplink[1]: TopK(fraction=0.01) comes after the value codec"),
-    ([Float16(), QSGD()], [], False, "compression.uplink[1]: QSGD(bits=8, bucket_size=512) is a second value codec"),
-    ([], [TopK()], False, "compression.downlink: TopK(fraction=0.01) would sparsify the global model's weights"),
-    ([], [], True, "compression.error_feedback=true needs a lossy compression.uplink"),
-    (["fp16"], [], False, "compression.uplink[0]: a str is neither"),
-])
+@pytest.mark.parametrize(
+    ("up", "down", "feedback", "message"),
+    [
+        ([Float16(), TopK()], [], False, "compression.uplink[1]: TopK(fraction=0.01) comes after the value codec"),
+        (
+            [Float16(), QSGD()],
+            [],
+            False,
+            "compression.uplink[1]: QSGD(bits=8, bucket_size=512) is a second value codec",
+        ),
+        ([], [TopK()], False, "compression.downlink: TopK(fraction=0.01) would sparsify the global model's weights"),
+        ([], [], True, "compression.error_feedback=true needs a lossy compression.uplink"),
+        (["fp16"], [], False, "compression.uplink[0]: a str is neither"),
+    ],
+)
 def test_chains_that_make_no_sense_are_refused_in_one_line(up, down, feedback, message) -> None:  # noqa: ANN001
-    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(
+        ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")
+    ):
         Compression(uplink=up, downlink=down, error_feedback=feedback)
 
 

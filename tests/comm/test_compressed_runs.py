@@ -9,15 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.server.exchange import RESIDUAL
 from fedsim.cli.config import ConfigError
-from fedsim.executor.serial import SerialExecutor
 from fedsim.cli.run import build_server, compose
+from fedsim.executor.serial import SerialExecutor
+from fedsim.server.exchange import RESIDUAL
 
 SHORT = ["num_rounds=4", "logger=quiet", "clients_per_round=5", "eval_every=2", "model=mlp"]
 # everything at once: top-k (10 %) then 4-bit QSGD on the uplink with error feedback, float16 on the downlink
-STACKED = [*SHORT, "compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}, {name: qsgd, bits: 4, bucket_size: 64}]",
-           "compression.downlink=[fp16]"]
+STACKED = [
+    *SHORT,
+    "compression=topk",
+    "compression.uplink=[{name: topk, fraction: 0.1}, {name: qsgd, bits: 4, bucket_size: 64}]",
+    "compression.downlink=[fp16]",
+]
 
 
 def _measured_free(history: list[dict]) -> list[dict]:
@@ -38,7 +42,9 @@ def test_bytes_are_those_of_the_encodings(stacked_reference) -> None:  # noqa: A
     assert (server.comm.down_bytes, server.comm.up_bytes) == (2 * n, up)
     for i, record in enumerate(result.history, start=1):
         assert record["comm/bytes_down"] == 5 * 2 * n and record["comm/bytes_up"] == 5 * up
-        assert record["comm/bytes_up_total"] == i * 5 * up and record["comm/mb_total"] == pytest.approx(i * 5 * (2 * n + up) / 1e6)
+        assert record["comm/bytes_up_total"] == i * 5 * up and record["comm/mb_total"] == pytest.approx(
+            i * 5 * (2 * n + up) / 1e6
+        )
 
 
 def test_without_compression_weights_are_unchanged_and_float32_bytes_are_counted() -> None:
@@ -78,7 +84,9 @@ def test_error_feedback_residuals_live_in_client_state_and_never_reach_the_worke
 @pytest.mark.parametrize("workers", [1, 3])
 def test_process_workers_give_the_serial_weights_and_metrics(workers: int, stacked_reference) -> None:  # noqa: ANN001
     _, reference = stacked_reference
-    result = build_server(compose([*STACKED, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])).run()
+    result = build_server(
+        compose([*STACKED, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])
+    ).run()
     assert torch.equal(result.params, reference.params)
     assert _measured_free(result.history) == _measured_free(reference.history)
 
@@ -103,12 +111,24 @@ def test_the_clock_times_uploads_with_the_encoded_size() -> None:
         assert a["sim/round_s"] - b["sim/round_s"] == pytest.approx(saved_bytes * 8 / 0.01e6, rel=1e-9)
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["compression.uplink=[qsgd3]"], "compression.uplink[0]: unknown codec 'qsgd3'; use one of fp16, bf16, qsgd, topk, random_mask"),
-    (["compression=qsgd", "compression.uplink=[{name: qsgd, bits: 1}]"], "compression.uplink[0]: qsgd.bits must be between 2 and 8"),
-    (["compression.uplink=[{name: topk, k: 3}]"], "compression.uplink[0]: topk got an unexpected keyword argument 'k'"),
-    (["compression.downlink=[topk]"], "compression.downlink: TopK(fraction=0.01) would sparsify"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["compression.uplink=[qsgd3]"],
+            "compression.uplink[0]: unknown codec 'qsgd3'; use one of fp16, bf16, qsgd, topk, random_mask",
+        ),
+        (
+            ["compression=qsgd", "compression.uplink=[{name: qsgd, bits: 1}]"],
+            "compression.uplink[0]: qsgd.bits must be between 2 and 8",
+        ),
+        (
+            ["compression.uplink=[{name: topk, k: 3}]"],
+            "compression.uplink[0]: topk got an unexpected keyword argument 'k'",
+        ),
+        (["compression.downlink=[topk]"], "compression.downlink: TopK(fraction=0.01) would sparsify"),
+    ],
+)
 def test_bad_compression_settings_are_refused_in_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises((ValueError, ConfigError)) as error:
         build_server(compose([*SHORT, *overrides]))

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.comm.messages import message_nbytes
 from fedsim.cli.run import build_server, compose
+from fedsim.comm.messages import message_nbytes
 
 SHORT = ["num_rounds=3", "logger=quiet", "clients_per_round=5", "eval_every=3", "model=mlp"]
 
@@ -47,7 +47,11 @@ def test_the_clock_times_the_control_variates_download() -> None:
 def test_the_counts_are_the_same_under_process_workers_and_after_a_resume(tmp_path: Path) -> None:
     scaffold = [*SHORT, "strategy=scaffold", "logger.tensorboard=false"]
     whole = build_server(compose(scaffold)).run().history
-    workers = build_server(compose([*scaffold, "executor=process", "executor.devices=cpu", "executor.workers=2"])).run().history
+    workers = (
+        build_server(compose([*scaffold, "executor=process", "executor.devices=cpu", "executor.workers=2"]))
+        .run()
+        .history
+    )
     build_server(compose([*scaffold, "num_rounds=2", "eval_every=2"]), run_dir=tmp_path).run()
     resumed = build_server(compose(scaffold), run_dir=tmp_path)
     assert resumed.resume(tmp_path, allow_changes=["eval_every"]).name == "round-000002.ckpt"

@@ -31,7 +31,9 @@ def test_scalars_against_kilobytes_sent_survive_a_resume(tmp_path: Path) -> None
     for run_dir in (whole, cut):
         loss = _points(run_dir, "vs_kb_sent/train/loss")
         assert [s for s, _ in loss] == [s for s, _ in _expected(run_dir, "train/loss")] and len(loss) == 4
-        assert [s for s, _ in _points(run_dir, "vs_kb_sent/eval/accuracy")] == [s for s, _ in _expected(run_dir, "eval/accuracy")]
+        assert [s for s, _ in _points(run_dir, "vs_kb_sent/eval/accuracy")] == [
+            s for s, _ in _expected(run_dir, "eval/accuracy")
+        ]
     assert _points(whole, "vs_kb_sent/train/loss") == _points(cut, "vs_kb_sent/train/loss")
     steps = [s for s, _ in _points(whole, "vs_kb_sent/train/loss")]
     assert steps == sorted(steps) and steps[0] > 0

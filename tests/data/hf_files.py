@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 
 FEMNIST_CLASSES = 62
-PLAY = ("To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer "
-        "The slings and arrows of outrageous fortune, Or to take arms against a sea of troubles. ")
+PLAY = (
+    "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer "
+    "The slings and arrows of outrageous fortune, Or to take arms against a sea of troubles. "
+)
 
 
 def femnist_images(labels: np.ndarray, first_row: int = 0, seed: int = 0, size: int = 28) -> np.ndarray:
@@ -30,7 +32,7 @@ def femnist_images(labels: np.ndarray, first_row: int = 0, seed: int = 0, size: 
     cell = size // side
     for i, label in enumerate(labels):
         r, c = divmod(int(label), side)
-        images[i, r * cell:(r + 1) * cell, c * cell:(c + 1) * cell] = 220
+        images[i, r * cell : (r + 1) * cell, c * cell : (c + 1) * cell] = 220
         row = first_row + i
         images[i, 0, 0], images[i, 0, 1] = row % 256, row // 256
     return images
@@ -54,14 +56,23 @@ def femnist_dataset(n: int, writers: int = 3, first_row: int = 0, seed: int = 0)
 
     labels = (np.arange(n) * 7 + seed) % FEMNIST_CLASSES
     images = femnist_images(labels, first_row, seed)
-    features = datasets.Features({
-        "image": datasets.Image(), "writer_id": datasets.Value("string"), "hsf_id": datasets.Value("int64"),
-        "character": datasets.ClassLabel(names=[str(k) for k in range(FEMNIST_CLASSES)]),
-    })
-    return datasets.Dataset.from_dict({
-        "image": [Image.fromarray(a, mode="L") for a in images], "writer_id": writers_of(n, writers),
-        "hsf_id": [i % 8 for i in range(n)], "character": labels.tolist(),
-    }, features=features)
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "writer_id": datasets.Value("string"),
+            "hsf_id": datasets.Value("int64"),
+            "character": datasets.ClassLabel(names=[str(k) for k in range(FEMNIST_CLASSES)]),
+        }
+    )
+    return datasets.Dataset.from_dict(
+        {
+            "image": [Image.fromarray(a, mode="L") for a in images],
+            "writer_id": writers_of(n, writers),
+            "hsf_id": [i % 8 for i in range(n)],
+            "character": labels.tolist(),
+        },
+        features=features,
+    )
 
 
 def shakespeare_dataset(n: int, roles: int = 3, first_row: int = 0) -> Any:
@@ -70,10 +81,13 @@ def shakespeare_dataset(n: int, roles: int = 3, first_row: int = 0) -> Any:
 
     text = PLAY * 3
     starts = [(first_row + i) * 7 % len(PLAY) for i in range(n)]
-    return datasets.Dataset.from_dict({
-        "character_id": [f"THE_PLAY_ROLE_{i % roles}" for i in range(n)],
-        "x": [text[s:s + 80] for s in starts], "y": [text[s + 80] for s in starts],
-    })
+    return datasets.Dataset.from_dict(
+        {
+            "character_id": [f"THE_PLAY_ROLE_{i % roles}" for i in range(n)],
+            "x": [text[s : s + 80] for s in starts],
+            "y": [text[s + 80] for s in starts],
+        }
+    )
 
 
 def _two_splits(make: Any, n_train: int, n_test: int) -> Any:
@@ -123,5 +137,10 @@ def write_hf(root: Path, n_train: int, n_test: int) -> list[str]:
     folder = Path(root) / "hf"
     parts = {"train": numeric_dataset(n_train), "test": numeric_dataset(n_test, first_row=n_train, with_clients=False)}
     datasets.DatasetDict(parts).save_to_disk(str(folder))
-    return [f"data.path={folder}", "data.client_column=user", "data.feature_column=features",
-            "data.label_column=label", "data.test_split=test"]
+    return [
+        f"data.path={folder}",
+        "data.client_column=user",
+        "data.feature_column=features",
+        "data.label_column=label",
+        "data.test_split=test",
+    ]

@@ -24,9 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ holds vis
 from vision_files import cycled_labels, pattern_images  # noqa: E402
 
 PARTS = ("train", "test")
-PLAY = ("To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer The slings and "
-        "arrows of outrageous fortune, Or to take arms against a sea of troubles, And by opposing end them? "
-        "$5 for thy thoughts, sweet Ophélie! ")  # '$' and 'é' are outside LEAF's alphabet
+PLAY = (
+    "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer The slings and "
+    "arrows of outrageous fortune, Or to take arms against a sea of troubles, And by opposing end them? "
+    "$5 for thy thoughts, sweet Ophélie! "
+)  # '$' and 'é' are outside LEAF's alphabet
 GOOD = ("love", "great", "happy", "awesome", "fun", "!", "thanks")
 BAD = ("hate", "awful", "sad", "terrible", "sick", "ugh", "tired")
 OTHER = ("the", "day", "is", "today", "my", "work", "so", ",", "I'm")
@@ -46,8 +48,12 @@ def uneven_sizes(n: int, parts: int) -> list[int]:
 
 def user_ids(name: str, users: int) -> list[str]:
     """LEAF-like user ids, created in reverse sorted order (so a reader must sort them itself)."""
-    stem = {"femnist": "f{:04d}_{:02d}", "shakespeare": "THE_TRAGEDY_OF_HAMLET_{:02d}_{:02d}",
-            "sent140": "tweeter{:03d}_{:02d}", "celeba": "{:04d}{:02d}"}[name]
+    stem = {
+        "femnist": "f{:04d}_{:02d}",
+        "shakespeare": "THE_TRAGEDY_OF_HAMLET_{:02d}_{:02d}",
+        "sent140": "tweeter{:03d}_{:02d}",
+        "celeba": "{:04d}{:02d}",
+    }[name]
     return [stem.format(i, i * 7 % 100) for i in reversed(range(users))]
 
 
@@ -70,7 +76,9 @@ def sent140_examples(n: int, rng: np.random.Generator, first: int) -> tuple[list
     labels = [int(v) for v in cycled_labels(n, 2, rng)]
     rows = []
     for i, label in enumerate(labels):
-        words = list(rng.choice(GOOD if label else BAD, size=3)) + list(rng.choice(OTHER, size=int(rng.integers(1, 30))))
+        words = list(rng.choice(GOOD if label else BAD, size=3)) + list(
+            rng.choice(OTHER, size=int(rng.integers(1, 30)))
+        )
         tweet = " ".join(str(w) for w in rng.permutation(words)).capitalize()
         rows.append([str(1467810369 + first + i), "Mon Apr 06 22:19:45 PDT 2009", "NO_QUERY", "someone", tweet])
     return rows, labels
@@ -82,8 +90,10 @@ def celeba_examples(n: int, rng: np.random.Generator, first: int) -> tuple[list,
 
 
 EXAMPLES: dict[str, Callable[[int, np.random.Generator, int], tuple[list, list]]] = {
-    "femnist": femnist_examples, "shakespeare": shakespeare_examples,
-    "sent140": sent140_examples, "celeba": celeba_examples,
+    "femnist": femnist_examples,
+    "shakespeare": shakespeare_examples,
+    "sent140": sent140_examples,
+    "celeba": celeba_examples,
 }
 
 
@@ -124,8 +134,17 @@ def write_part(folder: Path, part: str, examples: Examples, files: int, hierarch
     return paths
 
 
-def write_leaf(root: str | Path, name: str, n_train: int, n_test: int, *, users: int = 4, train_files: int = 2,
-               test_files: int = 1, seed: int = 0) -> dict[str, Examples]:
+def write_leaf(
+    root: str | Path,
+    name: str,
+    n_train: int,
+    n_test: int,
+    *,
+    users: int = 4,
+    train_files: int = 2,
+    test_files: int = 1,
+    seed: int = 0,
+) -> dict[str, Examples]:
     """Write ``<root>/leaf/<name>/data`` (and CelebA's images); returns what was written, as :func:`make_examples`."""
     examples = make_examples(name, n_train, n_test, users, seed)
     folder = leaf_folder(root, name)

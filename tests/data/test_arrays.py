@@ -11,13 +11,13 @@ import pytest
 import torch
 from torch import nn
 
-from fedsim.data.arrays import npz
+from fedsim.cli.run import build_server, compose
 from fedsim.client.federation import federate, make_clients
+from fedsim.data.arrays import npz
 from fedsim.data.partition import auto, iid, natural
 from fedsim.data.tensor_data import DataSplit
 from fedsim.executor import SerialExecutor
 from fedsim.models import LogisticRegression
-from fedsim.cli.run import build_server, compose
 from fedsim.server.server import Server
 from fedsim.strategy import FedAvg
 
@@ -40,14 +40,19 @@ def test_from_arrays_uses_float32_arrays_without_a_copy_and_infers_the_classes()
     assert split.train.x.data_ptr() == a["x_train"].ctypes.data  # the caller's memory, not a copy
     assert split.train.num_classes == split.test.num_classes == 3 and split.local_test is None
     assert split.train.y.dtype == torch.int64 and list(split.train.groups) == list(a["client_ids"])
-    tokens = DataSplit.from_arrays(np.ones((4, 7), dtype=np.int32), [0, 1, 0, 1], np.ones((2, 7), dtype=np.int32), [1, 0])
+    tokens = DataSplit.from_arrays(
+        np.ones((4, 7), dtype=np.int32), [0, 1, 0, 1], np.ones((2, 7), dtype=np.int32), [1, 0]
+    )
     assert tokens.train.x.dtype == torch.int64  # integer features are token ids for text models
 
 
 def test_natural_partition_keeps_each_owners_own_test_rows() -> None:
     a = _arrays()
-    split = DataSplit.from_arrays(*(a[k] for k in ("x_train", "y_train", "x_test", "y_test")),
-                                  client_ids=a["client_ids"], test_client_ids=a["test_client_ids"])
+    split = DataSplit.from_arrays(
+        *(a[k] for k in ("x_train", "y_train", "x_test", "y_test")),
+        client_ids=a["client_ids"],
+        test_client_ids=a["test_client_ids"],
+    )
     assert len(split.train) == 120 and len(split.test) == 30
     assert torch.equal(split.test.x, torch.from_numpy(a["x_test"]))  # the tail of the pool
     assert split.test.x.data_ptr() == split.train.x[90:].data_ptr()  # a view, not a second copy
@@ -61,20 +66,28 @@ def test_natural_partition_keeps_each_owners_own_test_rows() -> None:
 
 def test_another_partitioner_divides_only_the_training_rows() -> None:
     a = _arrays()
-    split = DataSplit.from_arrays(*(a[k] for k in ("x_train", "y_train", "x_test", "y_test")),
-                                  client_ids=a["client_ids"], test_client_ids=a["test_client_ids"])
+    split = DataSplit.from_arrays(
+        *(a[k] for k in ("x_train", "y_train", "x_test", "y_test")),
+        client_ids=a["client_ids"],
+        test_client_ids=a["test_client_ids"],
+    )
     data = federate(split, functools.partial(iid, num_clients=4), client_test_fraction=0.2, seed=0)
     rows = np.concatenate(data.client_train + data.client_test)
     assert sorted(rows) == list(range(90))  # the owners' test rows stay in the centralized test set only
-    assert [len(t) for t in data.client_test] == [round(0.2 * (len(a) + len(b))) for a, b in zip(data.client_train, data.client_test)]
+    assert [len(t) for t in data.client_test] == [
+        round(0.2 * (len(a) + len(b))) for a, b in zip(data.client_train, data.client_test)
+    ]
 
 
 def test_an_owner_without_training_rows_is_refused_in_one_line() -> None:
     a = _arrays()
     test_owners = a["test_client_ids"].astype(object)
     test_owners[0] = "only-tests"
-    split = DataSplit.from_arrays(*(a[k] for k in ("x_train", "y_train", "x_test", "y_test")),
-                                  client_ids=a["client_ids"], test_client_ids=test_owners)
+    split = DataSplit.from_arrays(
+        *(a[k] for k in ("x_train", "y_train", "x_test", "y_test")),
+        client_ids=a["client_ids"],
+        test_client_ids=test_owners,
+    )
     with pytest.raises(ValueError, match=r"no training rows \(first: owner 'only-tests'\)") as info:
         federate(split, functools.partial(natural), client_test_fraction=0.2, seed=0)
     assert "\n" not in str(info.value)
@@ -106,8 +119,17 @@ def test_declared_classes_below_the_largest_label_are_refused() -> None:
 def test_npz_option_trains_one_round_with_the_owners_as_clients(tmp_path: Path) -> None:
     path = tmp_path / "mine.npz"
     np.savez(path, **_arrays())
-    cfg = compose([f"data.path={path}", "data=npz", "partition=natural", "clients_per_round=3", "num_rounds=1",
-                   "logger=quiet", "evaluate_clients=all"])
+    cfg = compose(
+        [
+            f"data.path={path}",
+            "data=npz",
+            "partition=natural",
+            "clients_per_round=3",
+            "num_rounds=1",
+            "logger=quiet",
+            "evaluate_clients=all",
+        ]
+    )
     server = build_server(cfg)
     assert [len(c.test_indices) for c in server.clients] == [5] * 6  # each owner's own test rows
     result = server.run()
@@ -154,9 +176,17 @@ class _FixedOutput(nn.Module):
 
 def _server_with(model_factory, split: DataSplit) -> Server:
     data = federate(split, functools.partial(iid, num_clients=3), client_test_fraction=0.2, seed=0)
-    return Server(model_factory=model_factory, clients=make_clients(data, functools.partial(_client)),
-                  train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=SerialExecutor(),
-                  num_rounds=1, clients_per_round=2, seed=0)
+    return Server(
+        model_factory=model_factory,
+        clients=make_clients(data, functools.partial(_client)),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=FedAvg(),
+        executor=SerialExecutor(),
+        num_rounds=1,
+        clients_per_round=2,
+        seed=0,
+    )
 
 
 def _client(**kwargs):
@@ -189,6 +219,8 @@ def test_from_pool_keeps_the_pool_without_a_copy_and_each_owners_test_rows() -> 
         assert sorted(data.client_test[owner]) == [r for r in range(40) if mask[r] and owners[r] == owner]
         assert sorted(data.client_train[owner]) == [r for r in range(40) if not mask[r] and owners[r] == owner]
     tail = np.arange(40) >= 30
-    assert DataSplit.from_pool(x, y, client_ids=owners, test_mask=tail).test.x.data_ptr() == split.train.x[30:].data_ptr()
+    assert (
+        DataSplit.from_pool(x, y, client_ids=owners, test_mask=tail).test.x.data_ptr() == split.train.x[30:].data_ptr()
+    )
     with pytest.raises(ValueError, match="test_mask must be boolean"):
         DataSplit.from_pool(x, y, client_ids=owners, test_mask=tail.astype(int))

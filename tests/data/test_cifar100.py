@@ -16,11 +16,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/data holds tff
 
 import tff_files  # noqa: E402
 
+from fedsim.cli.run import compose  # noqa: E402
 from fedsim.data.cifar100 import CIFAR100_COARSE_OF, CIFAR100_MEAN, CIFAR100_STD, cifar100  # noqa: E402
 from fedsim.data.pachinko import pachinko  # noqa: E402
 from fedsim.data.tensor_data import DataSplit  # noqa: E402
 from fedsim.data.vision import DatasetNotFoundError  # noqa: E402
-from fedsim.cli.run import compose  # noqa: E402
 
 
 def _pickle(root: Path, name: str) -> dict:
@@ -58,7 +58,10 @@ def test_coarse_map_matches_the_files(tmp_path: Path) -> None:
     assert np.array_equal(CIFAR100_COARSE_OF, tff_files.coarse_label_of_fine())  # all 100 entries
     assert np.bincount(CIFAR100_COARSE_OF).tolist() == [5] * 20
     meta = _pickle(tmp_path, "meta")
-    assert meta["fine_label_names"][0] == "apple" and meta["coarse_label_names"][CIFAR100_COARSE_OF[0]] == "fruit_and_vegetables"
+    assert (
+        meta["fine_label_names"][0] == "apple"
+        and meta["coarse_label_names"][CIFAR100_COARSE_OF[0]] == "fruit_and_vegetables"
+    )
 
 
 def test_pachinko_partition_of_the_loaded_labels(tmp_path: Path) -> None:

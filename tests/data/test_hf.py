@@ -6,8 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -48,8 +49,11 @@ def _load(**options: Any) -> DataSplit:
 
 def _source(ds: Any) -> dict[str, np.ndarray]:
     """The written rows as arrays: images (uint8), labels, writers."""
-    return {"images": np.stack([np.asarray(im) for im in ds["image"]]), "labels": np.asarray(ds["character"]),
-            "writers": np.asarray(ds["writer_id"])}
+    return {
+        "images": np.stack([np.asarray(im) for im in ds["image"]]),
+        "labels": np.asarray(ds["character"]),
+        "writers": np.asarray(ds["writer_id"]),
+    }
 
 
 def test_without_datasets_the_option_says_how_to_install_it() -> None:
@@ -66,8 +70,10 @@ def test_without_datasets_the_option_says_how_to_install_it() -> None:
     assert out.returncode == 0, out.stderr
     kind, message = out.stdout.splitlines()
     assert kind == "MissingExtraError True"
-    assert message == ("a Hugging Face dataset (data=hf, femnist_hf, shakespeare_hf) needs the datasets package: "
-                       "pip install 'fedsim[hf]' (or pip install datasets)")
+    assert message == (
+        "a Hugging Face dataset (data=hf, femnist_hf, shakespeare_hf) needs the datasets package: "
+        "pip install 'fedsim[hf]' (or pip install datasets)"
+    )
 
 
 def test_save_to_disk_copy_keeps_every_writers_rows_and_pixels(femnist_copy: tuple[Path, Any]) -> None:
@@ -140,15 +146,25 @@ def test_rgb_images_are_normalised_per_channel(datasets: Any, tmp_path: Path) ->
     pixels = np.random.default_rng(1).integers(0, 256, size=(6, 5, 7, 3), dtype=np.uint8)  # height 5, width 7
     ds = datasets.Dataset.from_dict(
         {"img": [Image.fromarray(p, mode="RGB") for p in pixels], "user": [0, 0, 1, 1, 2, 2], "label": [0, 1] * 3},
-        features=datasets.Features({"img": datasets.Image(), "user": datasets.Value("int64"),
-                                    "label": datasets.Value("int64")}))
+        features=datasets.Features(
+            {"img": datasets.Image(), "user": datasets.Value("int64"), "label": datasets.Value("int64")}
+        ),
+    )
     ds.save_to_disk(str(tmp_path / "rgb"))
     mean, std = [0.5, 0.4, 0.3], [0.25, 0.2, 0.1]
-    split = _load(path=tmp_path / "rgb", client_column="user", feature_column="img", label_column="label",
-                  test_fraction=0.5, image_mean=mean, image_std=std)
+    split = _load(
+        path=tmp_path / "rgb",
+        client_column="user",
+        feature_column="img",
+        label_column="label",
+        test_fraction=0.5,
+        image_mean=mean,
+        image_std=std,
+    )
     assert split.train.x.shape == (6, 3, 5, 7) and split.train.num_classes == 2
-    expected = (torch.from_numpy(pixels).permute(0, 3, 1, 2).float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) \
-        / torch.tensor(std).view(1, 3, 1, 1)
+    expected = (
+        torch.from_numpy(pixels).permute(0, 3, 1, 2).float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)
+    ) / torch.tensor(std).view(1, 3, 1, 1)
     matched = [int(torch.isclose(expected, row, atol=1e-5).flatten(1).all(1).nonzero()[0]) for row in split.train.x]
     assert sorted(matched) == list(range(6))
     assert split.train.groups.tolist() == [[0, 0, 1, 1, 2, 2][i] for i in matched]
@@ -180,8 +196,11 @@ def test_string_columns_become_leaf_character_ids(datasets: Any, tmp_path: Path)
     assert Counter(split.train.groups[split.local_test].tolist()) == {f"THE_PLAY_ROLE_{i}": 1 for i in range(3)}
 
 
-WRITERS = {"femnist_hf": hf_files.write_femnist_hf, "shakespeare_hf": hf_files.write_shakespeare_hf,
-           "hf": hf_files.write_hf}
+WRITERS = {
+    "femnist_hf": hf_files.write_femnist_hf,
+    "shakespeare_hf": hf_files.write_shakespeare_hf,
+    "hf": hf_files.write_hf,
+}
 
 
 @pytest.mark.parametrize("option", sorted(WRITERS))
@@ -225,8 +244,13 @@ def _ragged(tmp_path: Path) -> dict[str, Any]:
 
     ds = datasets.Dataset.from_dict({"v": [[1.0], [3.0, 4.0], [1.0, 2.0]], "u": [0, 0, 1], "y": [0, 1, 1]})
     ds.save_to_disk(str(tmp_path / "ragged"))
-    return {"path": tmp_path / "ragged", "client_column": "u", "feature_column": "v", "label_column": "y",
-            "test_fraction": 0.5}
+    return {
+        "path": tmp_path / "ragged",
+        "client_column": "u",
+        "feature_column": "v",
+        "label_column": "y",
+        "test_fraction": 0.5,
+    }
 
 
 def _mixed_sizes(tmp_path: Path) -> dict[str, Any]:
@@ -234,10 +258,12 @@ def _mixed_sizes(tmp_path: Path) -> dict[str, Any]:
     from PIL import Image
 
     images = [Image.new("L", (28, 28)), Image.new("L", (30, 28))] * 2
-    features = datasets.Features({"image": datasets.Image(), "writer_id": datasets.Value("string"),
-                                  "character": datasets.Value("int64")})
-    ds = datasets.Dataset.from_dict({"image": images, "writer_id": list("aabb"), "character": [0, 1, 2, 3]},
-                                    features=features)
+    features = datasets.Features(
+        {"image": datasets.Image(), "writer_id": datasets.Value("string"), "character": datasets.Value("int64")}
+    )
+    ds = datasets.Dataset.from_dict(
+        {"image": images, "writer_id": list("aabb"), "character": [0, 1, 2, 3]}, features=features
+    )
     ds.save_to_disk(str(tmp_path / "mixed"))
     return {"path": tmp_path / "mixed", "test_fraction": 0.5}
 
@@ -245,22 +271,34 @@ def _mixed_sizes(tmp_path: Path) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("make", "error", "message"),
     [
-        (lambda p: {"path": p / "nowhere", "hub_id": "flwrlabs/femnist"}, FileNotFoundError,
-         r"no Hugging Face dataset at .*nowhere \(data.path\); on a machine with internet run "
-         r"datasets.load_dataset\('flwrlabs/femnist'\).save_to_disk\('.*nowhere'\) \(or download the parquet files "
-         r"of https://huggingface.co/datasets/flwrlabs/femnist\)"),
+        (
+            lambda p: {"path": p / "nowhere", "hub_id": "flwrlabs/femnist"},
+            FileNotFoundError,
+            r"no Hugging Face dataset at .*nowhere \(data.path\); on a machine with internet run "
+            r"datasets.load_dataset\('flwrlabs/femnist'\).save_to_disk\('.*nowhere'\) \(or download the parquet files "
+            r"of https://huggingface.co/datasets/flwrlabs/femnist\)",
+        ),
         (lambda p: {"path": p / "*.parquet"}, FileNotFoundError, r"no Hugging Face dataset at .*\*.parquet"),
         (_empty_folder, ValueError, r"empty is neither a datasets save_to_disk folder .* nor a folder of .parquet"),
         (_csv_file, ValueError, r"rows.csv is not a .parquet file"),
         (_garbage_parquet, ValueError, r"cannot read .*bad.parquet with datasets \("),
-        (lambda p: {"client_column": "writer"}, ValueError,
-         r"split 'train' of .*femnist has no column 'writer' \(data.client_column\); "
-         r"its columns: image, writer_id, hsf_id, character"),
+        (
+            lambda p: {"client_column": "writer"},
+            ValueError,
+            r"split 'train' of .*femnist has no column 'writer' \(data.client_column\); "
+            r"its columns: image, writer_id, hsf_id, character",
+        ),
         (lambda p: {"label_column": "label"}, ValueError, r"no column 'label' \(data.label_column\)"),
-        (lambda p: {"test_split": "validation"}, ValueError,
-         r"has no split 'validation' \(it has: train\); set data.test_split"),
-        (lambda p: {"feature_column": "hsf_id", "label_column": "writer_id"}, ValueError,
-         r"label column 'writer_id' holds strings that are not single characters \(row 0: 'f0000_00'\)"),
+        (
+            lambda p: {"test_split": "validation"},
+            ValueError,
+            r"has no split 'validation' \(it has: train\); set data.test_split",
+        ),
+        (
+            lambda p: {"feature_column": "hsf_id", "label_column": "writer_id"},
+            ValueError,
+            r"label column 'writer_id' holds strings that are not single characters \(row 0: 'f0000_00'\)",
+        ),
         (lambda p: {"test_fraction": 1.0}, ValueError, r"data.test_fraction must be in \(0, 1\) \(got 1.0\)"),
         (lambda p: {"num_classes": 10}, ValueError, r"a label is \d+ but num_classes is 10"),
         (lambda p: {"image_std": [0.5, 0.5]}, ValueError, r"data.image_std has 2 values but the images have 1"),
@@ -270,7 +308,10 @@ def _mixed_sizes(tmp_path: Path) -> dict[str, Any]:
     ],
 )
 def test_bad_copies_and_options_are_refused_in_one_line(
-    femnist_copy: tuple[Path, Any], tmp_path: Path, make: Callable[[Path], dict[str, Any]], error: type,
+    femnist_copy: tuple[Path, Any],
+    tmp_path: Path,
+    make: Callable[[Path], dict[str, Any]],
+    error: type,
     message: str,
 ) -> None:
     options = {"path": femnist_copy[0], **FEMNIST, **make(tmp_path)}
@@ -288,8 +329,18 @@ def test_unsupported_label_type_is_named(datasets: Any, tmp_path: Path) -> None:
 def test_femnist_copy_trains_one_round_with_its_writers_as_clients(femnist_copy: tuple[Path, Any]) -> None:
     from fedsim.cli.run import build_server, compose
 
-    cfg = compose(["data=femnist_hf", f"data.path={femnist_copy[0]}", "partition=natural", "model=logreg",
-                   "num_rounds=1", "clients_per_round=4", "logger=quiet", "evaluate_clients=all"])
+    cfg = compose(
+        [
+            "data=femnist_hf",
+            f"data.path={femnist_copy[0]}",
+            "partition=natural",
+            "model=logreg",
+            "num_rounds=1",
+            "clients_per_round=4",
+            "logger=quiet",
+            "evaluate_clients=all",
+        ]
+    )
     server = build_server(cfg)
     assert [len(c.test_indices) for c in server.clients] == [2, 2, 2, 2]  # each writer's own test rows
     result = server.run()

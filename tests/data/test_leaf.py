@@ -20,17 +20,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/data holds lea
 
 import leaf_files  # noqa: E402
 
-from fedsim.data import leaf  # noqa: E402
+from fedsim.cli.run import build_server, compose  # noqa: E402
 from fedsim.client.federation import federate  # noqa: E402
+from fedsim.data import leaf  # noqa: E402
 from fedsim.data.partition import iid, natural  # noqa: E402
 from fedsim.data.tensor_data import DataSplit  # noqa: E402
 from fedsim.data.text import character_ids, encode_words, most_frequent_words  # noqa: E402
 from fedsim.data.vision import DatasetNotFoundError  # noqa: E402
-from fedsim.cli.run import build_server, compose  # noqa: E402
 
 NAMES = ("femnist", "shakespeare", "sent140", "celeba")
-SHAPES = {"femnist": ((1, 28, 28), torch.float32, 62), "shakespeare": ((80,), torch.int64, 81),
-          "sent140": ((25,), torch.int64, 2), "celeba": ((3, 16, 16), torch.float32, 2)}
+SHAPES = {
+    "femnist": ((1, 28, 28), torch.float32, 62),
+    "shakespeare": ((80,), torch.int64, 81),
+    "sent140": ((25,), torch.int64, 2),
+    "celeba": ((3, 16, 16), torch.float32, 2),
+}
 
 
 def _load(name: str, root: Path, **options: Any) -> DataSplit:
@@ -147,8 +151,9 @@ def test_files_with_user_data_first_are_read_the_same(tmp_path: Path) -> None:
     before = leaf.shakespeare(root=tmp_path)
     for path in leaf_files.leaf_folder(tmp_path, "shakespeare").glob("*/*.json"):
         data = json.loads(path.read_text())
-        path.write_text(json.dumps({"user_data": data["user_data"], "num_samples": data["num_samples"],
-                                    "users": data["users"]}))
+        path.write_text(
+            json.dumps({"user_data": data["user_data"], "num_samples": data["num_samples"], "users": data["users"]})
+        )
     after = leaf.shakespeare(root=tmp_path)
     assert torch.equal(before.train.x, after.train.x) and before.train.groups.tolist() == after.train.groups.tolist()
 
@@ -164,8 +169,13 @@ def _one_line(info: pytest.ExceptionInfo, *parts: str) -> str:
 def test_missing_folder_names_leaf_and_the_preprocessing_command(tmp_path: Path) -> None:
     with pytest.raises(DatasetNotFoundError) as info:
         leaf.femnist(root=tmp_path)
-    _one_line(info, str(tmp_path / "leaf" / "femnist" / "data" / "train"), "https://github.com/TalwalkarLab/leaf",
-              "./preprocess.sh -s niid --sf 1.0 -k 0 -t sample", "data.folder")
+    _one_line(
+        info,
+        str(tmp_path / "leaf" / "femnist" / "data" / "train"),
+        "https://github.com/TalwalkarLab/leaf",
+        "./preprocess.sh -s niid --sf 1.0 -k 0 -t sample",
+        "data.folder",
+    )
     leaf_files.write_leaf(tmp_path, "femnist", 8, 4)
     for path in (leaf_files.leaf_folder(tmp_path, "femnist") / "test").glob("*.json"):
         path.unlink()
@@ -206,19 +216,23 @@ def _edit(data: dict[str, Any], change: str) -> None:
         entry["y"][0] = 62
 
 
-@pytest.mark.parametrize(("change", "error", "expected"), [
-    ("no_users", ValueError, "has no 'users' list"),
-    ("no_user_data", ValueError, "has no 'user_data' object"),
-    ("counts", ValueError, "lists 2 users but 1 num_samples"),
-    ("user_missing", ValueError, "user 'f0003_21' is listed in 'users' but has no entry in 'user_data'"),
-    ("no_y", ValueError, "user 'f0003_21' has no 'y' list"),
-    ("x_y_differ", ValueError, "user 'f0003_21' has 2 x and 1 y but num_samples says 2"),
-    ("num_samples", ValueError, "user 'f0003_21' has 2 x and 2 y but num_samples says 3"),
-    ("short_row", ValueError, "user 'f0003_21', row 1 has 783 pixel values; FEMNIST rows must have 784"),
-    ("bad_label", ValueError, "user 'f0003_21', row 0 has label 62; labels must be 0..61"),
-])
-def test_damaged_files_are_one_line_errors_naming_file_and_user(tmp_path: Path, change: str, error: type,
-                                                                  expected: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "error", "expected"),
+    [
+        ("no_users", ValueError, "has no 'users' list"),
+        ("no_user_data", ValueError, "has no 'user_data' object"),
+        ("counts", ValueError, "lists 2 users but 1 num_samples"),
+        ("user_missing", ValueError, "user 'f0003_21' is listed in 'users' but has no entry in 'user_data'"),
+        ("no_y", ValueError, "user 'f0003_21' has no 'y' list"),
+        ("x_y_differ", ValueError, "user 'f0003_21' has 2 x and 1 y but num_samples says 2"),
+        ("num_samples", ValueError, "user 'f0003_21' has 2 x and 2 y but num_samples says 3"),
+        ("short_row", ValueError, "user 'f0003_21', row 1 has 783 pixel values; FEMNIST rows must have 784"),
+        ("bad_label", ValueError, "user 'f0003_21', row 0 has label 62; labels must be 0..61"),
+    ],
+)
+def test_damaged_files_are_one_line_errors_naming_file_and_user(
+    tmp_path: Path, change: str, error: type, expected: str
+) -> None:
     leaf_files.write_leaf(tmp_path, "femnist", 24, 4)
     path = leaf_files.leaf_folder(tmp_path, "femnist") / TRAIN0
     data = json.loads(path.read_text())
@@ -246,8 +260,12 @@ def test_a_user_twice_in_one_part_is_refused(tmp_path: Path) -> None:
     (train / "copy_of_0.json").write_text((train / "all_data_0_niid_0_keep_0_train_9.json").read_text())
     with pytest.raises(ValueError) as info:
         leaf.femnist(root=tmp_path)
-    _one_line(info, "user 'f0003_21' is in two train files", str(train / "all_data_0_niid_0_keep_0_train_9.json"),
-              str(train / "copy_of_0.json"))
+    _one_line(
+        info,
+        "user 'f0003_21' is in two train files",
+        str(train / "all_data_0_niid_0_keep_0_train_9.json"),
+        str(train / "copy_of_0.json"),
+    )
 
 
 def test_text_and_image_rows_of_the_wrong_kind_are_named(tmp_path: Path) -> None:
@@ -300,17 +318,32 @@ def test_conf_options_load_the_writers_files(tmp_path: Path, name: str) -> None:
     assert len(np.unique(split.train.groups)) >= 3 and split.train.input_shape == SHAPES[name][0]
 
 
-@pytest.mark.parametrize(("name", "model"), [
-    ("femnist", ["model=logreg"]),
-    ("celeba", ["model=logreg"]),
-    ("shakespeare", ["model=char_lstm", "model.hidden=8", "model.num_layers=1"]),  # logreg cannot read token ids
-])
+@pytest.mark.parametrize(
+    ("name", "model"),
+    [
+        ("femnist", ["model=logreg"]),
+        ("celeba", ["model=logreg"]),
+        ("shakespeare", ["model=char_lstm", "model.hidden=8", "model.num_layers=1"]),  # logreg cannot read token ids
+    ],
+)
 def test_one_training_round_with_each_user_as_a_client(tmp_path: Path, name: str, model: list[str]) -> None:
     overrides = getattr(leaf_files, f"write_{name}")(tmp_path, 20, 8)
-    cfg = compose([f"data={name}", *overrides, "partition=natural", *model, "num_rounds=1", "clients_per_round=4",
-                   "logger=quiet", "evaluate_clients=all"])
+    cfg = compose(
+        [
+            f"data={name}",
+            *overrides,
+            "partition=natural",
+            *model,
+            "num_rounds=1",
+            "clients_per_round=4",
+            "logger=quiet",
+            "evaluate_clients=all",
+        ]
+    )
     server = build_server(cfg)
-    assert [len(c.test_indices) for c in server.clients] == leaf_files.uneven_sizes(8, 4)[::-1]  # each user's own test rows
+    assert [len(c.test_indices) for c in server.clients] == leaf_files.uneven_sizes(8, 4)[
+        ::-1
+    ]  # each user's own test rows
     result = server.run()
     assert result.history[-1]["eval_global/clients"] == 4
     assert 0 <= result.history[-1]["eval/accuracy"] <= 1

@@ -9,8 +9,8 @@ from hydra.utils import instantiate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedsim.data.pachinko import CIFAR100_COARSE_OF, _draw, _Labels, pachinko
 from fedsim.cli.run import compose
+from fedsim.data.pachinko import CIFAR100_COARSE_OF, _draw, _Labels, pachinko
 
 K, F = 20, 5  # CIFAR-100: 20 coarse classes of 5 fine labels
 
@@ -58,23 +58,46 @@ def dirichlet_sum_sq(a: float, m: int) -> float:
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), n=st.integers(1, 3000), num_fine=st.integers(1, 24), num_coarse=st.integers(1, 6),
-       alpha=st.floats(0.01, 100), beta=st.floats(0.01, 100), seed=st.integers(0, 2**32 - 1))
-def test_every_example_once_and_sizes_as_documented(data: st.DataObject, n: int, num_fine: int, num_coarse: int,
-                                                    alpha: float, beta: float, seed: int) -> None:
+@given(
+    data=st.data(),
+    n=st.integers(1, 3000),
+    num_fine=st.integers(1, 24),
+    num_coarse=st.integers(1, 6),
+    alpha=st.floats(0.01, 100),
+    beta=st.floats(0.01, 100),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_every_example_once_and_sizes_as_documented(
+    data: st.DataObject, n: int, num_fine: int, num_coarse: int, alpha: float, beta: float, seed: int
+) -> None:
     coarse_of = np.array(data.draw(st.lists(st.integers(0, num_coarse - 1), min_size=num_fine, max_size=num_fine)))
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, rng.integers(1, num_fine + 1), size=n)  # some fine labels may have no examples
     num_clients = data.draw(st.integers(1, min(n, 40)))
     per_client = data.draw(st.none() | st.integers(1, n // num_clients))
-    parts = pachinko(labels, num_clients=num_clients, alpha=alpha, beta=beta, examples_per_client=per_client,
-                     seed=seed, coarse_of=coarse_of)
+    parts = pachinko(
+        labels,
+        num_clients=num_clients,
+        alpha=alpha,
+        beta=beta,
+        examples_per_client=per_client,
+        seed=seed,
+        coarse_of=coarse_of,
+    )
     assert len(parts) == num_clients
     assert_exact_cover(parts, n)
     sizes = expected_sizes(n, num_clients, n // num_clients if per_client is None else per_client)
     assert [len(p) for p in parts] == sizes.tolist()
-    again = pachinko(labels, num_clients=num_clients, alpha=alpha, beta=beta, examples_per_client=per_client,
-                     seed=seed, coarse_of=coarse_of, groups=np.zeros(n))
+    again = pachinko(
+        labels,
+        num_clients=num_clients,
+        alpha=alpha,
+        beta=beta,
+        examples_per_client=per_client,
+        seed=seed,
+        coarse_of=coarse_of,
+        groups=np.zeros(n),
+    )
     assert all(np.array_equal(a, b) for a, b in zip(parts, again))  # pure in seed; groups ignored
 
 
@@ -85,12 +108,15 @@ def test_defaults_are_tffs_cifar100_clients() -> None:
     assert_exact_cover(parts, 50_000)
 
 
-@pytest.mark.parametrize(("n", "num_clients", "per_client", "sizes"), [
-    (1003, 10, None, [101] * 3 + [100] * 7),  # default N // C = 100; the 3 leftovers to the first clients
-    (1003, 10, 40, [101] * 3 + [100] * 7),    # 40 each first, then the 603 leftovers: 60 each, 3 get 61
-    (1000, 10, 100, [100] * 10),
-    (7, 3, 1, [3, 2, 2]),
-])
+@pytest.mark.parametrize(
+    ("n", "num_clients", "per_client", "sizes"),
+    [
+        (1003, 10, None, [101] * 3 + [100] * 7),  # default N // C = 100; the 3 leftovers to the first clients
+        (1003, 10, 40, [101] * 3 + [100] * 7),  # 40 each first, then the 603 leftovers: 60 each, 3 get 61
+        (1000, 10, 100, [100] * 10),
+        (7, 3, 1, [3, 2, 2]),
+    ],
+)
 def test_leftover_examples(n: int, num_clients: int, per_client: int | None, sizes: list[int]) -> None:
     labels = np.arange(n) % 100
     parts = pachinko(labels, num_clients=num_clients, examples_per_client=per_client, seed=3)
@@ -116,7 +142,9 @@ MIX_LABELS = cifar100_labels(300)
 @pytest.mark.parametrize(("alpha", "beta", "coarse_tol", "fine_tol"), MIX_CASES)
 @settings(max_examples=6, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
-def test_mixes_match_dirichlet_expectations(alpha: float, beta: float, coarse_tol: float, fine_tol: float, seed: int) -> None:
+def test_mixes_match_dirichlet_expectations(
+    alpha: float, beta: float, coarse_tol: float, fine_tol: float, seed: int
+) -> None:
     parts = pachinko(MIX_LABELS, num_clients=300, alpha=alpha, beta=beta, seed=seed)
     coarse, fine = mix_stats(parts[:100], MIX_LABELS)
     assert coarse == pytest.approx(dirichlet_sum_sq(alpha, K), abs=coarse_tol)
@@ -142,7 +170,9 @@ def test_an_exhausted_fine_label_leaves_its_coarse_mass_to_its_siblings() -> Non
     # coarse 0 = fine {0 (1 example), 1}; coarse 1 = fine {2}. Once fine 0 is gone, coarse 0 keeps its half and
     # all of it goes to fine 1 (renormalising the joint distribution instead would give fine 1 about 10 %).
     tree = _tree([1, 3000, 3000], [0, 0, 1])
-    got = np.concatenate(_draw(tree, np.array([0.5, 0.5]), np.array([[0.9, 0.1], [1.0, 0.0]]), 2000, np.random.default_rng(1)))
+    got = np.concatenate(
+        _draw(tree, np.array([0.5, 0.5]), np.array([[0.9, 0.1], [1.0, 0.0]]), 2000, np.random.default_rng(1))
+    )
     labels = np.repeat(np.arange(3), [1, 3000, 3000])[got]
     assert len(np.unique(got)) == 2000 and (labels == 0).sum() == 1
     assert (labels == 1).mean() == pytest.approx(0.5, abs=0.06)  # binomial sd 0.011
@@ -150,7 +180,9 @@ def test_an_exhausted_fine_label_leaves_its_coarse_mass_to_its_siblings() -> Non
 
 def test_an_exhausted_coarse_class_is_removed() -> None:
     tree = _tree([2, 3, 1000], [0, 0, 1])
-    got = np.concatenate(_draw(tree, np.array([0.99, 0.01]), np.array([[0.5, 0.5], [1.0, 0.0]]), 500, np.random.default_rng(2)))
+    got = np.concatenate(
+        _draw(tree, np.array([0.99, 0.01]), np.array([[0.5, 0.5], [1.0, 0.0]]), 500, np.random.default_rng(2))
+    )
     labels = np.repeat(np.arange(3), [2, 3, 1000])[got]
     assert np.bincount(labels, minlength=3).tolist() == [2, 3, 495]
 
@@ -159,7 +191,9 @@ def test_zero_remaining_mass_falls_back_to_uniform() -> None:
     # all of the client's coarse weight is on coarse 0, whose labels have no examples; within coarse 1 all fine
     # weight is on fine 2, which has none: the draws are uniform over what is left (fine 3 only)
     tree = _tree([0, 0, 0, 50], [0, 0, 1, 1])
-    got = np.concatenate(_draw(tree, np.array([1.0, 0.0]), np.array([[0.5, 0.5], [1.0, 0.0]]), 50, np.random.default_rng(3)))
+    got = np.concatenate(
+        _draw(tree, np.array([1.0, 0.0]), np.array([[0.5, 0.5], [1.0, 0.0]]), 50, np.random.default_rng(3))
+    )
     assert np.array_equal(np.sort(got), np.arange(50))
 
 
@@ -173,16 +207,19 @@ def test_tight_supply_still_fills_every_client() -> None:
 # --- validation ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"num_clients": 0}, "partition.num_clients must"),
-    ({"num_clients": 201}, "partition.num_clients must"),
-    ({"alpha": 0.0}, "partition.alpha must"),
-    ({"beta": -1.0}, "partition.beta must"),
-    ({"examples_per_client": 0}, "partition.examples_per_client must"),
-    ({"examples_per_client": 3}, r"partition.examples_per_client × num_clients must be ≤ the 200"),
-    ({"coarse_of": [0, 1, 2]}, "partition.coarse_of must map every label"),
-    ({"coarse_of": [[0, 1]]}, "partition.coarse_of must be"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_clients": 0}, "partition.num_clients must"),
+        ({"num_clients": 201}, "partition.num_clients must"),
+        ({"alpha": 0.0}, "partition.alpha must"),
+        ({"beta": -1.0}, "partition.beta must"),
+        ({"examples_per_client": 0}, "partition.examples_per_client must"),
+        ({"examples_per_client": 3}, r"partition.examples_per_client × num_clients must be ≤ the 200"),
+        ({"coarse_of": [0, 1, 2]}, "partition.coarse_of must map every label"),
+        ({"coarse_of": [[0, 1]]}, "partition.coarse_of must be"),
+    ],
+)
 def test_bad_parameters_are_one_line_errors(kwargs: dict, message: str) -> None:
     args = {"num_clients": 100, **kwargs}
     with pytest.raises(ValueError, match=message) as info:

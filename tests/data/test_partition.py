@@ -136,9 +136,7 @@ def test_dirichlet_min_size_forces_redraws():
     for seed in range(5):
         parts = P.dirichlet(labels, num_clients=20, alpha=0.1, min_size=30, seed=seed)
         assert min(len(p) for p in parts) >= 30
-    first_draws = [
-        P.dirichlet(labels, num_clients=20, alpha=0.1, min_size=0, seed=seed) for seed in range(5)
-    ]
+    first_draws = [P.dirichlet(labels, num_clients=20, alpha=0.1, min_size=0, seed=seed) for seed in range(5)]
     assert any(min(len(p) for p in parts) < 30 for parts in first_draws)
 
 
@@ -203,9 +201,11 @@ def test_natural_matches_groups_in_sorted_order():
 
 
 def test_natural_without_groups_explains_what_to_use():
-    msg = ("partition=natural needs a dataset with natural clients (data=synthetic, femnist, shakespeare, sent140, "
-           "celeba, femnist_tff, the Hugging Face copies, or npz with client_ids); "
-           "use partition=iid, dirichlet, shards or lognormal")
+    msg = (
+        "partition=natural needs a dataset with natural clients (data=synthetic, femnist, shakespeare, sent140, "
+        "celeba, femnist_tff, the Hugging Face copies, or npz with client_ids); "
+        "use partition=iid, dirichlet, shards or lognormal"
+    )
     with pytest.raises(ValueError, match=re.escape(msg)):
         P.natural(np.zeros(8), seed=0, groups=None)
 
@@ -238,8 +238,9 @@ def test_bad_parameters_raise_one_line_error_naming_field(call, field):
 
 
 def test_num_clients_message_matches_spec():
-    with pytest.raises(ValueError, match=re.escape(
-            "partition.num_clients must be between 1 and the 500 training examples (got 1000)")):
+    with pytest.raises(
+        ValueError, match=re.escape("partition.num_clients must be between 1 and the 500 training examples (got 1000)")
+    ):
         P.iid(np.zeros(500), num_clients=1000, seed=0)
 
 

@@ -97,8 +97,7 @@ def test_labels_are_argmax_of_device_model():
 
 
 def test_features_follow_device_mean_and_covariance():
-    split, models = synthetic_with_models(seed=2, min_size=3000, max_size=3000, num_devices=3,
-                                          test_fraction=0.0)
+    split, models = synthetic_with_models(seed=2, min_size=3000, max_size=3000, num_devices=3, test_fraction=0.0)
     x = split.train.x.numpy().astype(np.float64)
     expected_var = np.arange(1, 61, dtype=np.float64) ** -1.2
     for k, m in enumerate(models):

@@ -67,7 +67,20 @@ def test_character_ids_and_their_errors() -> None:
 
 def test_tokeniser_lower_cases_and_keeps_leafs_punctuation_words() -> None:
     assert tokenise("Hello, WORLD! I'm @bob_1 #Tag :) ok... a-b") == [
-        "hello", ",", "world", "!", "i'm", "bob_1", "tag", "ok", ".", ".", ".", "a", "b"]
+        "hello",
+        ",",
+        "world",
+        "!",
+        "i'm",
+        "bob_1",
+        "tag",
+        "ok",
+        ".",
+        ".",
+        ".",
+        "a",
+        "b",
+    ]
     assert tokenise("  ") == []
 
 
@@ -88,8 +101,13 @@ def test_encode_words_pads_at_the_end_and_maps_unknown_words_to_one() -> None:
 
 
 def _write_glove(path: Path) -> list[tuple[str, list[float]]]:
-    lines = [("the", [0.1, 0.2, 0.3]), (",", [1.0, -1.0, 0.5]), ("new york", [2.0, 2.5, 3.0]),
-             ("love", [-0.5, 0.25, 4.0]), ("the", [9.0, 9.0, 9.0])]
+    lines = [
+        ("the", [0.1, 0.2, 0.3]),
+        (",", [1.0, -1.0, 0.5]),
+        ("new york", [2.0, 2.5, 3.0]),
+        ("love", [-0.5, 0.25, 4.0]),
+        ("the", [9.0, 9.0, 9.0]),
+    ]
     path.write_text("".join(f"{w} {' '.join(map(str, v))}\n" for w, v in lines), encoding="utf-8")
     return lines
 

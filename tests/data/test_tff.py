@@ -16,13 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/data holds tff
 
 import tff_files  # noqa: E402
 
+from fedsim.cli.run import compose  # noqa: E402
 from fedsim.client.base import Client  # noqa: E402
 from fedsim.client.federation import federate, make_clients  # noqa: E402
 from fedsim.data.partition import iid, natural  # noqa: E402
 from fedsim.data.tensor_data import DataSplit  # noqa: E402
 from fedsim.data.tff import femnist_tff  # noqa: E402
 from fedsim.data.vision import DatasetNotFoundError  # noqa: E402
-from fedsim.cli.run import compose  # noqa: E402
 
 URL = "https://storage.googleapis.com/tff-datasets-public/fed_emnist.tar.bz2"
 DIGITS_URL = "https://storage.googleapis.com/tff-datasets-public/fed_emnist_digitsonly.tar.bz2"
@@ -77,7 +77,9 @@ def test_natural_partition_gives_one_client_per_writer_with_its_own_test_rows(tm
 def test_other_partitioners_divide_the_training_rows_only(tmp_path: Path) -> None:
     tff_files.write_femnist_tff(tmp_path, 60, 20)
     split = femnist_tff(root=tmp_path)
-    data = federate(split, lambda labels, seed, groups: iid(labels, num_clients=5, seed=seed), client_test_fraction=0.2, seed=0)
+    data = federate(
+        split, lambda labels, seed, groups: iid(labels, num_clients=5, seed=seed), client_test_fraction=0.2, seed=0
+    )
     rows = np.concatenate(data.client_train + data.client_test)
     assert np.array_equal(np.sort(rows), np.arange(60))
 
@@ -100,11 +102,16 @@ def test_without_h5py_says_how_to_install(tmp_path: Path, monkeypatch: pytest.Mo
     _one_line_error(info, "pip install 'fedsim[tff]'", "pip install h5py")
 
 
-@pytest.mark.parametrize(("only_digits", "missing", "present", "url"), [
-    (False, "fed_emnist_test.h5", "fed_emnist_train.h5", URL),
-    (True, "fed_emnist_digitsonly_train.h5", "fed_emnist_digitsonly_test.h5", DIGITS_URL),
-])
-def test_missing_file_names_it_and_the_source(tmp_path: Path, only_digits: bool, missing: str, present: str, url: str) -> None:
+@pytest.mark.parametrize(
+    ("only_digits", "missing", "present", "url"),
+    [
+        (False, "fed_emnist_test.h5", "fed_emnist_train.h5", URL),
+        (True, "fed_emnist_digitsonly_train.h5", "fed_emnist_digitsonly_test.h5", DIGITS_URL),
+    ],
+)
+def test_missing_file_names_it_and_the_source(
+    tmp_path: Path, only_digits: bool, missing: str, present: str, url: str
+) -> None:
     tff_files.write_femnist_tff(tmp_path, 6, 3, only_digits=only_digits)
     (tmp_path / missing).unlink()
     with pytest.raises(DatasetNotFoundError) as info:
@@ -142,12 +149,15 @@ def _rewrite(path: Path, edit: str) -> None:
             f.move("examples", "clients")
 
 
-@pytest.mark.parametrize(("edit", "expected"), [
-    ("no_layout", "has no 'examples' group"),
-    ("no_pixels", "writer 'f0000_00' has no 'pixels' dataset"),
-    ("bad_shape", "writer 'f0000_00' has pixels (6, 28, 27)"),
-    ("bad_label", "writer 'f0000_00' has label 62; labels must be 0..61"),
-])
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        ("no_layout", "has no 'examples' group"),
+        ("no_pixels", "writer 'f0000_00' has no 'pixels' dataset"),
+        ("bad_shape", "writer 'f0000_00' has pixels (6, 28, 27)"),
+        ("bad_label", "writer 'f0000_00' has label 62; labels must be 0..61"),
+    ],
+)
 def test_wrong_layout_is_a_one_line_value_error(tmp_path: Path, edit: str, expected: str) -> None:
     tff_files.write_femnist_tff(tmp_path, 30, 12)
     path = tmp_path / "fed_emnist_test.h5"
@@ -160,5 +170,7 @@ def test_wrong_layout_is_a_one_line_value_error(tmp_path: Path, edit: str, expec
 def test_conf_option_loads_the_files(tmp_path: Path) -> None:
     overrides = tff_files.write_femnist_tff(tmp_path, 60, 20)
     split = instantiate(compose(["data=femnist_tff", *overrides]).data)
-    assert isinstance(split, DataSplit) and len(split.train) - int(split.local_test.sum()) == 60 and len(split.test) == 20
+    assert (
+        isinstance(split, DataSplit) and len(split.train) - int(split.local_test.sum()) == 60 and len(split.test) == 20
+    )
     assert split.train.input_shape == (1, 28, 28) and split.train.num_classes == 62

@@ -21,9 +21,7 @@ from fedsim.data.tensor_data import DataSplit  # noqa: E402
 
 GRAY = {
     "mnist": (vision.mnist, "MNIST", vision.MNIST_MEAN, vision.MNIST_STD),
-    "fashion_mnist": (
-        vision.fashion_mnist, "FashionMNIST", vision.FASHION_MNIST_MEAN, vision.FASHION_MNIST_STD
-    ),
+    "fashion_mnist": (vision.fashion_mnist, "FashionMNIST", vision.FASHION_MNIST_MEAN, vision.FASHION_MNIST_STD),
 }
 
 

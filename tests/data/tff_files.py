@@ -109,8 +109,9 @@ def write_femnist_h5(path: str | Path, sizes: dict[str, int], num_classes: int, 
             group["label"] = labels
 
 
-def write_femnist_tff(root: str | Path, n_train: int = 60, n_test: int = 20, *, only_digits: bool = False,
-                      writers: int = 3, seed: int = 0) -> list[str]:
+def write_femnist_tff(
+    root: str | Path, n_train: int = 60, n_test: int = 20, *, only_digits: bool = False, writers: int = 3, seed: int = 0
+) -> list[str]:
     """Write ``root/fed_emnist[_digitsonly]_{train,test}.h5``: ``n_train`` / ``n_test`` examples over ``writers``
     (≥ 3) writers of uneven sizes, every writer in both files (it may have 0 test rows when ``n_test`` is
     small). Returns ``data.root`` (and ``data.only_digits=true``)."""

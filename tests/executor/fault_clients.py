@@ -63,12 +63,15 @@ class PrintingClient(Client):
         return super().fit(model, data, **kwargs)
 
 
-def dropout_mlp(input_shape: tuple[int, ...], num_classes: int) -> "torch.nn.Module":
+def dropout_mlp(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
     """A small MLP with dropout: its training draws from torch's global RNG, which every task seeds."""
     import torch
 
     return torch.nn.Sequential(
-        torch.nn.Flatten(), torch.nn.Linear(input_shape[0], 32), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+        torch.nn.Flatten(),
+        torch.nn.Linear(input_shape[0], 32),
+        torch.nn.ReLU(),
+        torch.nn.Dropout(0.5),
         torch.nn.Linear(32, num_classes),
     )
 
@@ -90,7 +93,7 @@ class MalformedClient(Client):
         return dataclasses.replace(update, params=params)
 
 
-def mlp_that_kills_its_worker(marker: str, times: int) -> "torch.nn.Module":
+def mlp_that_kills_its_worker(marker: str, times: int) -> torch.nn.Module:
     """A 2NN factory whose first ``times`` calls (counted in the file ``marker``) SIGKILL the calling process:
     a worker killed while it starts. Later calls build the model."""
     from fedsim.models import MLP2NN
@@ -103,7 +106,7 @@ def mlp_that_kills_its_worker(marker: str, times: int) -> "torch.nn.Module":
     return MLP2NN(input_shape=(60,), num_classes=10, hidden=32)
 
 
-def mlp_that_cannot_import() -> "torch.nn.Module":
+def mlp_that_cannot_import() -> torch.nn.Module:
     """A model factory whose import fails, as a worker missing one of the user's modules would."""
     import fedsim_no_such_module  # noqa: F401
 
@@ -130,12 +133,15 @@ class NodeLossClient(Client):
         return super().fit(model, data, **kwargs)
 
 
-def cumulative_bn_mlp(input_shape: tuple[int, ...], num_classes: int) -> "torch.nn.Module":
+def cumulative_bn_mlp(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
     """An MLP whose BatchNorm keeps a cumulative average (``momentum=None``): its running statistics depend on
     ``num_batches_tracked``, an integer buffer that fedsim does not federate."""
     import torch
 
     return torch.nn.Sequential(
-        torch.nn.Flatten(), torch.nn.Linear(input_shape[0], 32), torch.nn.BatchNorm1d(32, momentum=None), torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(input_shape[0], 32),
+        torch.nn.BatchNorm1d(32, momentum=None),
+        torch.nn.ReLU(),
         torch.nn.Linear(32, num_classes),
     )

@@ -27,13 +27,24 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
 }
 
 
-def _run(executor: Executor, model: str = "2nn", optimizer: Callable | None = None, strategy: Strategy | None = None) -> RunResult:
+def _run(
+    executor: Executor, model: str = "2nn", optimizer: Callable | None = None, strategy: Strategy | None = None
+) -> RunResult:
     """2 rounds of 8 Synthetic(1,1) clients of unequal sizes (2 to 6 local steps of batch 8)."""
-    data = federate(synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+    data = federate(
+        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
+    )
     client = functools.partial(Client, batch_size=8, **({"optimizer": optimizer} if optimizer else {}))
     server = Server(
-        model_factory=MODELS[model], clients=make_clients(data, client), train_data=data.train,
-        test_data=data.test, strategy=strategy or FedAvg(), executor=executor, num_rounds=2, clients_per_round=8, seed=1,
+        model_factory=MODELS[model],
+        clients=make_clients(data, client),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=strategy or FedAvg(),
+        executor=executor,
+        num_rounds=2,
+        clients_per_round=8,
+        seed=1,
     )
     return server.run()
 
@@ -97,7 +108,10 @@ def test_gpu_vmap_matches_gpu_serial(model: str, chunk_size: int | None, full_fp
 
 @pytest.mark.parametrize(
     "optimizer",
-    [functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, nesterov=True), functools.partial(torch.optim.Adam, lr=0.01)],
+    [
+        functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9, nesterov=True),
+        functools.partial(torch.optim.Adam, lr=0.01),
+    ],
     ids=["sgd_nesterov", "adam"],
 )
 def test_gpu_vmap_optimizer_state_matches_gpu_serial(optimizer: Callable, full_fp32: None) -> None:
@@ -126,13 +140,22 @@ def test_gpu_vmap_strategy_terms_match_gpu_serial(strategy: Callable[[], Strateg
 
 def test_server_evaluates_on_the_gpu_with_the_cpus_answers(full_fp32: None) -> None:
     """eval_device=cuda:0 (what auto picks here) changes no weight and metrics only in the last bits."""
-    data = federate(synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+    data = federate(
+        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
+    )
 
     def run(device: str) -> RunResult:
         return Server(
-            model_factory=MODELS["2nn"], clients=make_clients(data, functools.partial(Client, batch_size=8)),
-            train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=SerialExecutor(),
-            num_rounds=2, clients_per_round=8, seed=1, eval_device=device,
+            model_factory=MODELS["2nn"],
+            clients=make_clients(data, functools.partial(Client, batch_size=8)),
+            train_data=data.train,
+            test_data=data.test,
+            strategy=FedAvg(),
+            executor=SerialExecutor(),
+            num_rounds=2,
+            clients_per_round=8,
+            seed=1,
+            eval_device=device,
         ).run()
 
     on_gpu, on_cpu = run("cuda:0"), run("cpu")

@@ -16,20 +16,30 @@ from fedsim.client.federation import federate, make_clients  # noqa: E402
 from fedsim.data.partition import natural  # noqa: E402
 from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.executor import ProcessExecutor, RayExecutor, SerialExecutor  # noqa: E402
-from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.models import LogisticRegression  # noqa: E402
+from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.server.server import Server  # noqa: E402
 
 VICTIM = 3
 
 
 def _run(executor, kind: str, caplog: pytest.LogCaptureFixture) -> tuple[list[str], list[dict]]:  # type: ignore[no-untyped-def]
-    data = federate(synthetic(num_devices=6, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.0, seed=0)
+    data = federate(
+        synthetic(num_devices=6, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.0, seed=0
+    )
     server = Server(
         model_factory=functools.partial(LogisticRegression, input_shape=(60,), num_classes=10),
-        clients=make_clients(data, functools.partial(fault_clients.MalformedClient, victim=VICTIM, kind=kind, epochs=1, batch_size=8)),
-        train_data=data.train, test_data=None, strategy=__import__("fedsim.strategy", fromlist=["FedAvg"]).FedAvg(),
-        executor=executor, num_rounds=2, clients_per_round=6, seed=0, logger=RunLogger(None, tensorboard=False, progress=False),
+        clients=make_clients(
+            data, functools.partial(fault_clients.MalformedClient, victim=VICTIM, kind=kind, epochs=1, batch_size=8)
+        ),
+        train_data=data.train,
+        test_data=None,
+        strategy=__import__("fedsim.strategy", fromlist=["FedAvg"]).FedAvg(),
+        executor=executor,
+        num_rounds=2,
+        clients_per_round=6,
+        seed=0,
+        logger=RunLogger(None, tensorboard=False, progress=False),
     )
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="fedsim"):
@@ -40,7 +50,9 @@ def _run(executor, kind: str, caplog: pytest.LogCaptureFixture) -> tuple[list[st
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["shape", "list"])
-def test_the_same_rejection_under_serial_process_and_ray(kind: str, caplog: pytest.LogCaptureFixture, local_ray) -> None:  # type: ignore[no-untyped-def]
+def test_the_same_rejection_under_serial_process_and_ray(
+    kind: str, caplog: pytest.LogCaptureFixture, local_ray
+) -> None:  # type: ignore[no-untyped-def]
     from ray import cloudpickle
 
     serial_reasons, serial = _run(SerialExecutor(), kind, caplog)

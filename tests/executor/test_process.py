@@ -19,16 +19,16 @@ import torch
 
 from fedsim.client.base import Client
 from fedsim.client.federation import federate, make_clients
+from fedsim.core.params import flatten
+from fedsim.core.types import ClientFailure, ClientUpdate, FitTask
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.executor.base import Workload
-from fedsim.observe.run_logger import RunLogger
 from fedsim.models import MLP2NN
-from fedsim.core.params import flatten
+from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RoundFailedError, RunResult, Server
 from fedsim.strategy import FedAvg
-from fedsim.core.types import ClientFailure, ClientUpdate, FitTask
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fault_clients  # noqa: E402  (workers import it by the same name: spawn copies sys.path)
@@ -48,8 +48,15 @@ def run(executor, client_cls=Client, run_dir=None, min_success_fraction=1.0, **c
     clients = make_clients(data, functools.partial(client_cls, epochs=2, batch_size=8, **client_kwargs))
     server = Server(
         model_factory=functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32),
-        clients=clients, train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=executor,
-        num_rounds=ROUNDS, clients_per_round=PER_ROUND, seed=7, min_success_fraction=min_success_fraction,
+        clients=clients,
+        train_data=data.train,
+        test_data=data.test,
+        strategy=FedAvg(),
+        executor=executor,
+        num_rounds=ROUNDS,
+        clients_per_round=PER_ROUND,
+        seed=7,
+        min_success_fraction=min_success_fraction,
         logger=RunLogger(run_dir, tensorboard=run_dir is not None, progress=False),
     )
     return server.run()
@@ -76,7 +83,9 @@ def test_bitwise_equal_to_serial(workers: int, tmp_path: Path) -> None:
     result = run(ProcessExecutor(devices="cpu", workers=workers), run_dir=tmp_path)
     assert torch.equal(result.params, serial_reference())
     used = {c["worker"] for r in result.history for c in r["clients"]}
-    assert used <= {f"w{i}" for i in range(workers)} and {c["device"] for r in result.history for c in r["clients"]} == {"cpu"}
+    assert used <= {f"w{i}" for i in range(workers)} and {
+        c["device"] for r in result.history for c in r["clients"]
+    } == {"cpu"}
     if workers > 1:
         assert len(used) > 1, "tasks should spread over workers"
     assert_all_gone(worker_pids(tmp_path))
@@ -89,11 +98,21 @@ def test_dropout_is_the_same_in_every_worker_and_in_serial() -> None:
 
     def final(executor) -> torch.Tensor:  # type: ignore[no-untyped-def]
         torch.manual_seed(len(str(executor)))  # a different parent RNG state for every executor
-        return Server(
-            model_factory=functools.partial(fault_clients.dropout_mlp, (60,), 10),
-            clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)), train_data=data.train,
-            test_data=data.test, strategy=FedAvg(), executor=executor, num_rounds=2, clients_per_round=PER_ROUND, seed=7,
-        ).run().params
+        return (
+            Server(
+                model_factory=functools.partial(fault_clients.dropout_mlp, (60,), 10),
+                clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
+                train_data=data.train,
+                test_data=data.test,
+                strategy=FedAvg(),
+                executor=executor,
+                num_rounds=2,
+                clients_per_round=PER_ROUND,
+                seed=7,
+            )
+            .run()
+            .params
+        )
 
     assert torch.equal(final(ProcessExecutor(devices="cpu", workers=3)), final(SerialExecutor()))
 
@@ -105,12 +124,22 @@ def test_integer_buffers_start_every_task_as_built() -> None:
     data = _data()
 
     def final(executor) -> torch.Tensor:  # type: ignore[no-untyped-def]
-        return Server(
-            model_factory=functools.partial(fault_clients.cumulative_bn_mlp, (60,), 10),
-            clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)), train_data=data.train,
-            test_data=data.test, strategy=FedAvg(), executor=executor, num_rounds=2, clients_per_round=PER_ROUND, seed=7,
-            logger=RunLogger(None, tensorboard=False, progress=False),
-        ).run().params
+        return (
+            Server(
+                model_factory=functools.partial(fault_clients.cumulative_bn_mlp, (60,), 10),
+                clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
+                train_data=data.train,
+                test_data=data.test,
+                strategy=FedAvg(),
+                executor=executor,
+                num_rounds=2,
+                clients_per_round=PER_ROUND,
+                seed=7,
+                logger=RunLogger(None, tensorboard=False, progress=False),
+            )
+            .run()
+            .params
+        )
 
     assert torch.equal(final(ProcessExecutor(devices="cpu", workers=2)), final(SerialExecutor()))
 
@@ -118,8 +147,13 @@ def test_integer_buffers_start_every_task_as_built() -> None:
 def test_raising_client_is_reported_and_policy_applies(tmp_path: Path) -> None:
     with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
         run(ProcessExecutor(devices="cpu", workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))
-    result = run(ProcessExecutor(devices="cpu", workers=2), fault_clients.RaisingClient, run_dir=tmp_path,
-                 min_success_fraction=0.5, bad_ids=(1, 3, 5))
+    result = run(
+        ProcessExecutor(devices="cpu", workers=2),
+        fault_clients.RaisingClient,
+        run_dir=tmp_path,
+        min_success_fraction=0.5,
+        bad_ids=(1, 3, 5),
+    )
     failed = sum(r["client/num_failed"] for r in result.history)
     assert failed >= 1
     assert all(c["client_id"] not in (1, 3, 5) for r in result.history for c in r["clients"])
@@ -132,8 +166,13 @@ def test_raising_client_is_reported_and_policy_applies(tmp_path: Path) -> None:
 def test_sigkilled_worker_is_replaced_and_result_unchanged(tmp_path: Path) -> None:
     marker = tmp_path / "killed"
     victim = _first_sampled_client()
-    result = run(ProcessExecutor(devices="cpu", workers=2), fault_clients.KillOnceClient, run_dir=tmp_path,
-                 victim=victim, marker=str(marker))
+    result = run(
+        ProcessExecutor(devices="cpu", workers=2),
+        fault_clients.KillOnceClient,
+        run_dir=tmp_path,
+        victim=victim,
+        marker=str(marker),
+    )
     assert marker.exists(), "the victim never ran"
     assert torch.equal(result.params, serial_reference())
     pids = worker_pids(tmp_path)
@@ -174,8 +213,12 @@ def test_tasks_queued_behind_a_killed_worker_run_again_without_using_retries(tmp
     model_factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)
     tasks = [FitTask(client_id=i, round_num=1, seed=100 + i, config={}) for i in range(4)]
     global_params = flatten(model_factory())
-    killing = make_clients(data, functools.partial(fault_clients.KillOnceClient, epochs=2, batch_size=8, victim=0,
-                                                     marker=str(tmp_path / "killed")))
+    killing = make_clients(
+        data,
+        functools.partial(
+            fault_clients.KillOnceClient, epochs=2, batch_size=8, victim=0, marker=str(tmp_path / "killed")
+        ),
+    )
     executor = ProcessExecutor(devices="cpu", workers=1, max_retries=0)
     executor.start(Workload(model_factory, killing, data.train, log_dir=tmp_path))
     try:
@@ -183,7 +226,9 @@ def test_tasks_queued_behind_a_killed_worker_run_again_without_using_retries(tmp
     finally:
         executor.close()
     serial = SerialExecutor()
-    serial.start(Workload(model_factory, make_clients(data, functools.partial(Client, epochs=2, batch_size=8)), data.train))
+    serial.start(
+        Workload(model_factory, make_clients(data, functools.partial(Client, epochs=2, batch_size=8)), data.train)
+    )
     expected = serial.fit(global_params, tasks)
     assert (tmp_path / "killed").exists()
     assert isinstance(results[0], ClientFailure) and "SIGKILL" in results[0].error
@@ -211,11 +256,15 @@ def test_client_that_always_hangs_fails_after_bounded_retries(tmp_path: Path) ->
     victim = _first_sampled_client()
     executor = ProcessExecutor(devices="cpu", workers=1, client_timeout_s=1, max_retries=1)
     with pytest.raises(RoundFailedError, match="timed out"):
-        run(executor, fault_clients.HangClient, run_dir=tmp_path, victim=victim, marker=str(tmp_path / "m"), always=True)
+        run(
+            executor, fault_clients.HangClient, run_dir=tmp_path, victim=victim, marker=str(tmp_path / "m"), always=True
+        )
     assert_all_gone(worker_pids(tmp_path))
 
 
-def test_worker_logs_are_tagged_and_prints_stay_off_the_console(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_worker_logs_are_tagged_and_prints_stay_off_the_console(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     run(ProcessExecutor(devices="cpu", workers=2), fault_clients.PrintingClient, run_dir=tmp_path)
     logs = "".join(p.read_text() for p in (tmp_path / "workers").glob("worker-*.log"))
     assert re.search(r"\[round 1 client \d+\] hello from client \d+", logs)
@@ -230,12 +279,20 @@ def _mlp_with(lock: threading.Lock) -> MLP2NN:
 def test_unsendable_model_factory_fails_before_training() -> None:
     data = _data()
     server = Server(
-        model_factory=functools.partial(_mlp_with, threading.Lock()), clients=make_clients(data, Client),
-        train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=ProcessExecutor(devices="cpu", workers=1),
-        num_rounds=1, clients_per_round=2,
+        model_factory=functools.partial(_mlp_with, threading.Lock()),
+        clients=make_clients(data, Client),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=FedAvg(),
+        executor=ProcessExecutor(devices="cpu", workers=1),
+        num_rounds=1,
+        clients_per_round=2,
     )
-    with pytest.raises(TypeError, match=r"cannot send the model factory to worker processes \(TypeError: cannot pickle "
-                                        r"'_thread.lock' object\); make it picklable"):
+    with pytest.raises(
+        TypeError,
+        match=r"cannot send the model factory to worker processes \(TypeError: cannot pickle "
+        r"'_thread.lock' object\); make it picklable",
+    ):
         server.run()
 
 
@@ -250,12 +307,21 @@ def test_lambdas_and_local_classes_go_to_workers_by_value() -> None:
     def build(executor) -> Server:  # type: ignore[no-untyped-def]
         data = _data()
         return Server(
-            model_factory=lambda: MLP2NN((60,), 10, hidden=32), clients=make_clients(data, functools.partial(LocalClient, epochs=1, batch_size=8)),
-            train_data=data.train, test_data=data.test, strategy=FedAvg(), executor=executor, num_rounds=2, clients_per_round=3,
-            seed=1, logger=RunLogger(None, tensorboard=False, progress=False),
+            model_factory=lambda: MLP2NN((60,), 10, hidden=32),
+            clients=make_clients(data, functools.partial(LocalClient, epochs=1, batch_size=8)),
+            train_data=data.train,
+            test_data=data.test,
+            strategy=FedAvg(),
+            executor=executor,
+            num_rounds=2,
+            clients_per_round=3,
+            seed=1,
+            logger=RunLogger(None, tensorboard=False, progress=False),
         )
 
-    assert torch.equal(build(ProcessExecutor(devices="cpu", workers=2)).run().params, build(SerialExecutor()).run().params)
+    assert torch.equal(
+        build(ProcessExecutor(devices="cpu", workers=2)).run().params, build(SerialExecutor()).run().params
+    )
 
 
 SCRIPT = """
@@ -293,8 +359,9 @@ def test_script_without_main_guard_gets_a_clear_message(tmp_path: Path) -> None:
     tag = new_tag()
     script = tmp_path / "unguarded.py"
     script.write_text(SCRIPT + "\nmain()\n")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                          env=tagged_environment(tag))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=tagged_environment(tag)
+    )
     assert done.returncode != 0
     assert 'if __name__ == "__main__":' in done.stderr
     assert done.stderr.count("fedsim: a worker process was started while your script was being imported") <= 2
@@ -312,8 +379,17 @@ def test_class_from_an_interactive_session_goes_by_value() -> None:
 
 @pytest.mark.slow
 def test_sigterm_stops_the_cli_and_leaves_no_worker(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "fedsim", "executor=process", "executor.devices=cpu", "executor.workers=2",
-           "num_rounds=100000", "logger=quiet", f"hydra.run.dir={tmp_path}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedsim",
+        "executor=process",
+        "executor.devices=cpu",
+        "executor.workers=2",
+        "num_rounds=100000",
+        "logger=quiet",
+        f"hydra.run.dir={tmp_path}",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: (tmp_path / "metrics.jsonl").exists() and (tmp_path / "metrics.jsonl").stat().st_size > 0)
@@ -345,6 +421,7 @@ def _first_sampled_client() -> int:
 def test_no_shared_memory_files_left(tmp_path: Path) -> None:
     """torch names a shared-memory file torch_<pid of its creator>_...: only this process's and its workers' count
     (another program on the machine may be creating its own meanwhile)."""
+
     def ours(pids: set[int]) -> set[str]:
         names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
         return {name for name in names if name.startswith(tuple(f"torch_{pid}_" for pid in pids))}
@@ -354,5 +431,3 @@ def test_no_shared_memory_files_left(tmp_path: Path) -> None:
     pids = {os.getpid(), *worker_pids(tmp_path)}
     assert len(pids) == 3, pids
     assert not ours(pids) - before, ours(pids) - before
-
-

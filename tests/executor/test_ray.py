@@ -21,12 +21,12 @@ from ray import cloudpickle  # noqa: E402
 
 from fedsim.client.base import Client  # noqa: E402
 from fedsim.client.federation import make_clients  # noqa: E402
+from fedsim.core.types import ClientFailure, ClientUpdate, FitTask  # noqa: E402
 from fedsim.executor import RayExecutor, SerialExecutor  # noqa: E402
 from fedsim.executor.base import Workload  # noqa: E402
 from fedsim.executor.ray_executor import MISSING_RAY  # noqa: E402
 from fedsim.models import MLP2NN  # noqa: E402
 from fedsim.server.server import RoundFailedError  # noqa: E402
-from fedsim.core.types import ClientFailure, ClientUpdate, FitTask  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fault_clients  # noqa: E402
@@ -65,6 +65,7 @@ def test_simulated_clock_gives_serial_metrics_and_times() -> None:
     """A run with availability, over-selection and a deadline that drops and cuts clients (tests/sim/test_clock.py)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
     import test_clock as clocked
+
     from fedsim.cli.run import build_server, compose
 
     reference = build_server(compose(clocked.CLOCKED)).run()
@@ -73,9 +74,16 @@ def test_simulated_clock_gives_serial_metrics_and_times() -> None:
     assert torch.equal(result.params, reference.params)
 
 
-@pytest.mark.parametrize(("module", "settings"), [("test_fedbuff", "BUFFERED"), ("test_fedbuff", "COMPRESSED"),
-                                                  ("test_fedbuff_attacks", "ATTACKED"), ("test_fedbuff_availability", "AVAILABLE"),
-                                                  ("test_basgd", "ROBUST")])
+@pytest.mark.parametrize(
+    ("module", "settings"),
+    [
+        ("test_fedbuff", "BUFFERED"),
+        ("test_fedbuff", "COMPRESSED"),
+        ("test_fedbuff_attacks", "ATTACKED"),
+        ("test_fedbuff_availability", "AVAILABLE"),
+        ("test_basgd", "ROBUST"),
+    ],
+)
 def test_fedbuff_gives_serial_metrics_and_times(module: str, settings: str) -> None:
     """The asynchronous loop's batches (one per start version) run on Ray actors: same events, same weights; also
     with top-k and error feedback up and QSGD down, attacked by ALIE, with clients going offline, and with
@@ -98,6 +106,7 @@ def test_compression_gives_serial_weights_and_metrics() -> None:
     bytes and residuals on Ray actors."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
     import test_compressed_runs as compressed
+
     from fedsim.cli.run import build_server, compose
 
     reference = build_server(compose(compressed.STACKED)).run()
@@ -111,6 +120,7 @@ def test_central_dp_gives_serial_weights_metrics_and_epsilon() -> None:
     pytest.importorskip("dp_accounting")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "privacy"))
     import test_private_runs as private
+
     from fedsim.cli.run import build_server, compose
 
     reference = build_server(compose(private.ADAPTIVE)).run()
@@ -124,6 +134,7 @@ def test_local_dp_sgd_gives_serial_weights() -> None:
     pytest.importorskip("dp_accounting")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "privacy"))
     import test_local_dp as local
+
     from fedsim.cli.run import build_server, compose
 
     reference = build_server(compose(local.SHORT)).run()
@@ -137,6 +148,7 @@ def test_attacks_give_serial_weights(attack: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "attacks"))
     import test_attacked_runs as attacked
     import test_data_poisoning as poisoned
+
     from fedsim.cli.run import build_server, compose
 
     settings = attacked.ALIE if attack == "alie" else poisoned.BACKDOOR
@@ -154,13 +166,16 @@ def test_new_robust_rules_give_serial_weights(rule: str) -> None:
     import test_bulyan
     import test_fltrust
     import test_zeno
+
     from fedsim.cli.run import build_server, compose
 
     settings = {"fltrust": test_fltrust.ATTACKED, "bulyan": test_bulyan.ATTACKED, "zeno": test_zeno.ATTACKED}[rule]
     reference = build_server(compose(settings)).run()
     result = build_server(compose([*settings, "executor=ray", "executor.workers=2"])).run()
     assert torch.equal(result.params, reference.params)
-    assert [r["attack/malicious_selected"] for r in result.history] == [r["attack/malicious_selected"] for r in reference.history]
+    assert [r["attack/malicious_selected"] for r in result.history] == [
+        r["attack/malicious_selected"] for r in reference.history
+    ]
 
 
 def test_raising_client_is_reported_with_traceback_and_policy_applies() -> None:
@@ -187,7 +202,9 @@ def test_failure_carries_the_traceback() -> None:
 
 def test_sigkilled_actor_is_replaced_and_result_unchanged(tmp_path: Path) -> None:
     marker = tmp_path / "killed"
-    result = run(RayExecutor(workers=2), fault_clients.KillOnceClient, victim=_first_sampled_client(), marker=str(marker))
+    result = run(
+        RayExecutor(workers=2), fault_clients.KillOnceClient, victim=_first_sampled_client(), marker=str(marker)
+    )
     assert marker.exists(), "the victim never ran"
     assert not Path(f"/proc/{int(marker.read_text())}").exists()
     assert torch.equal(result.params, serial_reference())
@@ -203,7 +220,9 @@ def test_tasks_queued_behind_a_dying_client_are_not_charged_a_retry(tmp_path: Pa
     """One actor gets client 0 and, queued behind it, client 1; client 0 kills the actor. Client 1
     never started, so it is run again on the replacement without using up a retry."""
     data = _data()
-    kill = functools.partial(fault_clients.KillOnceClient, victim=0, marker=str(tmp_path / "killed"), epochs=1, batch_size=8)
+    kill = functools.partial(
+        fault_clients.KillOnceClient, victim=0, marker=str(tmp_path / "killed"), epochs=1, batch_size=8
+    )
     factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)
     params = torch.cat([p.detach().flatten() for p in factory().parameters()])
     tasks = [FitTask(0, 1, 10), FitTask(1, 1, 11)]
@@ -212,7 +231,9 @@ def test_tasks_queued_behind_a_dying_client_are_not_charged_a_retry(tmp_path: Pa
         dead, trained = executor.fit(params, tasks)
     assert isinstance(dead, ClientFailure) and "killed or crashed" in dead.error and dead.attempts == 1
     with SerialExecutor() as serial:
-        serial.start(Workload(factory, make_clients(data, functools.partial(Client, epochs=1, batch_size=8)), data.train))
+        serial.start(
+            Workload(factory, make_clients(data, functools.partial(Client, epochs=1, batch_size=8)), data.train)
+        )
         reference = serial.fit(params, tasks)[1]
     assert isinstance(trained, ClientUpdate) and torch.equal(trained.params, reference.params)
 
@@ -242,7 +263,9 @@ def test_actor_logs_are_tagged_and_prints_stay_out_of_ray_output(tmp_path: Path)
     # What an actor prints to its own stdout/stderr lands in Ray's worker-*.out/.err files, which
     # log_to_driver streams to the driver's console: none of the clients' prints may be there.
     ray_logs = Path(ray._private.worker._global_node.get_logs_dir_path())
-    streamed = "".join(p.read_text(errors="replace") for p in ray_logs.glob("worker-*.*") if p.suffix in (".out", ".err"))
+    streamed = "".join(
+        p.read_text(errors="replace") for p in ray_logs.glob("worker-*.*") if p.suffix in (".out", ".err")
+    )
     assert "hello from client" not in streamed
 
 
@@ -311,7 +334,9 @@ def test_actor_killed_by_rays_memory_monitor_is_reported_as_out_of_memory_and_re
     now, and a client that takes memory until Ray's memory monitor kills its actor."""
     script = tmp_path / "oom.py"
     script.write_text(OOM)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "hogged")], capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "hogged")], capture_output=True, text=True, timeout=180
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Ray worker r0 was killed by Ray's memory monitor: out of memory; replacing" in done.stdout, done.stdout
 
@@ -331,7 +356,11 @@ except ImportError as error:
 def test_missing_ray_gives_one_clear_line() -> None:
     done = subprocess.run([sys.executable, "-c", MISSING], capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stderr
-    assert done.stdout.strip() == MISSING_RAY == "executor=ray needs the ray package: pip install 'fedsim[ray]' (or pip install ray)"
+    assert (
+        done.stdout.strip()
+        == MISSING_RAY
+        == "executor=ray needs the ray package: pip install 'fedsim[ray]' (or pip install ray)"
+    )
 
 
 OWNED = """
@@ -390,6 +419,7 @@ def test_executor_that_starts_ray_shuts_it_down_and_leaves_nothing(tmp_path: Pat
 
 # --- issue #16's algorithms and every-client evaluation: Ray actors give the serial executor's answers -----------
 
+
 class _BatchNormMLP(torch.nn.Module):
     """A small MLP with BatchNorm (for FedBN) and a last layer of its own (for Ditto's and FedRep's heads)."""
 
@@ -414,8 +444,16 @@ def _algorithm_run(strategy, executor):  # type: ignore[no-untyped-def]
     # one batch per epoch (every client has fewer than 64 training examples): BatchNorm never sees a batch of one
     clients = make_clients(data, functools.partial(Client, epochs=2, batch_size=64))
     server = Server(
-        model_factory=_BatchNormMLP, clients=clients, train_data=data.train, test_data=data.test, strategy=strategy,
-        executor=executor, num_rounds=3, clients_per_round=4, seed=7, logger=RunLogger(None, progress=False),
+        model_factory=_BatchNormMLP,
+        clients=clients,
+        train_data=data.train,
+        test_data=data.test,
+        strategy=strategy,
+        executor=executor,
+        num_rounds=3,
+        clients_per_round=4,
+        seed=7,
+        logger=RunLogger(None, progress=False),
         client_eval=ClientEvaluation("all"),
     )
     result = server.run()
@@ -427,8 +465,14 @@ def _algorithm_run(strategy, executor):  # type: ignore[no-untyped-def]
 def _algorithms():  # type: ignore[no-untyped-def]
     from fedsim.strategy import QFFL, Ditto, FedBN, FedDyn, FedNova, FedRep
 
-    return {"fednova": FedNova, "feddyn": functools.partial(FedDyn, alpha=0.1), "fedbn": FedBN,
-            "ditto": Ditto, "fedrep": functools.partial(FedRep, head_epochs=1), "qffl": QFFL}
+    return {
+        "fednova": FedNova,
+        "feddyn": functools.partial(FedDyn, alpha=0.1),
+        "fedbn": FedBN,
+        "ditto": Ditto,
+        "fedrep": functools.partial(FedRep, head_epochs=1),
+        "qffl": QFFL,
+    }
 
 
 @pytest.mark.parametrize("name", ["fednova", "feddyn", "fedbn", "ditto", "fedrep", "qffl"])

@@ -4,8 +4,8 @@ over the nodes, and a node removed mid-round has its tasks re-run on the survivo
 from __future__ import annotations
 
 import logging
-import re
 import os
+import re
 import sys
 import threading
 import time
@@ -73,16 +73,23 @@ def test_node_lost_mid_round_reruns_its_tasks_on_the_survivor(two_nodes, tmp_pat
     remover = threading.Thread(target=_remove_when_marked, args=(cluster, second, marker, removed), daemon=True)
     remover.start()
     with caplog.at_level(logging.WARNING, logger="fedsim"):
-        result = run(RayExecutor(workers=2), fault_clients.NodeLossClient, victim_node=second.node_id,
-                     marker=str(marker), nodes_log=str(nodes_log))
+        result = run(
+            RayExecutor(workers=2),
+            fault_clients.NodeLossClient,
+            victim_node=second.node_id,
+            marker=str(marker),
+            nodes_log=str(nodes_log),
+        )
     remover.join(5)
     assert removed, "no client of round 2 ran on the second node"
     rows = [line.split() for line in nodes_log.read_text().splitlines()]
-    assert {node for round_num, _, node in rows if round_num == "1"} == {cluster.head_node.node_id, second.node_id}, \
+    assert {node for round_num, _, node in rows if round_num == "1"} == {cluster.head_node.node_id, second.node_id}, (
         "round 1 should use both nodes"
+    )
     victim = int(marker.read_text())
-    assert [node for round_num, cid, node in rows if round_num == "2" and int(cid) == victim][-1] == cluster.head_node.node_id, \
-        "the lost node's client is re-run on the survivor"
+    assert [node for round_num, cid, node in rows if round_num == "2" and int(cid) == victim][
+        -1
+    ] == cluster.head_node.node_id, "the lost node's client is re-run on the survivor"
     assert {node for round_num, _, node in rows if int(round_num) > 2} == {cluster.head_node.node_id}
     assert len(result.history) == ROUNDS
     assert re.search(rf"round 2 client {victim}: Ray worker r\d was lost with its node", caplog.text)

@@ -19,16 +19,15 @@ from ray import cloudpickle  # noqa: E402
 from fedsim.client.base import Client  # noqa: E402
 from fedsim.client.federation import make_clients  # noqa: E402
 from fedsim.core.errors import WorkerStartupError  # noqa: E402
+from fedsim.core.types import FitTask  # noqa: E402
 from fedsim.executor import RayExecutor, SerialExecutor  # noqa: E402
 from fedsim.executor.base import MAX_FAILED_STARTS, Workload  # noqa: E402
 from fedsim.models import MLP2NN  # noqa: E402
-from fedsim.core.types import FitTask  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fault_clients  # noqa: E402
-from test_process import _data  # noqa: E402
-
 from own_processes import live_tagged, new_tag, tagged_environment  # noqa: E402
+from test_process import _data  # noqa: E402
 
 cloudpickle.register_pickle_by_value(fault_clients)  # Ray workers do not share this test's sys.path
 KILL_LOOP = Path(__file__).parents[2] / "experiments" / "faults" / "kill_loop.py"
@@ -41,9 +40,26 @@ def test_killing_a_ray_worker_every_second_never_hangs() -> None:
     before this module's Ray starts. The script's Ray (its daemons and workers carry the test's tag in their
     environment) leaves no process behind; any other Ray on the machine is none of this test's business."""
     tag = new_tag()
-    proc = subprocess.Popen([sys.executable, str(KILL_LOOP), "--executor", "ray", "--repeats", "1", "--kills", "3",
-                             "--interval", "0.5", "--rounds", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=tagged_environment(tag))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(KILL_LOOP),
+            "--executor",
+            "ray",
+            "--repeats",
+            "1",
+            "--kills",
+            "3",
+            "--interval",
+            "0.5",
+            "--rounds",
+            "20",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=tagged_environment(tag),
+    )
     try:
         out, err = proc.communicate(timeout=300)  # a hang fails here
     finally:
@@ -63,7 +79,9 @@ def _fit(executor, factory) -> list:  # type: ignore[no-untyped-def]
     data = _data()
     clients = make_clients(data, functools.partial(Client, epochs=1, batch_size=8))
     torch.manual_seed(0)
-    params = torch.cat([p.detach().flatten() for p in MLP2NN(input_shape=(60,), num_classes=10, hidden=32).parameters()])
+    params = torch.cat(
+        [p.detach().flatten() for p in MLP2NN(input_shape=(60,), num_classes=10, hidden=32).parameters()]
+    )
     with executor:
         executor.start(Workload(factory, clients, data.train))
         return executor.fit(params, TASKS)
@@ -87,8 +105,10 @@ def test_actor_killed_at_every_start_stops_with_one_line(local_ray, tmp_path: Pa
         _fit(RayExecutor(workers=1), factory)
     message = str(raised.value)
     assert "\n" not in message
-    assert message == ("Ray worker r0 was killed or crashed (possibly out of memory; Ray does not say which signal) "
-                       f"before it could train ({MAX_FAILED_STARTS} failed starts in a row)")
+    assert message == (
+        "Ray worker r0 was killed or crashed (possibly out of memory; Ray does not say which signal) "
+        f"before it could train ({MAX_FAILED_STARTS} failed starts in a row)"
+    )
     assert marker.read_text() == str(MAX_FAILED_STARTS)
 
 
@@ -97,5 +117,6 @@ def test_actor_whose_constructor_raises_stops_at_once(local_ray, tmp_path: Path)
     with pytest.raises(WorkerStartupError) as raised:
         _fit(RayExecutor(workers=2), fault_clients.mlp_that_cannot_import)
     assert str(raised.value) in {
-        f"Ray worker {name} could not start: ModuleNotFoundError: No module named 'fedsim_no_such_module'" for name in ("r0", "r1")
+        f"Ray worker {name} could not start: ModuleNotFoundError: No module named 'fedsim_no_such_module'"
+        for name in ("r0", "r1")
     }

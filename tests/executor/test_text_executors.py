@@ -21,14 +21,14 @@ import torch
 
 from fedsim.client.base import Client
 from fedsim.client.federation import FederatedData, federate, make_clients
+from fedsim.core.params import flatten
 from fedsim.data.leaf import shakespeare
 from fedsim.data.partition import natural
-from fedsim.data.text import NUM_CHARACTER_IDS
 from fedsim.data.tensor_data import DataSplit
+from fedsim.data.text import NUM_CHARACTER_IDS
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
-from fedsim.observe.run_logger import RunLogger
 from fedsim.models.text import BagOfWords, CharLSTM, SentimentLSTM
-from fedsim.core.params import flatten
+from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RunResult, Server
 from fedsim.strategy import FedAvg
 
@@ -55,8 +55,12 @@ def token_split(vocab: int, num_classes: int, padded: bool, seed: int = 0) -> Da
     owners = np.repeat(np.arange(4), TRAIN_SIZES)
     test_owners = np.repeat(np.arange(4), TEST_SIZES)
     return DataSplit.from_arrays(
-        rows(len(owners)), rng.integers(0, num_classes, len(owners)), rows(len(test_owners)),
-        rng.integers(0, num_classes, len(test_owners)), num_classes=num_classes, client_ids=owners,
+        rows(len(owners)),
+        rng.integers(0, num_classes, len(owners)),
+        rows(len(test_owners)),
+        rng.integers(0, num_classes, len(test_owners)),
+        num_classes=num_classes,
+        client_ids=owners,
         test_client_ids=test_owners,
     )
 
@@ -71,7 +75,7 @@ def shakespeare_split() -> DataSplit:
     return shakespeare(root=_LEAF_DIR.name, seq_length=SEQ_LEN)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def federation(padded: bool) -> FederatedData:
     split = token_split(WORDS, 2, padded=True) if padded else shakespeare_split()
     return federate(split, functools.partial(natural), client_test_fraction=0.0, seed=0)
@@ -79,10 +83,16 @@ def federation(padded: bool) -> FederatedData:
 
 MODELS = {
     "char_lstm": (False, functools.partial(CharLSTM, input_shape=(SEQ_LEN,), num_classes=NUM_CHARACTER_IDS, hidden=16)),
-    "sent_lstm": (True, functools.partial(SentimentLSTM, input_shape=(SEQ_LEN,), num_classes=2, vocab_size=WORDS,
-                                          embed_dim=8, hidden=12, fc_units=10)),
-    "bag_of_words": (True, functools.partial(BagOfWords, input_shape=(SEQ_LEN,), num_classes=2, vocab_size=WORDS,
-                                             embed_dim=8)),
+    "sent_lstm": (
+        True,
+        functools.partial(
+            SentimentLSTM, input_shape=(SEQ_LEN,), num_classes=2, vocab_size=WORDS, embed_dim=8, hidden=12, fc_units=10
+        ),
+    ),
+    "bag_of_words": (
+        True,
+        functools.partial(BagOfWords, input_shape=(SEQ_LEN,), num_classes=2, vocab_size=WORDS, embed_dim=8),
+    ),
 }
 
 
@@ -93,14 +103,21 @@ def run(executor, model: str = "char_lstm", rounds: int = ROUNDS, spec: tuple | 
     sgd = functools.partial(torch.optim.SGD, lr=0.5)
     client = functools.partial(Client, epochs=EPOCHS, batch_size=BATCH, optimizer=sgd)
     server = Server(
-        model_factory=factory, clients=make_clients(data, client), train_data=data.train, test_data=data.test,
-        strategy=FedAvg(), executor=executor, num_rounds=rounds,
-        clients_per_round=PER_ROUND, seed=7, logger=RunLogger(None, tensorboard=False, progress=False),
+        model_factory=factory,
+        clients=make_clients(data, client),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=FedAvg(),
+        executor=executor,
+        num_rounds=rounds,
+        clients_per_round=PER_ROUND,
+        seed=7,
+        logger=RunLogger(None, tensorboard=False, progress=False),
     )
     return server.run()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def serial_reference(model: str) -> RunResult:
     return run(SerialExecutor(), model)
 
@@ -161,11 +178,15 @@ def test_frozen_glove_is_read_by_every_worker_and_not_federated(tmp_path: Path) 
     executor still gives the serial weights bit for bit, and vmap (which reads the table as a fixed buffer) matches."""
     rng = np.random.default_rng(1)
     glove = tmp_path / "glove.txt"
-    glove.write_text("".join(f"w{i} " + " ".join(f"{v:.5f}" for v in rng.normal(size=6)) + "\n" for i in range(WORDS - 2)))
-    factory = functools.partial(SentimentLSTM, input_shape=(SEQ_LEN,), num_classes=2, glove=str(glove), hidden=8,
-                                fc_units=6)
-    learned = functools.partial(SentimentLSTM, input_shape=(SEQ_LEN,), num_classes=2, vocab_size=WORDS, embed_dim=6,
-                                hidden=8, fc_units=6)
+    glove.write_text(
+        "".join(f"w{i} " + " ".join(f"{v:.5f}" for v in rng.normal(size=6)) + "\n" for i in range(WORDS - 2))
+    )
+    factory = functools.partial(
+        SentimentLSTM, input_shape=(SEQ_LEN,), num_classes=2, glove=str(glove), hidden=8, fc_units=6
+    )
+    learned = functools.partial(
+        SentimentLSTM, input_shape=(SEQ_LEN,), num_classes=2, vocab_size=WORDS, embed_dim=6, hidden=8, fc_units=6
+    )
     assert flatten(factory()).numel() == flatten(learned()).numel() - WORDS * 6
     serial = run(SerialExecutor(), spec=(True, factory))
     process = run(ProcessExecutor(devices="cpu", workers=2), spec=(True, factory))

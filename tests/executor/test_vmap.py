@@ -11,21 +11,21 @@ import pytest
 import torch
 from torch import nn
 
+from fedsim.cli.run import build_data, compose, run_config
 from fedsim.client.base import Client
 from fedsim.client.federation import FederatedData, federate, make_clients
+from fedsim.core.params import flatten
+from fedsim.core.types import ClientFailure, ClientUpdate, FitTask
 from fedsim.data.partition import lognormal, natural
 from fedsim.data.synthetic import synthetic
 from fedsim.data.tensor_data import DataSplit, TensorData
 from fedsim.executor import SerialExecutor, VmapExecutor, VmapUnsupportedError, Workload
 from fedsim.executor.vmap import auto_chunk_size
+from fedsim.models import MLP2NN, LogisticRegression, McMahanCNN
 from fedsim.observe.run_logger import RunLogger
-from fedsim.models import LogisticRegression, McMahanCNN, MLP2NN
-from fedsim.core.params import flatten
-from fedsim.cli.run import build_data, compose, run_config
 from fedsim.server.server import RunResult, Server
 from fedsim.server.stragglers import Stragglers
 from fedsim.strategy import FedAvg, FedProx, LocalTraining, Scaffold
-from fedsim.core.types import ClientFailure, ClientUpdate, FitTask
 
 UNIT_ROUNDOFF = 2.0**-24  # float32
 
@@ -54,7 +54,12 @@ def model_tolerance(model: str) -> float:
 @functools.lru_cache(maxsize=1)
 def vector_data() -> FederatedData:
     """FedProx's Synthetic(1,1): 8 devices of unequal sizes (20–60 examples), 60 features."""
-    return federate(synthetic(num_devices=8, min_size=20, size_sigma_log=0.5, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+    return federate(
+        synthetic(num_devices=8, min_size=20, size_sigma_log=0.5, max_size=60, seed=3),
+        natural,
+        client_test_fraction=0.2,
+        seed=0,
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,7 +70,9 @@ def image_data() -> FederatedData:
     x = torch.rand(160, 1, 12, 12, generator=g)
     y = ((x.flatten(1) - 0.5) @ torch.randn(144, 10, generator=g)).argmax(1)
     split = DataSplit(train=TensorData(x[:120], y[:120], 10), test=TensorData(x[120:], y[120:], 10))
-    return federate(split, functools.partial(lognormal, num_clients=6, sigma=0.8, min_size=10), client_test_fraction=0.0, seed=1)
+    return federate(
+        split, functools.partial(lognormal, num_clients=6, sigma=0.8, min_size=10), client_test_fraction=0.0, seed=1
+    )
 
 
 MODELS = {
@@ -75,15 +82,30 @@ MODELS = {
 }
 
 
-def run(executor, model: str = "2nn", strategy=None, optimizer=None, stragglers=None, rounds: int = 3, client_cls=Client,
-        per_round: int = 4) -> RunResult:
+def run(
+    executor,
+    model: str = "2nn",
+    strategy=None,
+    optimizer=None,
+    stragglers=None,
+    rounds: int = 3,
+    client_cls=Client,
+    per_round: int = 4,
+) -> RunResult:
     data_fn, model_factory = MODELS[model]
     data = data_fn()
     kwargs = {"epochs": 2, "batch_size": 8} | ({"optimizer": optimizer} if optimizer else {})
     server = Server(
-        model_factory=model_factory, clients=make_clients(data, functools.partial(client_cls, **kwargs)),
-        train_data=data.train, test_data=data.test, strategy=strategy or FedAvg(), executor=executor,
-        num_rounds=rounds, clients_per_round=per_round, seed=7, stragglers=stragglers,
+        model_factory=model_factory,
+        clients=make_clients(data, functools.partial(client_cls, **kwargs)),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=strategy or FedAvg(),
+        executor=executor,
+        num_rounds=rounds,
+        clients_per_round=per_round,
+        seed=7,
+        stragglers=stragglers,
         logger=RunLogger(None, tensorboard=False, progress=False),
     )
     return server.run()
@@ -97,7 +119,9 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_matches_serial_with_unequal_clients(model: str) -> None:
     serial, vmapped = run(SerialExecutor(), model), run(VmapExecutor(chunk_size=3), model)
     assert relative_error(vmapped.params, serial.params) <= model_tolerance(model)
-    assert not torch.equal(vmapped.params, run(SerialExecutor(), model, rounds=2).params), "training must move the weights"
+    assert not torch.equal(vmapped.params, run(SerialExecutor(), model, rounds=2).params), (
+        "training must move the weights"
+    )
     sizes = {c["num_examples"] for r in serial.history for c in r["clients"]}
     assert len(sizes) > 1, "the federation should have clients of different sizes"
 
@@ -120,7 +144,9 @@ def test_scaffold_matches_serial(model: str) -> None:
     serial, vmapped = run(SerialExecutor(), model, Scaffold()), run(VmapExecutor(), model, Scaffold())
     error = relative_error(vmapped.params, serial.params)
     assert error <= model_tolerance(model)
-    assert relative_error(run(VmapExecutor(), model).params, serial.params) > max(100 * error, 1e-6), "the correction must matter"
+    assert relative_error(run(VmapExecutor(), model).params, serial.params) > max(100 * error, 1e-6), (
+        "the correction must matter"
+    )
 
 
 @pytest.mark.parametrize(
@@ -142,7 +168,9 @@ def fit_directly(executor, tasks: list[FitTask], optimizer=None) -> list:
     data = vector_data()
     factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=16)
     kwargs = {"optimizer": optimizer} if optimizer else {}
-    executor.start(Workload(factory, make_clients(data, functools.partial(Client, epochs=2, batch_size=8, **kwargs)), data.train))
+    executor.start(
+        Workload(factory, make_clients(data, functools.partial(Client, epochs=2, batch_size=8, **kwargs)), data.train)
+    )
     torch.manual_seed(0)  # the same initial global weights for every executor
     try:
         return executor.fit(flatten(factory()), tasks)
@@ -150,18 +178,35 @@ def fit_directly(executor, tasks: list[FitTask], optimizer=None) -> list:
         executor.close()
 
 
-@pytest.mark.parametrize("optimizer", [None, functools.partial(torch.optim.SGD, lr=0.02, momentum=0.9, nesterov=True),
-                                       functools.partial(torch.optim.Adam, lr=0.01)], ids=["sgd", "nesterov", "adam"])
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        None,
+        functools.partial(torch.optim.SGD, lr=0.02, momentum=0.9, nesterov=True),
+        functools.partial(torch.optim.Adam, lr=0.01),
+    ],
+    ids=["sgd", "nesterov", "adam"],
+)
 def test_client_updates_and_metrics_match_serial(optimizer) -> None:
     """Per-client: weights, example counts, steps, per-epoch losses, with epochs and batch sizes differing
     per client and one client with far more steps than the rest (its tail runs eagerly, continuing the
     vectorised optimizer's state)."""
-    configs = [{}, {"epochs": 1}, {"batch_size": 5}, {"epochs": 3, "batch_size": 16, "lr": 0.05}, {"epochs": 9, "batch_size": 2}]
+    configs = [
+        {},
+        {"epochs": 1},
+        {"batch_size": 5},
+        {"epochs": 3, "batch_size": 16, "lr": 0.05},
+        {"epochs": 9, "batch_size": 2},
+    ]
     tasks = [FitTask(client_id=c, round_num=1, seed=100 + c, config=configs[c % 5]) for c in range(8)]
     serial = fit_directly(SerialExecutor(), tasks, optimizer)
     vmapped = fit_directly(VmapExecutor(chunk_size=5), tasks, optimizer)
     for s, v in zip(serial, vmapped):
-        assert (s.client_id, s.num_examples, s.metrics["local_steps"]) == (v.client_id, v.num_examples, v.metrics["local_steps"])
+        assert (s.client_id, s.num_examples, s.metrics["local_steps"]) == (
+            v.client_id,
+            v.num_examples,
+            v.metrics["local_steps"],
+        )
         assert v.metrics["lr"] == pytest.approx(s.metrics["lr"], rel=1e-7)  # float32 in the stacked hyper-parameters
         # one round; the longest chain is the client with 9 epochs of batch size 2 (9 × ceil(38 / 2) steps)
         assert relative_error(v.params, s.params) <= tolerance(9 * 19, 60)
@@ -196,7 +241,9 @@ class ScaledLrClient(Client):
 def test_per_client_make_optimizer_is_honoured() -> None:
     shared = functools.partial(torch.optim.SGD, lr=0.01)  # one factory object for every client, as Hydra builds it
     serial = run(SerialExecutor(), "2nn", client_cls=ScaledLrClient, optimizer=shared)
-    vmapped = run(VmapExecutor(), "2nn", client_cls=ScaledLrClient, optimizer=shared)  # one chunk of 4: vectorised steps first
+    vmapped = run(
+        VmapExecutor(), "2nn", client_cls=ScaledLrClient, optimizer=shared
+    )  # one chunk of 4: vectorised steps first
     assert relative_error(vmapped.params, serial.params) <= TOLERANCE
     assert relative_error(vmapped.params, run(VmapExecutor(), "2nn", optimizer=shared).params) > 10 * TOLERANCE
 
@@ -280,7 +327,9 @@ def test_a_vector_that_is_not_model_sized_fails_the_chunk_with_a_clear_message()
     factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=8)
     executor = VmapExecutor()
     executor.start(Workload(factory, make_clients(data, Client), data.train, local=VectorTerm()))
-    tasks = [FitTask(client_id=c, round_num=1, seed=c, config={"pull": np.zeros(5, dtype=np.float32)}) for c in range(3)]
+    tasks = [
+        FitTask(client_id=c, round_num=1, seed=c, config={"pull": np.zeros(5, dtype=np.float32)}) for c in range(3)
+    ]
     results = executor.fit(flatten(factory()), tasks)
     assert all(isinstance(r, ClientFailure) for r in results)
     assert "config entry 'pull' has sizes [5] in one round" in results[0].error
@@ -302,11 +351,23 @@ def start(model_factory=None, client_cls=Client, optimizer=None, local=None) -> 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"model_factory": BatchNormNet}, r"cannot train BatchNorm \(body.1: BatchNorm1d\); use GroupNorm .* or executor=process"),
+        (
+            {"model_factory": BatchNormNet},
+            r"cannot train BatchNorm \(body.1: BatchNorm1d\); use GroupNorm .* or executor=process",
+        ),
         ({"model_factory": DropoutNet}, r"draws random numbers \(e.g. dropout\); use executor=process"),
-        ({"client_cls": CustomLossClient}, r"CustomLossClient.loss \(a custom loss\).*override per_example_loss instead, or use executor=process"),
-        ({"optimizer": functools.partial(torch.optim.AdamW, lr=0.01)}, r"SGD .* or Adam, not AdamW; use executor=process"),
-        ({"local": EagerOnlyTerm()}, r"client half EagerOnlyTerm: it has no functional_term\(\) .*use executor=process"),
+        (
+            {"client_cls": CustomLossClient},
+            r"CustomLossClient.loss \(a custom loss\).*override per_example_loss instead, or use executor=process",
+        ),
+        (
+            {"optimizer": functools.partial(torch.optim.AdamW, lr=0.01)},
+            r"SGD .* or Adam, not AdamW; use executor=process",
+        ),
+        (
+            {"local": EagerOnlyTerm()},
+            r"client half EagerOnlyTerm: it has no functional_term\(\) .*use executor=process",
+        ),
     ],
     ids=["batchnorm", "dropout", "custom_loss", "adamw", "client_half_without_functional_term"],
 )

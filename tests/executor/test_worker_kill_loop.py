@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from own_processes import live_tagged, new_tag, tagged_environment
 
 SCRIPT = Path(__file__).parents[2] / "experiments" / "faults" / "kill_loop.py"
@@ -22,9 +21,13 @@ def test_killing_a_worker_every_second_never_hangs() -> None:
     """Five kills, one every half second, of a 20-round run: the run ends bitwise equal to serial or with one line,
     and none of the processes it started (tagged through their environment) outlives it."""
     tag = new_tag()
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--repeats", "1", "--kills", "5", "--interval", "0.5",
-                             "--rounds", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=tagged_environment(tag))
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--repeats", "1", "--kills", "5", "--interval", "0.5", "--rounds", "20"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=tagged_environment(tag),
+    )
     try:
         out, err = proc.communicate(timeout=240)  # a hang fails here
     finally:

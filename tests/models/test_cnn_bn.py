@@ -12,9 +12,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent.parent))
 import vision_files  # noqa: E402
 
+from fedsim.cli.run import build_server, compose  # noqa: E402
 from fedsim.executor import VmapUnsupportedError  # noqa: E402
 from fedsim.models import CNNBatchNorm, McMahanCNN  # noqa: E402
-from fedsim.cli.run import build_server, compose  # noqa: E402
 
 MNIST = (1, 28, 28)
 CIFAR = (3, 32, 32)
@@ -62,7 +62,8 @@ def test_image_shape_checks_name_the_model() -> None:
     with pytest.raises(ValueError) as info:
         CNNBatchNorm((60,), 10)
     assert str(info.value) == (
-        "model=cnn_bn needs image inputs (C, H, W) but the data gives (60,); use model=logreg or model=mlp")
+        "model=cnn_bn needs image inputs (C, H, W) but the data gives (60,); use model=logreg or model=mlp"
+    )
     with pytest.raises(ValueError, match="model=cnn_bn: images of shape"):
         CNNBatchNorm((1, 3, 3), 10)
 
@@ -89,8 +90,18 @@ def test_sgd_steps_reduce_loss_and_move_the_running_statistics() -> None:
 
 def test_vmap_refuses_it_in_one_line_before_any_work(tmp_path: Path) -> None:
     vision_files.write_mnist(tmp_path / "mnist", n_train=20, n_test=10)
-    cfg = compose(["model=cnn_bn", "data=mnist", f"data.root={tmp_path / 'mnist'}", "partition.num_clients=2",
-                   "clients_per_round=2", "executor=vmap", "num_rounds=1", "logger.progress=false"])
+    cfg = compose(
+        [
+            "model=cnn_bn",
+            "data=mnist",
+            f"data.root={tmp_path / 'mnist'}",
+            "partition.num_clients=2",
+            "clients_per_round=2",
+            "executor=vmap",
+            "num_rounds=1",
+            "logger.progress=false",
+        ]
+    )
     with pytest.raises(VmapUnsupportedError) as info:
         build_server(cfg)  # the command line prints this message as `fedsim: error: ...`, exit status 2
     message = str(info.value)

@@ -8,11 +8,11 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
+from fedsim.cli.run import compose
 from fedsim.client.base import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import VmapExecutor, VmapUnsupportedError, Workload
 from fedsim.models.leaf_cnn import CelebaCNN, FemnistCNN
-from fedsim.cli.run import compose
 
 
 def _num_params(model: torch.nn.Module) -> int:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedsim.models import CifarCNN, LogisticRegression, McMahanCNN, MLP2NN, ResNet18GN
+from fedsim.models import MLP2NN, CifarCNN, LogisticRegression, McMahanCNN, ResNet18GN
 from fedsim.models.emnist_cnn import EmnistCNN
 
 MNIST = (1, 28, 28)
@@ -72,9 +72,7 @@ def test_mcmahan_cnn_dense_input_is_computed() -> None:
     ("cls", "name"), [(McMahanCNN, "cnn"), (CifarCNN, "cifar_cnn"), (ResNet18GN, "resnet18"), (EmnistCNN, "emnist_cnn")]
 )
 def test_image_models_reject_flat_inputs(cls: type[nn.Module], name: str) -> None:
-    expected = (
-        f"model={name} needs image inputs (C, H, W) but the data gives (60,); use model=logreg or model=mlp"
-    )
+    expected = f"model={name} needs image inputs (C, H, W) but the data gives (60,); use model=logreg or model=mlp"
     with pytest.raises(ValueError) as info:
         cls((60,), 10)
     assert str(info.value) == expected

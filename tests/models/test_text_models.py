@@ -9,9 +9,9 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from fedsim.models.text import BagOfWords, CharLSTM, SentimentLSTM, last_token_index, read_glove
-from fedsim.core.params import flatten
 from fedsim.cli.run import compose, run_config
+from fedsim.core.params import flatten
+from fedsim.models.text import BagOfWords, CharLSTM, SentimentLSTM, last_token_index, read_glove
 
 
 def padded_rows(vocab: int, lengths: list[int], width: int = 25, seed: int = 0) -> torch.Tensor:
@@ -151,8 +151,11 @@ def test_fine_tuned_glove_is_a_federated_parameter(tmp_path: Path) -> None:
 def test_vocab_size_reads_that_many_glove_words_and_refuses_more_than_the_file_has(tmp_path: Path) -> None:
     write_glove(tmp_path / "glove.txt", [f"w{i}" for i in range(8)], dim=3)
     assert SentimentLSTM((25,), 2, glove=str(tmp_path / "glove.txt"), vocab_size=6).embedding.table.shape == (6, 3)
-    with pytest.raises(ValueError, match=r"model=sent_lstm: GloVe file .*glove.txt has 8 words but vocab_size is 20 .*"
-                                         r"set model.vocab_size=10 \(or null\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"model=sent_lstm: GloVe file .*glove.txt has 8 words but vocab_size is 20 .*"
+        r"set model.vocab_size=10 \(or null\)",
+    ):
         SentimentLSTM((25,), 2, glove=str(tmp_path / "glove.txt"), vocab_size=20)
 
 
@@ -220,10 +223,25 @@ def test_char_lstm_runs_from_the_command_line_on_token_arrays(tmp_path: Path) ->
     """An .npz of integer windows (kept as int64 ids) with per-user rows, through Hydra: model=char_lstm."""
     rng = np.random.default_rng(0)
     owners = np.repeat(np.arange(3), [12, 9, 15])
-    np.savez(tmp_path / "chars.npz", x_train=rng.integers(0, 10, (36, 8)), y_train=rng.integers(0, 10, 36),
-             x_test=rng.integers(0, 10, (6, 8)), y_test=rng.integers(0, 10, 6), client_ids=owners,
-             test_client_ids=np.repeat(np.arange(3), 2))
-    overrides = ["data=npz", f"data.path={tmp_path / 'chars.npz'}", "data.num_classes=10", "partition=natural",
-                 "model=char_lstm", "model.hidden=8", "num_rounds=1", "clients_per_round=3", "logger=quiet"]
+    np.savez(
+        tmp_path / "chars.npz",
+        x_train=rng.integers(0, 10, (36, 8)),
+        y_train=rng.integers(0, 10, 36),
+        x_test=rng.integers(0, 10, (6, 8)),
+        y_test=rng.integers(0, 10, 6),
+        client_ids=owners,
+        test_client_ids=np.repeat(np.arange(3), 2),
+    )
+    overrides = [
+        "data=npz",
+        f"data.path={tmp_path / 'chars.npz'}",
+        "data.num_classes=10",
+        "partition=natural",
+        "model=char_lstm",
+        "model.hidden=8",
+        "num_rounds=1",
+        "clients_per_round=3",
+        "logger=quiet",
+    ]
     result = run_config(compose(overrides), tmp_path / "run")
     assert torch.isfinite(result.params).all() and (tmp_path / "run" / "summary.json").exists()

@@ -18,7 +18,9 @@ def _library_epsilon(q: float, z: float, rounds: int, delta: float) -> float:
     return accountant.get_epsilon(delta)
 
 
-@pytest.mark.parametrize(("q", "z", "rounds", "delta"), [(0.01, 4.0, 10_000, 1e-5), (1 / 3, 1.0, 30, 1e-5), (0.1, 0.8, 200, 1e-6)])
+@pytest.mark.parametrize(
+    ("q", "z", "rounds", "delta"), [(0.01, 4.0, 10_000, 1e-5), (1 / 3, 1.0, 30, 1e-5), (0.1, 0.8, 200, 1e-6)]
+)
 def test_epsilon_is_the_librarys_own_value(q: float, z: float, rounds: int, delta: float) -> None:
     ledger = PrivacyLedger(q, z, delta)
     assert ledger.epsilon(rounds) == pytest.approx(_library_epsilon(q, z, rounds, delta), rel=1e-12)

@@ -9,13 +9,23 @@ import numpy as np
 import pytest
 import torch
 
+from fedsim.core.seeding import dp_seed
 from fedsim.privacy.central import CentralDP
 from fedsim.privacy.sampling import poisson_sample
-from fedsim.core.seeding import dp_seed
 
 
-def _mean(dp: CentralDP, params: list[torch.Tensor], *, seed: int = 0, round_num: int = 1, expected: float = 2.0, clip: float = 1.0):
-    return dp.noisy_mean(seed, round_num, torch.zeros(params[0].numel()) if params else torch.zeros(2), params, expected, clip)
+def _mean(
+    dp: CentralDP,
+    params: list[torch.Tensor],
+    *,
+    seed: int = 0,
+    round_num: int = 1,
+    expected: float = 2.0,
+    clip: float = 1.0,
+):
+    return dp.noisy_mean(
+        seed, round_num, torch.zeros(params[0].numel()) if params else torch.zeros(2), params, expected, clip
+    )
 
 
 def test_updates_are_clipped_to_the_norm_and_divided_by_the_expected_cohort() -> None:
@@ -38,7 +48,9 @@ def test_noise_has_std_z_times_c_over_m_and_depends_on_seed_and_round_only() -> 
 
 
 def test_adaptive_clipping_moves_the_norm_geometrically_toward_the_target_quantile() -> None:
-    dp = CentralDP(noise_multiplier=1.0, clip_norm=1.0, adaptive=True, target_quantile=0.5, clip_lr=0.2, count_noise=0.8)
+    dp = CentralDP(
+        noise_multiplier=1.0, clip_norm=1.0, adaptive=True, target_quantile=0.5, clip_lr=0.2, count_noise=0.8
+    )
     # expected 4, three of four updates within the clip norm: b̃ = (3 − 4/2 + 0.8·n)/4 + 1/2, n the round's first
     # standard normal draw from the generator seeded by (seed, round)
     n = float(torch.randn((), generator=torch.Generator().manual_seed(dp_seed(0, 1)), dtype=torch.float64))
@@ -53,7 +65,7 @@ def test_adaptive_clipping_raises_the_update_noise_so_the_total_is_z() -> None:
     dp = CentralDP(noise_multiplier=1.0, clip_norm=1.0, adaptive=True, count_noise=1.0)
     z_update = dp.update_multiplier(10.0)
     assert z_update == pytest.approx((1 - 1 / 4) ** -0.5)
-    assert (z_update ** -2 + (2 * 1.0) ** -2) ** -0.5 == pytest.approx(1.0)  # the two releases compose to z
+    assert (z_update**-2 + (2 * 1.0) ** -2) ** -0.5 == pytest.approx(1.0)  # the two releases compose to z
     with pytest.raises(ValueError, match=r"dp.count_noise=0.5 is too small for noise_multiplier=2.0.*e.g. 2$"):
         CentralDP(noise_multiplier=2.0, clip_norm=1.0, adaptive=True, count_noise=0.5).update_multiplier(10.0)
 
@@ -70,12 +82,15 @@ def test_poisson_sampling_takes_each_client_with_the_rate_independently() -> Non
     assert 0 in sizes or min(sizes) <= 1
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"noise_multiplier": 0.0, "clip_norm": 1.0}, "dp.noise_multiplier must be > 0"),
-    ({"noise_multiplier": 1.0, "clip_norm": -1.0}, "dp.clip_norm must be > 0"),
-    ({"noise_multiplier": 1.0, "clip_norm": 1.0, "delta": 1.0}, "dp.delta must be in (0, 1)"),
-    ({"noise_multiplier": 1.0, "clip_norm": 1.0, "epsilon_max": 0}, "dp.epsilon_max must be > 0 or null"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"noise_multiplier": 0.0, "clip_norm": 1.0}, "dp.noise_multiplier must be > 0"),
+        ({"noise_multiplier": 1.0, "clip_norm": -1.0}, "dp.clip_norm must be > 0"),
+        ({"noise_multiplier": 1.0, "clip_norm": 1.0, "delta": 1.0}, "dp.delta must be in (0, 1)"),
+        ({"noise_multiplier": 1.0, "clip_norm": 1.0, "epsilon_max": 0}, "dp.epsilon_max must be > 0 or null"),
+    ],
+)
 def test_bad_settings_are_refused_in_one_line(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         CentralDP(**kwargs)
@@ -83,5 +98,7 @@ def test_bad_settings_are_refused_in_one_line(kwargs: dict, message: str) -> Non
 
 def test_the_clients_weights_are_left_as_they_were_even_in_float64() -> None:
     weights = torch.ones(4, dtype=torch.float64)
-    CentralDP(noise_multiplier=1.0, clip_norm=1.0).noisy_mean(0, 1, torch.full((4,), 0.25, dtype=torch.float64), [weights], 1.0, 1.0)
+    CentralDP(noise_multiplier=1.0, clip_norm=1.0).noisy_mean(
+        0, 1, torch.full((4,), 0.25, dtype=torch.float64), [weights], 1.0, 1.0
+    )
     assert weights.tolist() == [1.0] * 4

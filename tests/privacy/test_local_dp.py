@@ -11,11 +11,18 @@ from torch import nn
 
 pytest.importorskip("dp_accounting")
 
+from fedsim.cli.run import build_server, compose  # noqa: E402
 from fedsim.privacy.accountant import PrivacyLedger  # noqa: E402
 from fedsim.privacy.local import DPSGDClient  # noqa: E402
-from fedsim.cli.run import build_server, compose  # noqa: E402
 
-SHORT = ["num_rounds=3", "logger=quiet", "clients_per_round=4", "eval_every=3", "client=dpsgd", "client.sampling_rate=0.25"]
+SHORT = [
+    "num_rounds=3",
+    "logger=quiet",
+    "clients_per_round=4",
+    "eval_every=3",
+    "client=dpsgd",
+    "client.sampling_rate=0.25",
+]
 
 
 def test_the_private_gradient_is_the_noisy_mean_of_clipped_per_example_gradients() -> None:
@@ -56,7 +63,9 @@ def test_each_clients_epsilon_is_the_librarys_for_its_poisson_steps(local_refere
     steps = server.local_dp.steps
     assert set(steps.values()) <= {4, 8, 12} and max(steps.values()) == result.history[-1]["dp/local_steps_max"]
     accountant = dp_accounting.rdp.RdpAccountant()
-    accountant.compose(dp_accounting.PoissonSampledDpEvent(0.25, dp_accounting.GaussianDpEvent(1.0)), max(steps.values()))
+    accountant.compose(
+        dp_accounting.PoissonSampledDpEvent(0.25, dp_accounting.GaussianDpEvent(1.0)), max(steps.values())
+    )
     assert result.history[-1]["dp/local_epsilon_max"] == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-12)
     assert result.history[-1]["dp/local_epsilon_max"] == PrivacyLedger(0.25, 1.0, 1e-5).epsilon(max(steps.values()))
 
@@ -64,7 +73,9 @@ def test_each_clients_epsilon_is_the_librarys_for_its_poisson_steps(local_refere
 @pytest.mark.parametrize("workers", [1, 3])
 def test_process_workers_give_the_serial_weights(workers: int, local_reference) -> None:  # noqa: ANN001
     _, reference = local_reference
-    result = build_server(compose([*SHORT, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])).run()
+    result = build_server(
+        compose([*SHORT, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])
+    ).run()
     assert torch.equal(result.params, reference.params)
     assert [r["dp/local_epsilon_max"] for r in result.history] == [r["dp/local_epsilon_max"] for r in reference.history]
 
@@ -78,10 +89,13 @@ def test_resume_continues_every_clients_ledger(tmp_path: Path, local_reference) 
     assert torch.equal(result.params, reference.params) and again.local_dp.steps == server.local_dp.steps
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["executor=vmap", "strategy=ditto"], "executor=vmap cannot run the strategy's client half PersonalModel"),
-    (["client.sampling_rate=0"], "client.sampling_rate must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["executor=vmap", "strategy=ditto"], "executor=vmap cannot run the strategy's client half PersonalModel"),
+        (["client.sampling_rate=0"], "client.sampling_rate must be in (0, 1]"),
+    ],
+)
 def test_what_dp_sgd_cannot_run_is_refused_in_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises(ValueError) as error:
         build_server(compose([*SHORT, *overrides]))

@@ -14,20 +14,27 @@ from torch import nn
 
 pytest.importorskip("dp_accounting")
 
+from fedsim.cli.run import build_data, build_server, compose  # noqa: E402
 from fedsim.client.federation import federate, make_clients  # noqa: E402
 from fedsim.data.partition import natural  # noqa: E402
 from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.executor import SerialExecutor, VmapExecutor, VmapUnsupportedError, Workload  # noqa: E402
 from fedsim.executor.vmap_dpsgd import ExampleClipping, LinearClipping, linear_layers, poisson_batches  # noqa: E402
-from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.models import MLP2NN  # noqa: E402
+from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.privacy.local import DPSGDClient  # noqa: E402
-from fedsim.cli.run import build_data, build_server, compose  # noqa: E402
 from fedsim.server.server import Server  # noqa: E402
 from fedsim.strategy import FedAvg, LocalTraining  # noqa: E402
 
 UNIT_ROUNDOFF = 2.0**-24  # float32
-SHORT = ["num_rounds=3", "logger=quiet", "clients_per_round=6", "eval_every=3", "client=dpsgd", "client.sampling_rate=0.25"]
+SHORT = [
+    "num_rounds=3",
+    "logger=quiet",
+    "clients_per_round=6",
+    "eval_every=3",
+    "client=dpsgd",
+    "client.sampling_rate=0.25",
+]
 PARAMETERS = {"logreg": 610, "mlp": 54_410}  # 60 features, 10 classes; the 2NN's hidden layers have 200 units
 
 
@@ -75,8 +82,14 @@ def test_vmap_gives_the_serial_weights_and_the_same_epsilon(model: str) -> None:
 def test_fedprox_stragglers_and_momentum_match_serial() -> None:
     """FedProx's term (its gradient added after the noise), stragglers with 1 or 2 of 3 epochs in the same chunk (the
     longest clients finish eagerly, taking over the vectorised momentum and noise streams)."""
-    overrides = ["model=mlp", "strategy=fedprox", "strategy.mu=0.5", "client.epochs=3", "stragglers.fraction=0.5",
-                 "client.optimizer.momentum=0.9"]
+    overrides = [
+        "model=mlp",
+        "strategy=fedprox",
+        "strategy.mu=0.5",
+        "client.epochs=3",
+        "stragglers.fraction=0.5",
+        "client.optimizer.momentum=0.9",
+    ]
     serial, reference, vmapped, result = run_both(overrides, chunk_size=6)
     assert len({s for s in serial.local_dp.steps.values()}) > 1, "clients should do different numbers of steps"
     largest = max(len(rows) for rows in build_data(compose(SHORT)).client_train)
@@ -170,16 +183,31 @@ class NormNet(nn.Module):
 @functools.lru_cache(maxsize=1)
 def small_data():  # noqa: ANN201
     """Synthetic(1,1): 8 devices of 20–60 examples."""
-    return federate(synthetic(num_devices=8, min_size=20, size_sigma_log=0.5, max_size=60, seed=3), natural,
-                    client_test_fraction=0.2, seed=0)
+    return federate(
+        synthetic(num_devices=8, min_size=20, size_sigma_log=0.5, max_size=60, seed=3),
+        natural,
+        client_test_fraction=0.2,
+        seed=0,
+    )
 
 
 def run_small(executor, model_factory, local_client=DPSGDClient):  # noqa: ANN001, ANN201
     data = small_data()
-    clients = make_clients(data, functools.partial(local_client, sampling_rate=0.2, clip_norm=0.5, noise_multiplier=0.3))
-    server = Server(model_factory=model_factory, clients=clients, train_data=data.train, test_data=data.test, strategy=FedAvg(),
-                    executor=executor, num_rounds=2, clients_per_round=5, seed=7,
-                    logger=RunLogger(None, tensorboard=False, progress=False))
+    clients = make_clients(
+        data, functools.partial(local_client, sampling_rate=0.2, clip_norm=0.5, noise_multiplier=0.3)
+    )
+    server = Server(
+        model_factory=model_factory,
+        clients=clients,
+        train_data=data.train,
+        test_data=data.test,
+        strategy=FedAvg(),
+        executor=executor,
+        num_rounds=2,
+        clients_per_round=5,
+        seed=7,
+        logger=RunLogger(None, tensorboard=False, progress=False),
+    )
     return server.run()
 
 
@@ -200,15 +228,29 @@ class EagerOnlyTerm(LocalTraining):
         return sum(p.square().sum() for p in model.parameters())  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize(("client_cls", "local", "message"), [
-    (OwnGradientClient, None, "executor=vmap cannot run OwnGradientClient._private_gradient (a custom _private_gradient)"),
-    (DPSGDClient, EagerOnlyTerm(),
-     "executor=vmap cannot run the strategy's client half EagerOnlyTerm: it has no functional_term()"),
-])
+@pytest.mark.parametrize(
+    ("client_cls", "local", "message"),
+    [
+        (
+            OwnGradientClient,
+            None,
+            "executor=vmap cannot run OwnGradientClient._private_gradient (a custom _private_gradient)",
+        ),
+        (
+            DPSGDClient,
+            EagerOnlyTerm(),
+            "executor=vmap cannot run the strategy's client half EagerOnlyTerm: it has no functional_term()",
+        ),
+    ],
+)
 def test_what_vmap_cannot_run_with_dp_sgd_is_refused_at_start_in_one_line(client_cls, local, message: str) -> None:  # noqa: ANN001
     data = small_data()
-    workload = Workload(functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=8),
-                        make_clients(data, client_cls), data.train, local=local)
+    workload = Workload(
+        functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=8),
+        make_clients(data, client_cls),
+        data.train,
+        local=local,
+    )
     with pytest.raises(VmapUnsupportedError) as error:
         VmapExecutor().start(workload)
     assert message in str(error.value) and "\n" not in str(error.value)

@@ -12,8 +12,15 @@ import torch
 from fedsim.cli.run import build_server, compose
 from fedsim.strategy import BASGD, FedBuff
 
-ROBUST = ["num_rounds=6", "logger=quiet", "eval_every=3", "clock=sampled", "strategy=basgd", "strategy.num_buffers=3",
-          "strategy.concurrency=5"]
+ROBUST = [
+    "num_rounds=6",
+    "logger=quiet",
+    "eval_every=3",
+    "clock=sampled",
+    "strategy=basgd",
+    "strategy.num_buffers=3",
+    "strategy.concurrency=5",
+]
 
 
 def _sim(history: list[dict]) -> list[dict]:
@@ -24,8 +31,13 @@ def test_step_is_the_median_of_the_buffer_means() -> None:
     """Clients 0, 1, 2, 3, 5 fill buffers 0, 1, 2, 0, 2 (c mod 3): means b0 = (Δ0 + Δ3)/2, b1 = Δ1,
     b2 = (Δ2 + Δ5)/2; the step moves w by server_lr times their coordinate-wise median."""
     w = torch.tensor([1.0, 1.0])
-    deltas = [torch.tensor([2.0, 0.0]), torch.tensor([100.0, -100.0]), torch.tensor([4.0, 1.0]),
-              torch.tensor([0.0, 2.0]), torch.tensor([6.0, 3.0])]
+    deltas = [
+        torch.tensor([2.0, 0.0]),
+        torch.tensor([100.0, -100.0]),
+        torch.tensor([4.0, 1.0]),
+        torch.tensor([0.0, 2.0]),
+        torch.tensor([6.0, 3.0]),
+    ]
     # b0 = [1, 1], b1 = [100, -100], b2 = [5, 2]: median [5, 1]; w + 0.5 * [5, 1] = [3.5, 1.5]
     strategy = BASGD(num_buffers=3, server_lr=0.5)
     assert torch.equal(strategy.step(w, deltas, [0] * 5, [0, 1, 2, 3, 5]), torch.tensor([3.5, 1.5]))
@@ -64,13 +76,17 @@ def test_every_server_step_covers_every_buffer(robust_reference) -> None:  # noq
 
 def test_process_workers_and_resume_give_the_serial_run(tmp_path: Path, robust_reference) -> None:  # noqa: ANN001
     result = build_server(compose([*ROBUST, "executor=process", "executor.devices=cpu", "executor.workers=3"])).run()
-    assert _sim(result.history) == _sim(robust_reference.history) and torch.equal(result.params, robust_reference.params)
+    assert _sim(result.history) == _sim(robust_reference.history) and torch.equal(
+        result.params, robust_reference.params
+    )
     settings = [*ROBUST, "logger.tensorboard=false"]
     build_server(compose([*settings, "num_rounds=3"]), run_dir=tmp_path / "cut").run()
     resumed = build_server(compose(settings), run_dir=tmp_path / "cut")
     assert resumed.resume(tmp_path / "cut").name == "round-000003.ckpt"
     result = resumed.run()
-    assert _sim(result.history) == _sim(robust_reference.history) and torch.equal(result.params, robust_reference.params)
+    assert _sim(result.history) == _sim(robust_reference.history) and torch.equal(
+        result.params, robust_reference.params
+    )
 
 
 class NeverFull(FedBuff):
@@ -80,19 +96,27 @@ class NeverFull(FedBuff):
 
 def test_a_buffer_that_can_never_fill_stops_with_a_clear_error() -> None:
     """Once every client waits in the buffer, nothing can arrive any more: an error, not a hang."""
-    server = build_server(compose(["logger=quiet", "clock=sampled", "strategy=fedbuff", "strategy.buffer_size=3",
-                                   "strategy.concurrency=5"]))
+    server = build_server(
+        compose(
+            ["logger=quiet", "clock=sampled", "strategy=fedbuff", "strategy.buffer_size=3", "strategy.concurrency=5"]
+        )
+    )
     server.strategy.__class__ = NeverFull
-    with pytest.raises(RuntimeError, match=r"every client waits in the buffer and none trains, but NeverFull.buffer_full"):
+    with pytest.raises(
+        RuntimeError, match=r"every client waits in the buffer and none trains, but NeverFull.buffer_full"
+    ):
         server.run()
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["strategy.rule=mean"], r"strategy.rule must be one of median, trimmed_mean \(got 'mean'\)"),
-    (["strategy.rule=trimmed_mean", "strategy.trim=0.5"], r"strategy.trim must be in \[0, 0.5\)"),
-    (["strategy.num_buffers=26"], r"strategy.concurrency \+ strategy.num_buffers must be <= the 30 clients"),
-    (["clock=none"], r"strategy: BASGD trains asynchronously on the simulated clock"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["strategy.rule=mean"], r"strategy.rule must be one of median, trimmed_mean \(got 'mean'\)"),
+        (["strategy.rule=trimmed_mean", "strategy.trim=0.5"], r"strategy.trim must be in \[0, 0.5\)"),
+        (["strategy.num_buffers=26"], r"strategy.concurrency \+ strategy.num_buffers must be <= the 30 clients"),
+        (["clock=none"], r"strategy: BASGD trains asynchronously on the simulated clock"),
+    ],
+)
 def test_bad_settings_are_refused_in_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build_server(compose([*ROBUST, *overrides]))

@@ -20,8 +20,11 @@ DAY = 86_400.0
 def _profiles(speed, upload, download, *, start=None, length=None, period=math.inf) -> DeviceProfiles:
     n = len(speed)
     return DeviceProfiles(
-        speed=np.array(speed, float), upload=np.array(upload, float), download=np.array(download, float),
-        period_s=period, online_start=np.zeros(n) if start is None else np.array(start, float),
+        speed=np.array(speed, float),
+        upload=np.array(upload, float),
+        download=np.array(download, float),
+        period_s=period,
+        online_start=np.zeros(n) if start is None else np.array(start, float),
         online_length=np.full(n, 1.0 if math.isinf(period) else period) if length is None else np.array(length, float),
     )
 
@@ -33,8 +36,16 @@ FOUR = _profiles(speed=[100, 50, 10, 200], upload=[1000, 500, 1000, 100], downlo
 
 
 def _schedule(clock: SyncClock, sampled=(0, 1, 2, 3), k: int = 4, epochs: int = 1, partial: bool = False):
-    return clock.schedule(list(sampled), clients_per_round=k, online=len(sampled), epochs={c: epochs for c in sampled},
-                          num_train={c: 100 for c in sampled}, model_bytes=1000, update_bytes=1000, keeps_partial=partial)
+    return clock.schedule(
+        list(sampled),
+        clients_per_round=k,
+        online=len(sampled),
+        epochs={c: epochs for c in sampled},
+        num_train={c: 100 for c in sampled},
+        model_bytes=1000,
+        update_bytes=1000,
+        keeps_partial=partial,
+    )
 
 
 def test_task_time_is_download_plus_examples_over_speed_plus_upload() -> None:
@@ -84,8 +95,14 @@ def test_over_selection_keeps_the_first_to_finish_with_ties_to_the_lower_id() ->
 
 def test_availability_windows_sampling_and_dropping_out() -> None:
     # client 0 online 00:00-01:00, client 1 online 00:00-00:00:04 (4 s), client 2 online 12:00-13:00
-    profiles = _profiles(speed=[100] * 3, upload=[1000] * 3, download=[1000] * 3, start=[0, 0, 43_200],
-                         length=[3600, 4, 3600], period=DAY)
+    profiles = _profiles(
+        speed=[100] * 3,
+        upload=[1000] * 3,
+        download=[1000] * 3,
+        start=[0, 0, 43_200],
+        length=[3600, 4, 3600],
+        period=DAY,
+    )
     clock = SyncClock(profiles)
     assert list(clock.online_clients()) == [0, 1]
     assert online_until(profiles, 1, 0.0) == 4.0 and online_until(profiles, 2, 0.0) == 0.0
@@ -122,7 +139,9 @@ def test_bad_clock_settings_are_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match=r"the device profiles describe 4 clients but the run has 30"):
         SyncClock(FOUR).check(30)
     with pytest.raises(ValueError, match=r"QFFL samples clients its own way"):
-        build_server(compose(["clock=sampled", "clock.always_online=false", "strategy=qffl", "strategy.sampling=weighted"]))
+        build_server(
+            compose(["clock=sampled", "clock.always_online=false", "strategy=qffl", "strategy.sampling=weighted"])
+        )
 
 
 SHORT = ["num_rounds=4", "logger=quiet", "clients_per_round=5", "eval_every=2"]
@@ -137,8 +156,16 @@ def test_an_always_online_clock_without_drops_leaves_every_weight_as_it_was() ->
     assert times[-1] == pytest.approx(sum(r["sim/round_s"] for r in on.history), rel=1e-12)
 
 
-CLOCKED = [*SHORT, "clock=sampled", "clock.deadline_s=6", "clock.over_selection=0.4", "clock.always_online=false",
-           "clock.online_fraction_mean=0.6", "strategy=fedprox", "client.epochs=3"]
+CLOCKED = [
+    *SHORT,
+    "clock=sampled",
+    "clock.deadline_s=6",
+    "clock.over_selection=0.4",
+    "clock.always_online=false",
+    "clock.online_fraction_mean=0.6",
+    "strategy=fedprox",
+    "client.epochs=3",
+]
 """Every rule at work on the default Synthetic data (checked in the reference run): availability (16 of 30 online),
 over-selection, clients dropped and cut by the deadline."""
 
@@ -154,15 +181,19 @@ def clocked_reference():
 
 
 def test_the_reference_run_exercises_every_rule(clocked_reference) -> None:  # noqa: ANN001
-    total = {k: sum(r[k] for r in clocked_reference.history) for k in
-             ("sim/dropped_deadline", "sim/dropped_overselected", "sim/cut_by_deadline")}
+    total = {
+        k: sum(r[k] for r in clocked_reference.history)
+        for k in ("sim/dropped_deadline", "sim/dropped_overselected", "sim/cut_by_deadline")
+    }
     assert all(v >= 1 for v in total.values()), total
     assert clocked_reference.history[0]["sim/online"] < 30
 
 
 @pytest.mark.parametrize("workers", [1, 3])
 def test_process_workers_give_the_same_metrics_and_simulated_times(workers: int, clocked_reference) -> None:  # noqa: ANN001
-    result = build_server(compose([*CLOCKED, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])).run()
+    result = build_server(
+        compose([*CLOCKED, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])
+    ).run()
     assert _sim(result.history) == _sim(clocked_reference.history)
     assert torch.equal(result.params, clocked_reference.params)
 

@@ -12,8 +12,15 @@ import torch
 from fedsim.cli.run import build_server, compose
 from fedsim.strategy import FedBuff
 
-BUFFERED = ["num_rounds=6", "logger=quiet", "eval_every=3", "clock=sampled", "strategy=fedbuff",
-            "strategy.buffer_size=3", "strategy.concurrency=5"]
+BUFFERED = [
+    "num_rounds=6",
+    "logger=quiet",
+    "eval_every=3",
+    "clock=sampled",
+    "strategy=fedbuff",
+    "strategy.buffer_size=3",
+    "strategy.concurrency=5",
+]
 
 
 def test_server_step_is_the_staleness_weighted_mean_of_the_buffer() -> None:
@@ -45,7 +52,9 @@ def test_events_come_in_finish_order_and_staleness_counts_the_steps_in_between()
         mine = [(version, task) for r, version, task, _, _ in events if r == round_num]
         taus = [version - task.version for version, task in mine]
         assert len(mine) == 3 and metrics["sim/time_s"] == mine[-1][1].finish_s
-        assert metrics["sim/staleness_max"] == max(taus) and metrics["sim/staleness_mean"] == pytest.approx(sum(taus) / 3)
+        assert metrics["sim/staleness_max"] == max(taus) and metrics["sim/staleness_mean"] == pytest.approx(
+            sum(taus) / 3
+        )
     assert any(r["sim/staleness_max"] > 0 for r in history)  # updates did arrive stale
     assert len(loop.in_flight) == 5 and len({t.client_id for t in loop.in_flight}) == 5
 
@@ -61,7 +70,9 @@ def _sim(history: list[dict]) -> list[dict]:
 
 @pytest.mark.parametrize("workers", [1, 3])
 def test_process_workers_give_the_serial_metrics_and_times(workers: int, buffered_reference) -> None:  # noqa: ANN001
-    result = build_server(compose([*BUFFERED, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])).run()
+    result = build_server(
+        compose([*BUFFERED, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])
+    ).run()
     assert _sim(result.history) == _sim(buffered_reference.history)
     assert torch.equal(result.params, buffered_reference.params)
 
@@ -78,7 +89,10 @@ def test_buffer_of_one_is_asynchronous_fedavg_one_step_per_update() -> None:
     [
         (["clock=none"], r"strategy: FedBuff trains asynchronously on the simulated clock: add clock=sampled"),
         (["clock.deadline_s=5"], r"clock.deadline_s and clock.over_selection are for synchronous rounds"),
-        (["strategy.concurrency=25", "strategy.buffer_size=10"], r"concurrency \+ strategy.buffer_size must be <= the 30 clients"),
+        (
+            ["strategy.concurrency=25", "strategy.buffer_size=10"],
+            r"concurrency \+ strategy.buffer_size must be <= the 30 clients",
+        ),
     ],
 )
 def test_what_the_asynchronous_loop_cannot_run_is_refused_in_one_line(overrides: list[str], message: str) -> None:
@@ -101,8 +115,12 @@ def test_vmap_resume_from_a_checkpoint_continues_bitwise(tmp_path) -> None:  # n
 
 # top-k with error feedback up (the residual is client state, committed with the server step that consumes the
 # update), stochastic 4-bit QSGD down (seeded by the model version every client of it receives)
-COMPRESSED = [*BUFFERED, "compression=topk", "compression.uplink=[{name: topk, fraction: 0.1}]",
-              "compression.downlink=[{name: qsgd, bits: 4}]"]
+COMPRESSED = [
+    *BUFFERED,
+    "compression=topk",
+    "compression.uplink=[{name: topk, fraction: 0.1}]",
+    "compression.downlink=[{name: qsgd, bits: 4}]",
+]
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +154,9 @@ def test_compressed_updates_are_what_the_server_consumes(compressed_reference) -
 
 
 def test_compressed_process_workers_give_the_serial_run(compressed_reference) -> None:  # noqa: ANN001
-    result = build_server(compose([*COMPRESSED, "executor=process", "executor.devices=cpu", "executor.workers=3"])).run()
+    result = build_server(
+        compose([*COMPRESSED, "executor=process", "executor.devices=cpu", "executor.workers=3"])
+    ).run()
     assert _sim(result.history) == _sim(compressed_reference.history)
     assert torch.equal(result.params, compressed_reference.params)
 
@@ -161,7 +181,9 @@ def test_client_rows_measure_each_update_from_the_version_it_started_from(tmp_pa
     def record(srv, round_num, task, trained):  # noqa: ANN001, ANN202
         update = received(srv, round_num, task, trained)
         if update is not None:
-            norms[round_num, task.client_id] = float(torch.linalg.vector_norm(update.params - loop.start_params[task.version]))
+            norms[round_num, task.client_id] = float(
+                torch.linalg.vector_norm(update.params - loop.start_params[task.version])
+            )
         return update
 
     loop._received = record
@@ -200,6 +222,14 @@ def test_an_asynchronous_strategys_own_metrics_are_logged_like_a_synchronous_one
         assert record["strategy/staleness_weight_mean"] == pytest.approx(sum(weights) / 3)
         assert (taus_mean == 0) == (record["strategy/staleness_weight_mean"] == 1.0)
     assert any(r["strategy/staleness_weight_mean"] < 1 for r in records)
-    process = build_server(compose([*REPORTING, "executor=process", "executor.devices=cpu", "executor.workers=2"]),
-                           run_dir=tmp_path / "process").run().history
-    assert [r["strategy/staleness_weight_mean"] for r in process] == [r["strategy/staleness_weight_mean"] for r in history]
+    process = (
+        build_server(
+            compose([*REPORTING, "executor=process", "executor.devices=cpu", "executor.workers=2"]),
+            run_dir=tmp_path / "process",
+        )
+        .run()
+        .history
+    )
+    assert [r["strategy/staleness_weight_mean"] for r in process] == [
+        r["strategy/staleness_weight_mean"] for r in history
+    ]

@@ -16,11 +16,23 @@ from fedsim.attacks.stage import AttackStage
 from fedsim.cli.run import build_server, compose
 from fedsim.core.types import ClientUpdate
 
-BUFFERED = ["num_rounds=6", "logger=quiet", "eval_every=3", "clock=sampled", "strategy=fedbuff",
-            "strategy.buffer_size=3", "strategy.concurrency=5"]
+BUFFERED = [
+    "num_rounds=6",
+    "logger=quiet",
+    "eval_every=3",
+    "clock=sampled",
+    "strategy=fedbuff",
+    "strategy.buffer_size=3",
+    "strategy.concurrency=5",
+]
 # ALIE against the buffer, the crafted updates then top-k encoded with error feedback like every other upload
-ATTACKED = [*BUFFERED, "attack=alie", "attack.fraction=0.3", "compression=topk",
-            "compression.uplink=[{name: topk, fraction: 0.1}]"]
+ATTACKED = [
+    *BUFFERED,
+    "attack=alie",
+    "attack.fraction=0.3",
+    "compression=topk",
+    "compression.uplink=[{name: topk, fraction: 0.1}]",
+]
 
 
 def _sim(history: list[dict]) -> list[dict]:
@@ -35,8 +47,10 @@ def test_alie_crafts_from_the_buffer_each_update_against_its_own_start() -> None
     assert len(bad) == 2  # round(0.5 * 3) = 2 of the 3 clients
     starts = [torch.tensor([0.0, 10.0]), torch.tensor([1.0, 20.0]), torch.tensor([2.0, 30.0])]
     deltas = [torch.tensor([1.0, -1.0]), torch.tensor([2.0, -2.0]), torch.tensor([3.0, -6.0])]
-    updates = [ClientUpdate(client_id=c, round_num=40 + c, params=starts[c] + deltas[c], num_examples=5, metrics={})
-               for c in range(3)]
+    updates = [
+        ClientUpdate(client_id=c, round_num=40 + c, params=starts[c] + deltas[c], num_examples=5, metrics={})
+        for c in range(3)
+    ]
     out = stage.apply_buffer(updates, starts, round_num=7)
     stacked = torch.stack(deltas).double()
     crafted = (stacked.mean(0) - stacked.std(0, unbiased=False)).float()  # μ = [2, -3], σ = [0.816, 2.16]
@@ -85,7 +99,9 @@ def test_attacked_resume_continues_bitwise(tmp_path: Path, attacked_reference) -
 def test_malicious_clients_are_flagged_per_server_step(tmp_path: Path) -> None:
     """``per_round``: a fresh malicious set every server step; each consumed update's row says whether its client is
     in the set of the step that consumed it, and the ``attack/`` counts agree."""
-    cfg = compose([*BUFFERED, "attack=sign_flip", "attack.fraction=0.3", "attack.per_round=true", "logger.tensorboard=false"])
+    cfg = compose(
+        [*BUFFERED, "attack=sign_flip", "attack.fraction=0.3", "attack.per_round=true", "logger.tensorboard=false"]
+    )
     server = build_server(cfg, run_dir=tmp_path)
     server.run()
     assert json.loads((tmp_path / "malicious.json").read_text())["clients"] is None
@@ -104,8 +120,18 @@ def test_malicious_clients_are_flagged_per_server_step(tmp_path: Path) -> None:
 def test_a_buffer_the_server_rejects_whole_keeps_the_model() -> None:
     """Boosted updates overflow float16 on the way up: the server rejects every one after decoding, each step
     consumes none and the model stays as it was (a synchronous round does the same)."""
-    server = build_server(compose([*BUFFERED, "num_rounds=2", "attack=scaling", "attack.boost=1e30",
-                                   "attack.fraction=1.0", "compression=fp16"]))
+    server = build_server(
+        compose(
+            [
+                *BUFFERED,
+                "num_rounds=2",
+                "attack=scaling",
+                "attack.boost=1e30",
+                "attack.fraction=1.0",
+                "compression=fp16",
+            ]
+        )
+    )
     start = server.params.clone()
     result = server.run()
     assert torch.equal(result.params, start)
@@ -128,7 +154,9 @@ def test_clients_that_all_diverge_do_not_stall_the_run() -> None:
 def test_a_rejected_dp_sgd_update_still_spends_its_clients_privacy() -> None:
     """A DP-SGD client's update the server rejects was released all the same: its steps go into the local ledger,
     as in a synchronous round (before, FedBuff counted only the consumed updates and reported no privacy spent)."""
-    diverging = build_server(compose([*BUFFERED, "num_rounds=1", "client=dpsgd", "client.optimizer.lr=1e38"])).run().history
+    diverging = (
+        build_server(compose([*BUFFERED, "num_rounds=1", "client=dpsgd", "client.optimizer.lr=1e38"])).run().history
+    )
     sound = build_server(compose([*BUFFERED, "num_rounds=1", "client=dpsgd"])).run().history
     assert diverging[0]["client/num_rejected"] == 3 and sound[0]["client/num_rejected"] == 0
     assert diverging[0]["dp/local_steps_max"] == sound[0]["dp/local_steps_max"] > 0

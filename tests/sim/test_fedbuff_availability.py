@@ -13,9 +13,18 @@ from fedsim.cli.run import build_server, compose
 from fedsim.sim.clock import online_until
 
 # an 18 s availability period with windows of about a fifth of it: tasks of 0.1-10 s often outlast their window
-AVAILABLE = ["num_rounds=6", "logger=quiet", "eval_every=3", "clock=sampled", "strategy=fedbuff",
-             "strategy.buffer_size=3", "strategy.concurrency=5", "clock.always_online=false", "clock.period_h=0.005",
-             "clock.online_fraction_mean=0.2"]
+AVAILABLE = [
+    "num_rounds=6",
+    "logger=quiet",
+    "eval_every=3",
+    "clock=sampled",
+    "strategy=fedbuff",
+    "strategy.buffer_size=3",
+    "strategy.concurrency=5",
+    "clock.always_online=false",
+    "clock.period_h=0.005",
+    "clock.online_fraction_mean=0.2",
+]
 
 
 def _sim(history: list[dict]) -> list[dict]:
@@ -41,9 +50,13 @@ def test_tasks_start_online_drop_out_when_their_window_closes_and_slots_wait() -
     for task in started.values():
         assert profiles.online_at(task.client_id, task.start_s)
         leaves = online_until(profiles, task.client_id, task.start_s)
-        planned = loop.clock.timing(task.client_id, epochs=server.clients[task.client_id].epochs,
-                                    num_train=server.clients[task.client_id].num_train,
-                                    model_bytes=server.comm.down_bytes, update_bytes=server.comm.up_bytes).total_s
+        planned = loop.clock.timing(
+            task.client_id,
+            epochs=server.clients[task.client_id].epochs,
+            num_train=server.clients[task.client_id].num_train,
+            model_bytes=server.comm.down_bytes,
+            update_bytes=server.comm.up_bytes,
+        ).total_s
         if task.arrives:
             assert task.finish_s == task.start_s + planned and leaves >= task.finish_s
         else:
@@ -80,8 +93,20 @@ def test_windows_that_close_to_float_rounding_do_not_stall_the_loop() -> None:
     """FedBuff's defaults (concurrency 20, buffer 10, 30 clients) with short windows: a first version started tasks
     on clients whose window had closed to float rounding, each ending at once, for ever. Now every step's events
     move the clock on and slots wait for a window to open."""
-    result = build_server(compose(["num_rounds=30", "logger=quiet", "eval_every=30", "clock=sampled", "strategy=fedbuff",
-                                   "clock.always_online=false", "clock.period_h=0.005", "clock.online_fraction_mean=0.2"])).run()
+    result = build_server(
+        compose(
+            [
+                "num_rounds=30",
+                "logger=quiet",
+                "eval_every=30",
+                "clock=sampled",
+                "strategy=fedbuff",
+                "clock.always_online=false",
+                "clock.period_h=0.005",
+                "clock.online_fraction_mean=0.2",
+            ]
+        )
+    ).run()
     times = [r["sim/time_s"] for r in result.history]
     assert len(times) == 30 and times == sorted(times) and all(r["client/num_aggregated"] == 10 for r in result.history)
     assert sum(r["sim/dropped_offline"] for r in result.history) > 0

@@ -66,8 +66,14 @@ def test_online_fraction_one_is_always_online() -> None:
 # so 0.01 is > 9 SE. The seed is fixed, so the test is deterministic; the margins say any seed would pass.
 
 CONFIG = {
-    "speed_median": 50.0, "speed_sigma": 0.5, "upload_median": 3e5, "upload_sigma": 1.2,
-    "download_median": 4e6, "download_sigma": 0.8, "period_s": DAY, "online_fraction_mean": 0.4,
+    "speed_median": 50.0,
+    "speed_sigma": 0.5,
+    "upload_median": 3e5,
+    "upload_sigma": 1.2,
+    "download_median": 4e6,
+    "download_sigma": 0.8,
+    "period_s": DAY,
+    "online_fraction_mean": 0.4,
 }
 
 
@@ -103,18 +109,27 @@ def test_online_windows_are_distributed_as_configured(many: DeviceProfiles) -> N
 # --------------------------------------------------------------------------------------------------
 # availability windows on hand-made profiles
 
+
 def _windows(starts_h: list[float], hours: list[float], period_s: float = DAY) -> DeviceProfiles:
     n = len(starts_h)
-    return DeviceProfiles(np.full(n, 10.0), np.full(n, 1e5), np.full(n, 1e6), period_s,
-                          np.array(starts_h) * H, np.array(hours) * H)
+    return DeviceProfiles(
+        np.full(n, 10.0), np.full(n, 1e5), np.full(n, 1e6), period_s, np.array(starts_h) * H, np.array(hours) * H
+    )
 
 
 def test_online_inside_the_window_only_and_every_period() -> None:
     p = _windows([8.0, 22.0, 5.0], [2.0, 4.0, 24.0])  # 08-10; 22-02 across midnight; always
     cases = {  # hour of the day -> who is online
-        7.99: [False, False, True], 8.0: [True, False, True], 9.99: [True, False, True], 10.0: [False, False, True],
-        21.99: [False, False, True], 22.0: [False, True, True], 23.5: [False, True, True], 0.0: [False, True, True],
-        1.99: [False, True, True], 2.0: [False, False, True],
+        7.99: [False, False, True],
+        8.0: [True, False, True],
+        9.99: [True, False, True],
+        10.0: [False, False, True],
+        21.99: [False, False, True],
+        22.0: [False, True, True],
+        23.5: [False, True, True],
+        0.0: [False, True, True],
+        1.99: [False, True, True],
+        2.0: [False, False, True],
     }
     for day in (0, 1, 9):
         for hour, expected in cases.items():
@@ -157,18 +172,28 @@ def _one_line(excinfo: pytest.ExceptionInfo) -> str:
     return msg
 
 
-@pytest.mark.parametrize(("change", "words"), [
-    ({"speed": [1.0, 0.0]}, "speed must be finite and > 0 for every client (client 1"),
-    ({"upload": [1.0, math.nan]}, "upload must be finite and > 0"),
-    ({"download": [1.0]}, "download has 1 values but speed has 2"),
-    ({"period_s": 0.0}, "period_s must be > 0"),
-    ({"online_start": [0.0, 100.0]}, "online_start must be in [0, period_s=100)"),
-    ({"online_length": [0.0, 5.0]}, "online_length must be in (0, period_s=100]"),
-    ({"speed": [[1.0, 2.0]]}, "speed must be a non-empty 1-D array"),
-])
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"speed": [1.0, 0.0]}, "speed must be finite and > 0 for every client (client 1"),
+        ({"upload": [1.0, math.nan]}, "upload must be finite and > 0"),
+        ({"download": [1.0]}, "download has 1 values but speed has 2"),
+        ({"period_s": 0.0}, "period_s must be > 0"),
+        ({"online_start": [0.0, 100.0]}, "online_start must be in [0, period_s=100)"),
+        ({"online_length": [0.0, 5.0]}, "online_length must be in (0, period_s=100]"),
+        ({"speed": [[1.0, 2.0]]}, "speed must be a non-empty 1-D array"),
+    ],
+)
 def test_device_profiles_refuse_bad_values(change: dict, words: str) -> None:
-    fields = {"speed": [1.0, 2.0], "upload": [1.0, 2.0], "download": [1.0, 2.0], "period_s": 100.0,
-              "online_start": [0.0, 50.0], "online_length": [10.0, 100.0], **change}
+    fields = {
+        "speed": [1.0, 2.0],
+        "upload": [1.0, 2.0],
+        "download": [1.0, 2.0],
+        "period_s": 100.0,
+        "online_start": [0.0, 50.0],
+        "online_length": [10.0, 100.0],
+        **change,
+    }
     with pytest.raises(ValueError) as excinfo:
         DeviceProfiles(**fields)
     assert words in _one_line(excinfo)
@@ -183,15 +208,18 @@ def test_device_profiles_are_read_only_copies() -> None:
         p.speed[0] = 3.0
 
 
-@pytest.mark.parametrize(("args", "kwargs", "words"), [
-    ((0, 1), {}, "num_clients must be an integer >= 1"),
-    ((5, -1), {}, "seed must be an integer >= 0"),
-    ((5, 1), {"speed_median": 0.0}, "speed_median must be a finite number > 0"),
-    ((5, 1), {"upload_sigma": -0.1}, "upload_sigma must be a finite number >= 0"),
-    ((5, 1), {"period_s": -5.0}, "period_s must be a finite number > 0 (or inf)"),
-    ((5, 1), {"online_fraction_mean": 0.0}, "online_fraction_mean must be a finite number > 0"),
-    ((5, 1), {"online_fraction_mean": 1.5}, "online_fraction_mean must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    ("args", "kwargs", "words"),
+    [
+        ((0, 1), {}, "num_clients must be an integer >= 1"),
+        ((5, -1), {}, "seed must be an integer >= 0"),
+        ((5, 1), {"speed_median": 0.0}, "speed_median must be a finite number > 0"),
+        ((5, 1), {"upload_sigma": -0.1}, "upload_sigma must be a finite number >= 0"),
+        ((5, 1), {"period_s": -5.0}, "period_s must be a finite number > 0 (or inf)"),
+        ((5, 1), {"online_fraction_mean": 0.0}, "online_fraction_mean must be a finite number > 0"),
+        ((5, 1), {"online_fraction_mean": 1.5}, "online_fraction_mean must be in (0, 1]"),
+    ],
+)
 def test_sampled_profiles_refuse_bad_parameters(args: tuple, kwargs: dict, words: str) -> None:
     with pytest.raises(ValueError) as excinfo:
         sampled_profiles(*args, **kwargs)
@@ -220,14 +248,18 @@ def _write(tmp_path: Path, text: str, name: str = "trace.csv", encoding: str = "
 
 
 def test_a_trace_may_reorder_columns_and_rows_quote_values_and_carry_comments(tmp_path: Path) -> None:
-    path = _write(tmp_path, (
-        "# measured on the lab's phones\n\n"
-        "online_hours, client_id ,examples_per_s,upload_mbps,download_mbps,online_start_h\n"
-        '24,1,"40", 0.8 ,8,0\n'
-        "  # a comment between rows\n"
-        "2.5,0,250.5,1e1,100,23\n"
-        "6,2,10,1,1,0\n"  # a third client, beyond this run's two: checked, then ignored
-    ), encoding="utf-8-sig")  # a byte-order mark, as spreadsheet exports write
+    path = _write(
+        tmp_path,
+        (
+            "# measured on the lab's phones\n\n"
+            "online_hours, client_id ,examples_per_s,upload_mbps,download_mbps,online_start_h\n"
+            '24,1,"40", 0.8 ,8,0\n'
+            "  # a comment between rows\n"
+            "2.5,0,250.5,1e1,100,23\n"
+            "6,2,10,1,1,0\n"  # a third client, beyond this run's two: checked, then ignored
+        ),
+        encoding="utf-8-sig",
+    )  # a byte-order mark, as spreadsheet exports write
     p = trace_profiles(path, 2)
     assert p.speed.tolist() == [250.5, 40.0]
     assert p.upload.tolist() == [1.25e6, 1e5] and p.download.tolist() == [1.25e7, 1e6]

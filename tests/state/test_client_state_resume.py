@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from cli_runner import run_cli
-from fedsim.core.checkpoint import list_checkpoints, load_latest
+
 from fedsim.client.state import ClientStateStore
+from fedsim.core.checkpoint import list_checkpoints, load_latest
 from fedsim.core.state_values import states_equal
 
 ROUNDS = 12
@@ -27,9 +27,17 @@ HERE = Path(__file__).parent
 
 
 def _args(run_dir: Path, *overrides: str) -> list[str]:
-    return [f"num_rounds={ROUNDS}", "checkpoint_every=1", "keep_checkpoints=4", "clients_per_round=5",
-            "client._target_=stateful_clients.PersonalClient", "strategy=scaffold", "logger.progress=false",
-            f"hydra.run.dir={run_dir}", *overrides]
+    return [
+        f"num_rounds={ROUNDS}",
+        "checkpoint_every=1",
+        "keep_checkpoints=4",
+        "clients_per_round=5",
+        "client._target_=stateful_clients.PersonalClient",
+        "strategy=scaffold",
+        "logger.progress=false",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
+    ]
 
 
 def _env() -> dict[str, str]:
@@ -72,8 +80,12 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _kill_at_random_round(run_dir: Path, seed: int) -> int:
     kill_after = random.Random(seed).randint(5, 9)
-    proc = subprocess.Popen([sys.executable, "-m", "fedsim", *_args(run_dir)], env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedsim", *_args(run_dir)],
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         path = run_dir / "metrics.jsonl"
@@ -90,7 +102,9 @@ def _kill_at_random_round(run_dir: Path, seed: int) -> int:
 
 def _assert_same_run(resumed: Path, full: Path) -> None:
     assert _metrics(resumed) == _metrics(full)
-    assert torch.equal(load_latest(resumed / "checkpoints")[1]["params"], load_latest(full / "checkpoints")[1]["params"])
+    assert torch.equal(
+        load_latest(resumed / "checkpoints")[1]["params"], load_latest(full / "checkpoints")[1]["params"]
+    )
     ours, theirs = _final_states(resumed), _final_states(full)
     assert ours.keys() == theirs.keys() and len(ours) >= 5
     assert all(states_equal(ours[c], theirs[c]) for c in ours)
@@ -124,5 +138,7 @@ def test_resume_from_another_run_directory_copies_the_states_it_needs(tmp_path: 
     full_records = _metrics(uninterrupted)
     resumed_round = int(checkpoint.stem.split("-")[1])
     assert _metrics(tmp_path / "continued")[resumed_round:] == full_records[resumed_round:]
-    assert torch.equal(load_latest(tmp_path / "continued" / "checkpoints")[1]["params"],
-                       load_latest(uninterrupted / "checkpoints")[1]["params"])
+    assert torch.equal(
+        load_latest(tmp_path / "continued" / "checkpoints")[1]["params"],
+        load_latest(uninterrupted / "checkpoints")[1]["params"],
+    )

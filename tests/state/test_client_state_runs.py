@@ -18,8 +18,8 @@ from fedsim.client.federation import federate, make_clients  # noqa: E402
 from fedsim.data.partition import natural  # noqa: E402
 from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.executor import ProcessExecutor, RayExecutor, SerialExecutor, VmapExecutor, VmapUnsupportedError  # noqa: E402
-from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.models import LogisticRegression  # noqa: E402
+from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.server.server import ClientMisuseError, RunResult, Server  # noqa: E402
 from fedsim.strategy import FedAvg, FedPer  # noqa: E402
 
@@ -28,16 +28,26 @@ ROUNDS = 8
 
 @functools.lru_cache(maxsize=1)
 def _data():  # type: ignore[no-untyped-def]
-    return federate(synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+    return federate(
+        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
+    )
 
 
-def build(executor, client_cls=stateful_clients.CountingClient, strategy=None, rounds: int = ROUNDS, **client_kwargs) -> Server:  # type: ignore[no-untyped-def]
+def build(
+    executor, client_cls=stateful_clients.CountingClient, strategy=None, rounds: int = ROUNDS, **client_kwargs
+) -> Server:  # type: ignore[no-untyped-def]
     data = _data()
     return Server(
         model_factory=functools.partial(LogisticRegression, input_shape=(60,), num_classes=10),
         clients=make_clients(data, functools.partial(client_cls, epochs=1, batch_size=8, **client_kwargs)),
-        train_data=data.train, test_data=data.test, strategy=strategy or FedAvg(), executor=executor,
-        num_rounds=rounds, clients_per_round=3, seed=11, logger=RunLogger(None, tensorboard=False, progress=False),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=strategy or FedAvg(),
+        executor=executor,
+        num_rounds=rounds,
+        clients_per_round=3,
+        seed=11,
+        logger=RunLogger(None, tensorboard=False, progress=False),
     )
 
 
@@ -46,7 +56,10 @@ def rows(result: RunResult) -> list[list[tuple[int, dict]]]:
 
 
 def scalars(result: RunResult) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "clients" and not k.startswith(("time/", "system/"))} for r in result.history]
+    return [
+        {k: v for k, v in r.items() if k != "clients" and not k.startswith(("time/", "system/"))}
+        for r in result.history
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +116,18 @@ def test_a_rejected_update_leaves_the_state_as_it_was(serial_counts: RunResult) 
     bad_round = 4
     bad = serial_counts.history[bad_round - 1]["clients"][0]["client_id"]
     result = build(SerialExecutor(), stateful_clients.NaNForClientClient, bad=bad, bad_round=bad_round).run()
-    counts = [(r["round"], c["metrics"]["rounds_trained"]) for r in result.history for c in r["clients"] if c["client_id"] == bad]
-    expected = [(r["round"], c["metrics"]["rounds_trained"]) for r in serial_counts.history for c in r["clients"] if c["client_id"] == bad]
+    counts = [
+        (r["round"], c["metrics"]["rounds_trained"])
+        for r in result.history
+        for c in r["clients"]
+        if c["client_id"] == bad
+    ]
+    expected = [
+        (r["round"], c["metrics"]["rounds_trained"])
+        for r in serial_counts.history
+        for c in r["clients"]
+        if c["client_id"] == bad
+    ]
     before = [n for rnd, n in expected if rnd < bad_round]
     after = [(rnd, n - 1) for rnd, n in expected if rnd > bad_round]  # one accepted round fewer
     assert [n for rnd, n in counts if rnd < bad_round] == before

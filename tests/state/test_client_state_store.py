@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedsim.core.checkpoint import CheckpointError
 from fedsim.client.state import ClientStateStore
+from fedsim.core.checkpoint import CheckpointError
 from fedsim.core.state_values import copy_state, state_problem, states_equal
 
 

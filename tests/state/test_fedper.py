@@ -11,28 +11,35 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 import vision_files  # noqa: E402
 from cli_runner import run_cli  # noqa: E402
 
-from fedsim.core.checkpoint import load_latest  # noqa: E402
 from fedsim.client.state import ClientStateStore  # noqa: E402
-from fedsim.strategy.context import RunContext  # noqa: E402
-from fedsim.models import McMahanCNN  # noqa: E402
+from fedsim.core.checkpoint import load_latest  # noqa: E402
 from fedsim.core.params import ParamLayout, flatten  # noqa: E402
 from fedsim.core.seeding import init_seed  # noqa: E402
-from fedsim.strategy import FedPer  # noqa: E402
-from fedsim.strategy.fedper import STATE_KEY, PersonalLayers, last_layer_pattern  # noqa: E402
 from fedsim.core.types import ClientUpdate  # noqa: E402
+from fedsim.models import McMahanCNN  # noqa: E402
+from fedsim.strategy import FedPer  # noqa: E402
+from fedsim.strategy.context import RunContext  # noqa: E402
+from fedsim.strategy.fedper import STATE_KEY, PersonalLayers, last_layer_pattern  # noqa: E402
 
 
 def _context(model: torch.nn.Module) -> RunContext:
-    return RunContext(layout=ParamLayout.of(model), num_clients=3, num_examples=(1, 3, 4), clients_per_round=2, num_rounds=1, seed=0)
+    return RunContext(
+        layout=ParamLayout.of(model), num_clients=3, num_examples=(1, 3, 4), clients_per_round=2, num_rounds=1, seed=0
+    )
 
 
 def test_base_layers_are_averaged_and_personal_layers_keep_the_global_values() -> None:
-    model = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.Linear(1, 1))  # entries: 0.weight (2), 0.bias, 1.weight, 1.bias
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2, 1), torch.nn.Linear(1, 1)
+    )  # entries: 0.weight (2), 0.bias, 1.weight, 1.bias
     strategy = FedPer()
     strategy.setup(_context(model))
     assert strategy.names == ("1.weight", "1.bias") and last_layer_pattern(ParamLayout.of(model).names) == r"^1\."
     global_params = torch.tensor([9.0, 9.0, 9.0, 7.0, 7.0])
-    updates = [ClientUpdate(0, 1, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]), 1), ClientUpdate(2, 1, torch.tensor([5.0, 6.0, 7.0, 8.0, 9.0]), 3)]
+    updates = [
+        ClientUpdate(0, 1, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]), 1),
+        ClientUpdate(2, 1, torch.tensor([5.0, 6.0, 7.0, 8.0, 9.0]), 3),
+    ]
     new = strategy.aggregate(1, global_params, updates)
     assert torch.equal(new, torch.tensor([4.0, 5.0, 6.0, 7.0, 7.0]))  # (1·1 + 3·5) / 4 = 4 ... ; the head: unchanged
     assert strategy.round_metrics(1) == {"personal_fraction": 0.4}
@@ -57,8 +64,19 @@ def test_fedper_runs_on_the_cnn_from_the_command_line(tmp_path: Path) -> None:
     root = tmp_path / "mnist"
     vision_files.write_mnist(root, n_train=64, n_test=32)
     run_dir = tmp_path / "run"
-    done = run_cli(["model=cnn", "data=mnist", f"data.root={root}", "partition.num_clients=4", "clients_per_round=2", "num_rounds=3",
-                    "strategy._target_=fedsim.strategy.FedPer", "logger.progress=false", f"hydra.run.dir={run_dir}"])
+    done = run_cli(
+        [
+            "model=cnn",
+            "data=mnist",
+            f"data.root={root}",
+            "partition.num_clients=4",
+            "clients_per_round=2",
+            "num_rounds=3",
+            "strategy._target_=fedsim.strategy.FedPer",
+            "logger.progress=false",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
     assert done.returncode == 0, done.stderr
     final = load_latest(run_dir / "checkpoints")[1]["params"]
     torch.manual_seed(init_seed(0))  # the run's initial global model (seed=0)
@@ -74,7 +92,9 @@ def test_fedper_runs_on_the_cnn_from_the_command_line(tmp_path: Path) -> None:
 
 
 def test_vmap_refuses_fedper_in_one_line_before_any_work(tmp_path: Path) -> None:
-    done = run_cli(["model=mlp", "strategy=fedper", "executor=vmap", "num_rounds=2", f"hydra.run.dir={tmp_path / 'run'}"])
+    done = run_cli(
+        ["model=mlp", "strategy=fedper", "executor=vmap", "num_rounds=2", f"hydra.run.dir={tmp_path / 'run'}"]
+    )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fedsim: error: executor=vmap cannot run"), done.stderr

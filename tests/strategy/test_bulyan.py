@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from fedsim.cli.run import build_server, compose, run_config
+from fedsim.core.types import ClientUpdate
 from fedsim.strategy import Bulyan, Krum
 from fedsim.strategy.bulyan import bulyan_select, closest_to_median_mean
-from fedsim.core.types import ClientUpdate
 
 # 1-D weights of clients 0..6; client 6 is far away
 LINE = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 100.0]
@@ -37,7 +37,9 @@ def test_aggregation_step_known_answer() -> None:
     # sums of small integers are exact; each coordinate is one correctly rounded division, as 1 / 3 is
     assert torch.equal(closest_to_median_mean(stack, 3), torch.tensor([2.0, 1 / 3], dtype=torch.float64))
     # equal distances to the median (0 and 2 around 1) go to the lower row; an even count's median is the mean of the middles
-    assert torch.equal(closest_to_median_mean(torch.tensor([[0.0], [2.0]]), 1), torch.tensor([0.0], dtype=torch.float64))
+    assert torch.equal(
+        closest_to_median_mean(torch.tensor([[0.0], [2.0]]), 1), torch.tensor([0.0], dtype=torch.float64)
+    )
     with pytest.raises(ValueError, match="1 <= beta <= n"):
         closest_to_median_mean(stack, 6)
 
@@ -78,8 +80,11 @@ def test_the_order_of_updates_does_not_matter_bitwise() -> None:
 
 
 def test_too_few_updates_and_bad_settings_are_refused_in_one_line() -> None:
-    with pytest.raises(ValueError, match=r"^strategy=bulyan needs at least 4f\+3 = 11 clients per round \(f=2\) but "
-                                         r"clients_per_round is 10; lower strategy.f or raise clients_per_round$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^strategy=bulyan needs at least 4f\+3 = 11 clients per round \(f=2\) but "
+        r"clients_per_round is 10; lower strategy.f or raise clients_per_round$",
+    ):
         Bulyan(f=2).check(10)
     with pytest.raises(ValueError, match=r"but the round has 6"):
         Bulyan(f=1).aggregate(1, torch.zeros(1), _updates(LINE[:6]))
@@ -90,8 +95,15 @@ def test_too_few_updates_and_bad_settings_are_refused_in_one_line() -> None:
         build_server(compose(["strategy=bulyan", "clients_per_round=6", "logger=quiet"]))
 
 
-ATTACKED = ["strategy=bulyan", "clients_per_round=8", "num_rounds=4", "logger=quiet", "model=mlp",
-            "attack=alie", "attack.fraction=0.2"]
+ATTACKED = [
+    "strategy=bulyan",
+    "clients_per_round=8",
+    "num_rounds=4",
+    "logger=quiet",
+    "model=mlp",
+    "attack=alie",
+    "attack.fraction=0.2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +116,9 @@ def test_process_workers_give_the_serial_run(attacked_reference) -> None:  # noq
     assert all(0 <= r["attack/malicious_selected"] <= r["attack/malicious_sampled"] for r in attacked_reference.history)
     result = build_server(compose([*ATTACKED, "executor=process", "executor.devices=cpu", "executor.workers=2"])).run()
     assert torch.equal(result.params, attacked_reference.params)
-    assert [r["attack/malicious_selected"] for r in result.history] == [r["attack/malicious_selected"] for r in attacked_reference.history]
+    assert [r["attack/malicious_selected"] for r in result.history] == [
+        r["attack/malicious_selected"] for r in attacked_reference.history
+    ]
 
 
 def test_a_resumed_run_is_bitwise_the_uninterrupted_one(tmp_path: Path, attacked_reference) -> None:  # noqa: ANN001

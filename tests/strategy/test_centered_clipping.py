@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from fedsim.cli.run import build_server, compose, run_config
-from fedsim.strategy import CenteredClipping, NormBounding, Strategy
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy import CenteredClipping, NormBounding, Strategy
 
 X = torch.tensor([0.5, -1.0])
 # three honest clients around (1, 0) and one far outlier; tau = 2
@@ -56,7 +56,9 @@ def test_the_centre_carries_over_to_the_next_round() -> None:
     w2 = strategy.aggregate(2, w1, _round(w1, [*HONEST, OUTLIER]))
     assert torch.equal(w2, torch.tensor([3.3125, -1.0]))
     # a strategy that forgot the centre (v = 0 again) gives round 1's step, (1.25, 0)
-    assert torch.equal(CenteredClipping(tau=2.0).aggregate(2, w1, _round(w1, [*HONEST, OUTLIER])), torch.tensor([3.0, -1.0]))
+    assert torch.equal(
+        CenteredClipping(tau=2.0).aggregate(2, w1, _round(w1, [*HONEST, OUTLIER])), torch.tensor([3.0, -1.0])
+    )
 
 
 def test_the_centre_survives_state_dict_and_a_checkpoint() -> None:
@@ -87,10 +89,16 @@ def test_a_centre_of_another_size_is_refused_in_one_line() -> None:
 def test_first_round_with_one_iteration_is_unweighted_norm_bounding() -> None:
     gen = torch.Generator().manual_seed(0)
     start = torch.randn(20, generator=gen)
-    updates = [ClientUpdate(i, 1, start + torch.randn(20, generator=gen) * s, n)
-               for i, (s, n) in enumerate([(0.1, 3), (1.0, 1), (5.0, 9)])]
-    torch.testing.assert_close(CenteredClipping(tau=1.0).aggregate(1, start, updates),
-                               NormBounding(max_norm=1.0, weighted=False).aggregate(1, start, updates), rtol=0, atol=1e-6)
+    updates = [
+        ClientUpdate(i, 1, start + torch.randn(20, generator=gen) * s, n)
+        for i, (s, n) in enumerate([(0.1, 3), (1.0, 1), (5.0, 9)])
+    ]
+    torch.testing.assert_close(
+        CenteredClipping(tau=1.0).aggregate(1, start, updates),
+        NormBounding(max_norm=1.0, weighted=False).aggregate(1, start, updates),
+        rtol=0,
+        atol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("iterations", [1, 3])
@@ -112,7 +120,11 @@ def test_the_order_of_updates_does_not_matter_bitwise() -> None:
 
     def two_rounds(order: list[ClientUpdate]) -> list[torch.Tensor]:
         strategy = CenteredClipping(tau=0.5, iterations=3)  # round 2 starts from round 1's centre
-        return [strategy.aggregate(1, start, order), strategy.aggregate(2, start, order), strategy.state_dict()["center"]]
+        return [
+            strategy.aggregate(1, start, order),
+            strategy.aggregate(2, start, order),
+            strategy.state_dict()["center"],
+        ]
 
     first = two_rounds(updates)
     for perm in itertools.permutations(updates):
@@ -162,8 +174,15 @@ def test_the_option_composes_and_runs_two_rounds() -> None:
     assert history[-1]["strategy/center_norm"] == pytest.approx(float(server.strategy.state_dict()["center"].norm()))
 
 
-BASE = ["strategy=centered_clipping", "strategy.tau=0.05", "strategy.iterations=2", "clients_per_round=4",
-        "logger.progress=false", "logger.tensorboard=false", "+data.max_size=60"]
+BASE = [
+    "strategy=centered_clipping",
+    "strategy.tau=0.05",
+    "strategy.iterations=2",
+    "clients_per_round=4",
+    "logger.progress=false",
+    "logger.tensorboard=false",
+    "+data.max_size=60",
+]
 
 
 def test_a_resumed_run_is_bitwise_the_uninterrupted_one(tmp_path: Path) -> None:

@@ -12,21 +12,21 @@ from torch import nn
 
 from fedsim.client.base import Client
 from fedsim.client.evaluation import ClientEvaluation
-from fedsim.strategy.context import RunContext
 from fedsim.client.federation import federate, make_clients
+from fedsim.core.params import ParamLayout, flatten, load_flat
+from fedsim.core.types import ClientUpdate
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
 from fedsim.executor.vmap_optim import VmapUnsupportedError
-from fedsim.observe.run_logger import RunLogger
 from fedsim.models import MLP2NN
-from fedsim.core.params import ParamLayout, flatten, load_flat
+from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RunResult, Server
 from fedsim.strategy import Ditto, FedRep, Strategy
+from fedsim.strategy.context import RunContext
 from fedsim.strategy.ditto import STATE_KEY as DITTO_KEY
 from fedsim.strategy.fedper import STATE_KEY as HEAD_KEY
-from fedsim.core.types import ClientUpdate
 
 
 class SquaredError(Client):
@@ -44,7 +44,9 @@ def _client() -> SquaredError:
 
 
 def _fit(model: nn.Module, strategy: Strategy, state: dict) -> ClientUpdate:
-    return _client().fit(model, ONE_EXAMPLE, generator=torch.Generator().manual_seed(0), local=strategy.local_training(), state=state)
+    return _client().fit(
+        model, ONE_EXAMPLE, generator=torch.Generator().manual_seed(0), local=strategy.local_training(), state=state
+    )
 
 
 def test_ditto_client_half_known_answer_over_two_rounds() -> None:
@@ -79,8 +81,16 @@ def _two_layers() -> nn.Module:
 
 def _fedrep(head_epochs: int = 1) -> FedRep:
     strategy = FedRep(head_epochs=head_epochs)
-    strategy.setup(RunContext(layout=ParamLayout.of(_two_layers()), num_clients=2, num_examples=(1, 1), clients_per_round=1,
-                              num_rounds=1, seed=0))
+    strategy.setup(
+        RunContext(
+            layout=ParamLayout.of(_two_layers()),
+            num_clients=2,
+            num_examples=(1, 1),
+            clients_per_round=1,
+            num_rounds=1,
+            seed=0,
+        )
+    )
     return strategy
 
 
@@ -91,8 +101,12 @@ def test_fedrep_client_half_trains_the_head_first_then_the_body() -> None:
     update = _fit(model, strategy, state)
     # head epoch (b frozen): residual 1 − 3 = −2, ∂/∂h = −2·b = −2: h = 1 + 0.2 = 1.2
     # body epoch (h frozen): residual 1.2 − 3 = −1.8, ∂/∂b = −1.8·h = −2.16: b = 1 + 0.216 = 1.216
-    assert update.params.tolist() == pytest.approx([1.216, 1.2]) and state[HEAD_KEY]["1.weight"].flatten().tolist() == pytest.approx([1.2])
-    assert update.metrics["head_train_loss"] == pytest.approx(2.0) and update.metrics["train_loss"] == pytest.approx(1.62)
+    assert update.params.tolist() == pytest.approx([1.216, 1.2]) and state[HEAD_KEY][
+        "1.weight"
+    ].flatten().tolist() == pytest.approx([1.2])
+    assert update.metrics["head_train_loss"] == pytest.approx(2.0) and update.metrics["train_loss"] == pytest.approx(
+        1.62
+    )
     assert all(p.requires_grad for p in model.parameters())  # frozen only for the task
     load_flat(model, torch.tensor([2.0, -1.0]))  # next round: global body 2, global head −1 (never used by this client)
     update = _fit(model, strategy, state)
@@ -105,26 +119,45 @@ def test_fedrep_server_averages_the_body_and_keeps_the_global_head() -> None:
     assert _fedrep().aggregate(1, torch.tensor([0.0, -1.0]), updates).tolist() == [4.0, -1.0]
 
 
-@pytest.mark.parametrize("make, field", [(lambda: Ditto(lam=-1), "strategy.lam"), (lambda: Ditto(personal_epochs=0), "strategy.personal_epochs"),
-                                         (lambda: FedRep(head_epochs=0), "strategy.head_epochs")])
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (lambda: Ditto(lam=-1), "strategy.lam"),
+        (lambda: Ditto(personal_epochs=0), "strategy.personal_epochs"),
+        (lambda: FedRep(head_epochs=0), "strategy.head_epochs"),
+    ],
+)
 def test_bad_parameters_name_the_field(make, field: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=field):
         make()
 
 
 def _run(strategy: Strategy, executor) -> tuple[RunResult, Server]:  # type: ignore[no-untyped-def]
-    data = federate(synthetic(num_devices=10, min_size=20, max_size=50, seed=4), natural, client_test_fraction=0.25, seed=0)
+    data = federate(
+        synthetic(num_devices=10, min_size=20, max_size=50, seed=4), natural, client_test_fraction=0.25, seed=0
+    )
     server = Server(
-        model_factory=functools.partial(MLP2NN, (60,), 10, hidden=16), clients=make_clients(data, functools.partial(Client, batch_size=8)),
-        train_data=data.train, test_data=data.test, strategy=strategy, executor=executor, num_rounds=3, clients_per_round=4,
-        seed=1, logger=RunLogger(None, progress=False), client_eval=ClientEvaluation("all"),
+        model_factory=functools.partial(MLP2NN, (60,), 10, hidden=16),
+        clients=make_clients(data, functools.partial(Client, batch_size=8)),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=strategy,
+        executor=executor,
+        num_rounds=3,
+        clients_per_round=4,
+        seed=1,
+        logger=RunLogger(None, progress=False),
+        client_eval=ClientEvaluation("all"),
     )
     return server.run(), server
 
 
 @pytest.mark.parametrize("make", [lambda: Ditto(lam=0.1), lambda: FedRep(head_epochs=2)], ids=["ditto", "fedrep"])
 def test_worker_processes_equal_serial_personal_models_included(make) -> None:  # type: ignore[no-untyped-def]
-    (serial, serial_server), (process, process_server) = _run(make(), SerialExecutor()), _run(make(), ProcessExecutor(devices="cpu", workers=2))
+    (serial, serial_server), (process, process_server) = (
+        _run(make(), SerialExecutor()),
+        _run(make(), ProcessExecutor(devices="cpu", workers=2)),
+    )
     assert torch.equal(serial.params, process.params)
     clients = serial_server.client_states.clients()
     assert clients == process_server.client_states.clients() and len(clients) >= 6
@@ -149,7 +182,16 @@ def _tensors(a: dict, b: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 @pytest.mark.parametrize("strategy, hook", [(Ditto(), "after_training"), (FedRep(), "end_task")])
 def test_vmap_refuses_them_in_one_line(strategy: Strategy, hook: str) -> None:
-    strategy.setup(RunContext(layout=ParamLayout.of(_two_layers()), num_clients=2, num_examples=(1, 1), clients_per_round=1, num_rounds=1, seed=0))
+    strategy.setup(
+        RunContext(
+            layout=ParamLayout.of(_two_layers()),
+            num_clients=2,
+            num_examples=(1, 1),
+            clients_per_round=1,
+            num_rounds=1,
+            seed=0,
+        )
+    )
     from fedsim.executor.base import Workload
 
     with pytest.raises(VmapUnsupportedError, match=rf"\.{hook}\).*use executor=process"):

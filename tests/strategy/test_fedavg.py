@@ -8,13 +8,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedsim.core.types import ClientUpdate
 from fedsim.strategy import FedAvg, Strategy
 from fedsim.strategy.functional import weighted_average
-from fedsim.core.types import ClientUpdate
 
 
 def _update(client_id: int, values: list[float], n: int) -> ClientUpdate:
-    return ClientUpdate(client_id=client_id, round_num=1, params=torch.tensor(values, dtype=torch.float32), num_examples=n)
+    return ClientUpdate(
+        client_id=client_id, round_num=1, params=torch.tensor(values, dtype=torch.float32), num_examples=n
+    )
 
 
 # --- known answers -----------------------------------------------------------------------------

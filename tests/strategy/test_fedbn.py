@@ -15,22 +15,22 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent.parent))
 import vision_files  # noqa: E402
 
-from fedsim.core.checkpoint import load_latest  # noqa: E402
+from fedsim.cli.run import compose, run_config  # noqa: E402
 from fedsim.client.base import Client  # noqa: E402
-from fedsim.strategy.context import RunContext  # noqa: E402
 from fedsim.client.federation import federate, make_clients  # noqa: E402
+from fedsim.client.state import ClientStateStore  # noqa: E402
+from fedsim.core.checkpoint import load_latest  # noqa: E402
+from fedsim.core.params import ParamLayout, flatten  # noqa: E402
+from fedsim.core.seeding import init_seed  # noqa: E402
+from fedsim.core.types import ClientUpdate  # noqa: E402
 from fedsim.data.partition import iid  # noqa: E402
 from fedsim.data.tensor_data import DataSplit, TensorData  # noqa: E402
 from fedsim.executor import ProcessExecutor, SerialExecutor  # noqa: E402
-from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.models import CNNBatchNorm  # noqa: E402
-from fedsim.core.params import ParamLayout, flatten  # noqa: E402
-from fedsim.cli.run import compose, run_config  # noqa: E402
-from fedsim.core.seeding import init_seed  # noqa: E402
+from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.server.server import Server  # noqa: E402
-from fedsim.client.state import ClientStateStore  # noqa: E402
+from fedsim.strategy.context import RunContext  # noqa: E402
 from fedsim.strategy.fedbn import STATE_KEY, FedBN, LocalNorms, norm_entries  # noqa: E402
-from fedsim.core.types import ClientUpdate  # noqa: E402
 
 BN_ENTRIES = ("1.weight", "1.bias", "1.running_mean", "1.running_var")
 
@@ -41,7 +41,9 @@ def _tiny() -> nn.Sequential:
 
 
 def _context(model: nn.Module) -> RunContext:
-    return RunContext(layout=ParamLayout.of(model), num_clients=3, num_examples=(1, 3, 4), clients_per_round=2, num_rounds=1, seed=0)
+    return RunContext(
+        layout=ParamLayout.of(model), num_clients=3, num_examples=(1, 3, 4), clients_per_round=2, num_rounds=1, seed=0
+    )
 
 
 def _setup(model: nn.Module, **kwargs: object) -> FedBN:
@@ -81,14 +83,19 @@ def test_norm_layers_overrides_what_is_kept_local() -> None:
     assert grouped.names == ("1.weight", "1.bias")  # no running statistics: found by name only
 
 
-@pytest.mark.parametrize(("model", "kwargs", "message"), [
-    (nn.Sequential(nn.Linear(2, 1), nn.Linear(1, 1)), {}, "FedBN needs a model with BatchNorm, e.g. model=cnn_bn"),
-    (nn.Sequential(nn.Conv2d(1, 2, 1), nn.GroupNorm(1, 2)), {}, "FedBN needs a model with BatchNorm"),
-    (_tiny(), {"norm_layers": "^head"}, "strategy.norm_layers='^head' matches no entry of the model"),
-    (_tiny(), {"norm_layers": "."}, "strategy.norm_layers='.' selects every entry of the model"),
-    (nn.BatchNorm1d(3), {}, "strategy.norm_layers=None selects every entry of the model"),
-])
-def test_a_model_with_nothing_to_keep_local_is_refused_in_one_line(model: nn.Module, kwargs: dict, message: str) -> None:
+@pytest.mark.parametrize(
+    ("model", "kwargs", "message"),
+    [
+        (nn.Sequential(nn.Linear(2, 1), nn.Linear(1, 1)), {}, "FedBN needs a model with BatchNorm, e.g. model=cnn_bn"),
+        (nn.Sequential(nn.Conv2d(1, 2, 1), nn.GroupNorm(1, 2)), {}, "FedBN needs a model with BatchNorm"),
+        (_tiny(), {"norm_layers": "^head"}, "strategy.norm_layers='^head' matches no entry of the model"),
+        (_tiny(), {"norm_layers": "."}, "strategy.norm_layers='.' selects every entry of the model"),
+        (nn.BatchNorm1d(3), {}, "strategy.norm_layers=None selects every entry of the model"),
+    ],
+)
+def test_a_model_with_nothing_to_keep_local_is_refused_in_one_line(
+    model: nn.Module, kwargs: dict, message: str
+) -> None:
     with pytest.raises(ValueError) as raised:
         _setup(model, **kwargs)
     assert str(raised.value).startswith(message) and "strategy.norm_layers" in str(raised.value)
@@ -128,7 +135,9 @@ def test_the_client_half_keeps_and_restores_its_own_batchnorm_across_tasks() -> 
     assert set(state[STATE_KEY]) == set(BN_ENTRIES) and all(float(v) == 3.0 for v in state[STATE_KEY].values())
     _fill(model, 5.0)  # the next task's global model
     half.begin_task(model, {}, state)
-    assert [float(t.detach()) for t in (model[1].weight, model[1].bias, model[1].running_mean, model[1].running_var)] == [3.0] * 4
+    assert [
+        float(t.detach()) for t in (model[1].weight, model[1].bias, model[1].running_mean, model[1].running_var)
+    ] == [3.0] * 4
     assert torch.all(model[0].weight == -5.0)  # the rest is the global model's
     assert state[STATE_KEY]["1.running_mean"] is not model[1].running_mean  # a copy, not the model's own tensor
 
@@ -139,16 +148,31 @@ def test_personalise_puts_the_clients_own_batchnorm_in() -> None:
     assert half.personalise(model, {}) is False and float(model[1].running_var) == 5.0  # never trained: unchanged
     own = {name: torch.full((1,), 7.0) for name in BN_ENTRIES}
     assert half.personalise(model, {STATE_KEY: own}) is True
-    assert float(model[1].running_var) == 7.0 and float(model[1].weight.detach()) == 7.0 and torch.all(model[0].weight == -5.0)
+    assert (
+        float(model[1].running_var) == 7.0
+        and float(model[1].weight.detach()) == 7.0
+        and torch.all(model[0].weight == -5.0)
+    )
 
 
 def test_fedbn_runs_on_the_cnn_with_batchnorm_from_command_line_overrides(tmp_path: Path) -> None:
     root, run_dir = tmp_path / "mnist", tmp_path / "run"
     vision_files.write_mnist(root, n_train=40, n_test=10)
-    overrides = ["model=cnn_bn", "model.fc_units=16", "strategy=fedbn", "data=mnist", f"data.root={root}",
-                 "partition.num_clients=2", "clients_per_round=2", "num_rounds=2", "logger.progress=false",
-                 "logger.tensorboard=false"]
-    result = run_config(compose(overrides), run_dir=run_dir)  # what `python -m fedsim <overrides>` runs, minus ~8 s of start-up
+    overrides = [
+        "model=cnn_bn",
+        "model.fc_units=16",
+        "strategy=fedbn",
+        "data=mnist",
+        f"data.root={root}",
+        "partition.num_clients=2",
+        "clients_per_round=2",
+        "num_rounds=2",
+        "logger.progress=false",
+        "logger.tensorboard=false",
+    ]
+    result = run_config(
+        compose(overrides), run_dir=run_dir
+    )  # what `python -m fedsim <overrides>` runs, minus ~8 s of start-up
     final = load_latest(run_dir / "checkpoints")[1]["params"]
     assert torch.equal(final, result.params)
     torch.manual_seed(init_seed(0))  # the run's initial global model (seed=0)
@@ -162,7 +186,9 @@ def test_fedbn_runs_on_the_cnn_with_batchnorm_from_command_line_overrides(tmp_pa
     means = [store.get(cid)[STATE_KEY]["features.1.running_mean"] for cid in store.clients()]
     assert len(means) == 2 and not torch.equal(means[0], means[1]), "each client keeps statistics of its own"
     last = result.history[-1]
-    assert last["eval_personal/personalised"] == 2 and last["strategy/local_fraction"] == int(local.sum()) / local.numel()
+    assert (
+        last["eval_personal/personalised"] == 2 and last["strategy/local_fraction"] == int(local.sum()) / local.numel()
+    )
 
 
 def _run(executor: object) -> Server:
@@ -172,8 +198,14 @@ def _run(executor: object) -> Server:
     data = federate(DataSplit(train, test), functools.partial(iid, num_clients=4), client_test_fraction=0.25, seed=0)
     server = Server(
         model_factory=functools.partial(CNNBatchNorm, input_shape=(1, 8, 8), num_classes=3, fc_units=8),
-        clients=make_clients(data, functools.partial(Client, epochs=1, batch_size=4)), train_data=data.train,
-        test_data=data.test, strategy=FedBN(), executor=executor, num_rounds=3, clients_per_round=3, seed=7,  # type: ignore[arg-type]
+        clients=make_clients(data, functools.partial(Client, epochs=1, batch_size=4)),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=FedBN(),
+        executor=executor,
+        num_rounds=3,
+        clients_per_round=3,
+        seed=7,  # type: ignore[arg-type]
         logger=RunLogger(None, tensorboard=False, progress=False),
     )
     server.run()

@@ -13,28 +13,35 @@ import torch
 from torch import nn
 
 from fedsim.client.base import Client
-from fedsim.strategy.context import RunContext
 from fedsim.client.federation import FederatedData, federate, make_clients
+from fedsim.core.params import ParamLayout
+from fedsim.core.types import ClientUpdate
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
-from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression
-from fedsim.core.params import ParamLayout
+from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import Server
 from fedsim.strategy import FedAvg
+from fedsim.strategy.context import RunContext
 from fedsim.strategy.feddyn import ALPHA_KEY, SIZE_KEY, STATE_KEY, DynamicRegulariser, FedDyn
-from fedsim.core.types import ClientUpdate
 
 
 def _context(num_clients: int, model: nn.Module | None = None) -> RunContext:
     layout = ParamLayout.of(model or nn.Linear(1, 1))  # 2 weights: the flat vectors below
-    return RunContext(layout=layout, num_clients=num_clients, num_examples=(1,) * num_clients, clients_per_round=2,
-                      num_rounds=2, seed=0)
+    return RunContext(
+        layout=layout,
+        num_clients=num_clients,
+        num_examples=(1,) * num_clients,
+        clients_per_round=2,
+        num_rounds=2,
+        seed=0,
+    )
 
 
-def _client_round(s: FedDyn, round_num: int, cid: int, state: dict, theta: torch.Tensor, trained: list[float],
-                  n: int = 1) -> ClientUpdate:
+def _client_round(
+    s: FedDyn, round_num: int, cid: int, state: dict, theta: torch.Tensor, trained: list[float], n: int = 1
+) -> ClientUpdate:
     """What a task of client ``cid`` does to its state (the client half's update_state), and its update."""
     update = ClientUpdate(client_id=cid, round_num=round_num, params=torch.tensor(trained), num_examples=n)
     DynamicRegulariser().update_state(state, s.client_config(round_num, cid), theta, update)
@@ -44,10 +51,22 @@ def _client_round(s: FedDyn, round_num: int, cid: int, state: dict, theta: torch
 def _two_rounds(s: FedDyn, states: dict[int, dict]) -> list[torch.Tensor]:
     """Round 1: clients 1 and 2 from θ⁰ = 0; round 2: clients 1 and 3 (new) from θ¹. Every Δ_k is (1, 0) or (0, 2)."""
     theta0 = torch.zeros(2)
-    theta1 = s.aggregate(1, theta0, [_client_round(s, 1, 1, states[1], theta0, [1.0, 0.0], n=1),
-                                     _client_round(s, 1, 2, states[2], theta0, [0.0, 2.0], n=100)])
-    theta2 = s.aggregate(2, theta1, [_client_round(s, 2, 1, states[1], theta1, [1.75, 1.5]),
-                                     _client_round(s, 2, 3, states[3], theta1, [0.75, 3.5])])
+    theta1 = s.aggregate(
+        1,
+        theta0,
+        [
+            _client_round(s, 1, 1, states[1], theta0, [1.0, 0.0], n=1),
+            _client_round(s, 1, 2, states[2], theta0, [0.0, 2.0], n=100),
+        ],
+    )
+    theta2 = s.aggregate(
+        2,
+        theta1,
+        [
+            _client_round(s, 2, 1, states[1], theta1, [1.75, 1.5]),
+            _client_round(s, 2, 3, states[3], theta1, [0.75, 3.5]),
+        ],
+    )
     return [theta1, theta2]
 
 
@@ -122,7 +141,9 @@ def test_client_half_adds_minus_g_plus_alpha_times_the_distance() -> None:
     assert torch.equal(model.bias.grad, torch.tensor([-3.0]))
     half.begin_task(model, {ALPHA_KEY: 2.0}, {})  # g_k = 0, anchored at the current weights: nothing to add
     half.before_step(model)
-    assert torch.equal(model.weight.grad, torch.tensor([[11.0, 18.0]])) and torch.equal(model.bias.grad, torch.tensor([-3.0]))
+    assert torch.equal(model.weight.grad, torch.tensor([[11.0, 18.0]])) and torch.equal(
+        model.bias.grad, torch.tensor([-3.0])
+    )
 
 
 def test_functional_term_known_answer_and_its_gradient_is_what_before_step_adds() -> None:
@@ -131,11 +152,16 @@ def test_functional_term_known_answer_and_its_gradient_is_what_before_step_adds(
     # gradient −g + α(θ − θ^{t−1}) = (−1 + 2, 2 − 4 | −3) = (1, −2 | −3)
     params = {"weight": torch.tensor([[2.0, 0.0]], requires_grad=True), "bias": torch.tensor([1.0], requires_grad=True)}
     anchor = {"weight": torch.tensor([[1.0, 2.0]]), "bias": torch.tensor([1.0])}
-    numbers = {ALPHA_KEY: torch.tensor(2.0), STATE_KEY: {"weight": torch.tensor([[1.0, -2.0]]), "bias": torch.tensor([3.0])}}
+    numbers = {
+        ALPHA_KEY: torch.tensor(2.0),
+        STATE_KEY: {"weight": torch.tensor([[1.0, -2.0]]), "bias": torch.tensor([3.0])},
+    }
     term = DynamicRegulariser().functional_term(params, anchor, numbers)
     assert term is not None and float(term.detach()) == 0.0
     term.backward()
-    assert torch.equal(params["weight"].grad, torch.tensor([[1.0, -2.0]])) and torch.equal(params["bias"].grad, torch.tensor([-3.0]))
+    assert torch.equal(params["weight"].grad, torch.tensor([[1.0, -2.0]])) and torch.equal(
+        params["bias"].grad, torch.tensor([-3.0])
+    )
     model = _linear([1.0, 2.0], 1.0)
     half = DynamicRegulariser()
     half.begin_task(model, {ALPHA_KEY: 2.0}, {STATE_KEY: torch.tensor([1.0, -2.0, 3.0])})
@@ -178,9 +204,17 @@ def test_client_half_trains_as_the_written_out_loss_term() -> None:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(60, 16), nn.Tanh(), nn.Linear(16, 10))
         model[0].bias.requires_grad_(False)
-        client = Client(0, range(64), epochs=2, batch_size=8, optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9))
-        update = client.fit(model, data, config={ALPHA_KEY: 0.5}, state={STATE_KEY: g},
-                            generator=torch.Generator().manual_seed(1), local=half)
+        client = Client(
+            0, range(64), epochs=2, batch_size=8, optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+        )
+        update = client.fit(
+            model,
+            data,
+            config={ALPHA_KEY: 0.5},
+            state={STATE_KEY: g},
+            generator=torch.Generator().manual_seed(1),
+            local=half,
+        )
         weights.append(update.params)
     fast, written, plain = weights
     assert torch.allclose(fast, written, rtol=1e-5, atol=1e-6)
@@ -190,17 +224,26 @@ def test_client_half_trains_as_the_written_out_loss_term() -> None:
 @functools.lru_cache(maxsize=1)
 def _data() -> FederatedData:
     """FedProx's Synthetic(1,1): 8 devices of unequal sizes (20–60 examples), 60 features."""
-    return federate(synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+    return federate(
+        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
+    )
 
 
 def _server(strategy, executor, rounds: int = 3, run_dir: Path | None = None) -> Server:  # type: ignore[no-untyped-def]
     data = _data()
     return Server(
         model_factory=functools.partial(LogisticRegression, (60,), 10),
-        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)), train_data=data.train,
-        test_data=data.test, strategy=strategy, executor=executor, num_rounds=rounds, clients_per_round=4, seed=5,
+        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=strategy,
+        executor=executor,
+        num_rounds=rounds,
+        clients_per_round=4,
+        seed=5,
         logger=RunLogger(run_dir, tensorboard=False, progress=False),
-        checkpoint_dir=None if run_dir is None else run_dir / "checkpoints", checkpoint_every=1 if run_dir else 0,
+        checkpoint_dir=None if run_dir is None else run_dir / "checkpoints",
+        checkpoint_every=1 if run_dir else 0,
     )
 
 

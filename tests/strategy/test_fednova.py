@@ -11,21 +11,26 @@ import torch
 
 from fedsim.client.base import Client
 from fedsim.client.federation import FederatedData, federate, make_clients
+from fedsim.core.types import ClientUpdate
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
-from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression
+from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RunResult, Server
+from fedsim.server.stragglers import Stragglers
 from fedsim.strategy import FedAvg
 from fedsim.strategy.fednova import FedNova
-from fedsim.server.stragglers import Stragglers
-from fedsim.core.types import ClientUpdate
 
 
 def _update(cid: int, params: list[float], n: int, steps: float) -> ClientUpdate:
-    return ClientUpdate(client_id=cid, round_num=1, params=torch.tensor(params), num_examples=n,
-                        metrics={"local_steps": steps, "lr": 0.1})
+    return ClientUpdate(
+        client_id=cid,
+        round_num=1,
+        params=torch.tensor(params),
+        num_examples=n,
+        metrics={"local_steps": steps, "lr": 0.1},
+    )
 
 
 def test_normalised_averaging_known_answer() -> None:
@@ -81,16 +86,25 @@ def test_bad_parameters_name_the_field() -> None:
 @functools.lru_cache(maxsize=1)
 def _data() -> FederatedData:
     """FedProx's Synthetic(1,1): 8 devices of unequal sizes (20–60 examples), 60 features."""
-    return federate(synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+    return federate(
+        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
+    )
 
 
 def _run(strategy, executor, *, batch_size: int = 8, stragglers=None, rounds: int = 3) -> RunResult:  # type: ignore[no-untyped-def]
     data = _data()
     server = Server(
         model_factory=functools.partial(LogisticRegression, (60,), 10),
-        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=batch_size)), train_data=data.train,
-        test_data=data.test, strategy=strategy, executor=executor, num_rounds=rounds, clients_per_round=4, seed=5,
-        stragglers=stragglers, logger=RunLogger(None, tensorboard=False, progress=False),
+        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=batch_size)),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=strategy,
+        executor=executor,
+        num_rounds=rounds,
+        clients_per_round=4,
+        seed=5,
+        stragglers=stragglers,
+        logger=RunLogger(None, tensorboard=False, progress=False),
     )
     return server.run()
 
@@ -129,7 +143,9 @@ def test_unequal_local_steps_reweight_each_update_by_tau_eff_over_tau_k() -> Non
         p = [k / sum(n) for k in n]
         tau_eff = sum(pk * tk for pk, tk in zip(p, tau))
         assert record["strategy/tau_eff"] == pytest.approx(tau_eff, rel=1e-12)
-        expected = w.double() + sum(pk * tau_eff / tk * (u.params.double() - w.double()) for pk, tk, u in zip(p, tau, updates))
+        expected = w.double() + sum(
+            pk * tau_eff / tk * (u.params.double() - w.double()) for pk, tk, u in zip(p, tau, updates)
+        )
         torch.testing.assert_close(new, expected.float(), rtol=1e-6, atol=1e-7)
         fedavg = FedAvg().aggregate(1, w, updates)
         assert (new - fedavg).norm() > 1e-3 * (fedavg - w).norm(), "unequal steps must change the aggregate"

@@ -10,14 +10,14 @@ from torch import nn
 
 from fedsim.client.base import Client
 from fedsim.client.federation import federate, make_clients
+from fedsim.core.types import ClientUpdate
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.models import LogisticRegression
 from fedsim.server.server import Server
-from fedsim.strategy import FedAvg, FedProx, ProximalTerm
 from fedsim.server.stragglers import Stragglers
-from fedsim.core.types import ClientUpdate
+from fedsim.strategy import FedAvg, FedProx, ProximalTerm
 
 
 def test_proximal_term_known_answer_and_gradient() -> None:
@@ -71,9 +71,12 @@ def test_proximal_term_trains_as_the_written_out_loss_term(client_class: type[Cl
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(60, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 10))
         model[2].weight.requires_grad_(False)
-        client = client_class(0, range(64), epochs=3, batch_size=8,
-                              optimizer=functools.partial(torch.optim.SGD, lr=0.5, momentum=0.9))
-        update = client.fit(model, data, config={"prox_mu": 0.5}, generator=torch.Generator().manual_seed(1), local=local)
+        client = client_class(
+            0, range(64), epochs=3, batch_size=8, optimizer=functools.partial(torch.optim.SGD, lr=0.5, momentum=0.9)
+        )
+        update = client.fit(
+            model, data, config={"prox_mu": 0.5}, generator=torch.Generator().manual_seed(1), local=local
+        )
         weights.append(update.params)
         losses.append(update.epoch_losses)
     fast, written, plain = weights
@@ -96,8 +99,11 @@ def test_proximal_term_is_off_when_mu_is_zero() -> None:
 def test_server_half_known_answer_keeps_every_update() -> None:
     # n = 1, 3, 4 (total 8), a straggler's few examples included:  x = (1 + 9 - 8) / 8,  y = (2 + 18 + 0) / 8.
     # The global weights and μ do not enter the server half.
-    updates = [ClientUpdate(0, 1, torch.tensor([1.0, 2.0]), 1), ClientUpdate(2, 1, torch.tensor([3.0, 6.0]), 3),
-               ClientUpdate(5, 1, torch.tensor([-2.0, 0.0]), 4)]
+    updates = [
+        ClientUpdate(0, 1, torch.tensor([1.0, 2.0]), 1),
+        ClientUpdate(2, 1, torch.tensor([3.0, 6.0]), 3),
+        ClientUpdate(5, 1, torch.tensor([-2.0, 0.0]), 4),
+    ]
     for strategy, x in ((FedProx(mu=5.0), torch.zeros(2)), (FedProx(mu=0.0), torch.tensor([9.0, -9.0]))):
         assert torch.equal(strategy.aggregate(1, x, updates), torch.tensor([0.25, 2.5]))
 
@@ -132,11 +138,19 @@ def test_straggler_parameters_are_checked(bad: dict) -> None:
 
 
 def _server(strategy, executor, stragglers=None, clients=None) -> Server:  # type: ignore[no-untyped-def]
-    data = federate(synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+    data = federate(
+        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
+    )
     return Server(
         model_factory=functools.partial(LogisticRegression, (60,), 10),
-        clients=clients or make_clients(data, functools.partial(Client, epochs=3, batch_size=8)), train_data=data.train,
-        test_data=data.test, strategy=strategy, executor=executor, num_rounds=3, clients_per_round=4, seed=5,
+        clients=clients or make_clients(data, functools.partial(Client, epochs=3, batch_size=8)),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=strategy,
+        executor=executor,
+        num_rounds=3,
+        clients_per_round=4,
+        seed=5,
         stragglers=stragglers,
     )
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from fedsim.cli.run import build_server, compose, run_config
+from fedsim.core.types import ClientUpdate
 from fedsim.strategy import FLTrust
 from fedsim.strategy.fltrust import fltrust_step, trust_scores
-from fedsim.core.types import ClientUpdate
 
 # Synthetic(0, 0): every device has the same model and feature distribution, so honest changes point roughly the way
 # of the server's root update
@@ -30,7 +30,9 @@ def _d(*values: float) -> torch.Tensor:
 def test_trust_scores_known_answers() -> None:
     root = _d(3.0, 4.0)  # ‖Δ₀‖ = 5
     # cos = 1; (0,-2): -8/10 -> 0; (4,0): 12/20 = 0.6; the zero change has no direction -> 0
-    assert trust_scores([_d(6.0, 8.0), _d(0.0, -2.0), _d(4.0, 0.0), _d(0.0, 0.0)], root) == pytest.approx([1.0, 0.0, 0.6, 0.0])
+    assert trust_scores([_d(6.0, 8.0), _d(0.0, -2.0), _d(4.0, 0.0), _d(0.0, 0.0)], root) == pytest.approx(
+        [1.0, 0.0, 0.6, 0.0]
+    )
 
 
 def test_step_known_answer() -> None:
@@ -71,12 +73,20 @@ def test_the_root_dataset_is_drawn_once_from_the_clients_training_examples() -> 
 
 
 def test_a_context_without_a_root_dataset_is_refused_in_one_line() -> None:
-    from fedsim.strategy.context import RunContext
     from fedsim.core.params import ParamLayout
+    from fedsim.strategy.context import RunContext
 
-    context = RunContext(layout=ParamLayout.of(torch.nn.Linear(1, 1)), num_clients=1, num_examples=(1,),
-                         clients_per_round=1, num_rounds=1, seed=0)
-    with pytest.raises(ValueError, match=r"^strategy=fltrust needs the server's root dataset; this run context offers none$"):
+    context = RunContext(
+        layout=ParamLayout.of(torch.nn.Linear(1, 1)),
+        num_clients=1,
+        num_examples=(1,),
+        clients_per_round=1,
+        num_rounds=1,
+        seed=0,
+    )
+    with pytest.raises(
+        ValueError, match=r"^strategy=fltrust needs the server's root dataset; this run context offers none$"
+    ):
         FLTrust().setup(context)
 
 
@@ -102,19 +112,24 @@ def test_aggregate_keeps_the_honest_direction_and_drops_a_flipped_client() -> No
     strategy: FLTrust = server.strategy
     w = server.params
     root = strategy.root.train(1, w).double() - w.double()
-    updates = [ClientUpdate(0, 1, (w.double() + 3 * root).float(), 10),   # the root's direction, 3 times as long
-               ClientUpdate(1, 1, (w.double() - 50 * root).float(), 10)]  # flipped and boosted
+    updates = [
+        ClientUpdate(0, 1, (w.double() + 3 * root).float(), 10),  # the root's direction, 3 times as long
+        ClientUpdate(1, 1, (w.double() - 50 * root).float(), 10),
+    ]  # flipped and boosted
     new = strategy.aggregate(1, w, updates)
     # only client 0 is trusted, rescaled to ‖Δ₀‖: w + Δ₀, up to float32 rounding. Client 0's change carries the
     # rounding e of its float32 weights, |e| <= 2^-24 |w + 3Δ₀|; rescaled by 1/3 it moves each coordinate by at most
     # |e|/3 and the direction by |Δ₀|·‖e‖/(3‖Δ₀‖); the new weights are rounded to float32 once more (2^-24 |w + Δ₀|).
     # Twice that covers the second-order terms and the float64 arithmetic
     honest = w.double() + 3 * root
-    bound = 2 * 2.0**-24 * (honest.abs() / 3 + root.abs() * honest.norm() / (3 * root.norm()) + (w.double() + root).abs())
+    bound = (
+        2 * 2.0**-24 * (honest.abs() / 3 + root.abs() * honest.norm() / (3 * root.norm()) + (w.double() + root).abs())
+    )
     assert bool(((new.double() - (w.double() + root)).abs() <= bound).all())
     assert strategy.selected_client_ids == [0]
     assert strategy.round_metrics(1) == pytest.approx(
-        {"trusted_fraction": 0.5, "mean_trust": 0.5, "root_update_norm": float(root.norm())}, rel=1e-6)
+        {"trusted_fraction": 0.5, "mean_trust": 0.5, "root_update_norm": float(root.norm())}, rel=1e-6
+    )
 
 
 @pytest.fixture(scope="module")
@@ -154,23 +169,33 @@ def test_with_every_bad_update_distrusted_ipm_and_sign_flipping_give_the_same_mo
 def test_process_workers_give_the_serial_weights(attacked_reference) -> None:  # noqa: ANN001
     result = build_server(compose([*ATTACKED, "executor=process", "executor.devices=cpu", "executor.workers=2"])).run()
     assert torch.equal(result.params, attacked_reference.params)
-    assert [r["strategy/mean_trust"] for r in result.history] == [r["strategy/mean_trust"] for r in attacked_reference.history]
+    assert [r["strategy/mean_trust"] for r in result.history] == [
+        r["strategy/mean_trust"] for r in attacked_reference.history
+    ]
 
 
 def test_a_resumed_run_is_bitwise_the_uninterrupted_one(tmp_path: Path, attacked_reference) -> None:  # noqa: ANN001
     run_config(compose([*ATTACKED, "num_rounds=2", "checkpoint_every=1"]), run_dir=tmp_path)
     resumed = run_config(compose([*ATTACKED, "resume=true"]), run_dir=tmp_path)
     assert torch.equal(resumed.params, attacked_reference.params)
-    assert [r["strategy/mean_trust"] for r in resumed.history] == [r["strategy/mean_trust"] for r in attacked_reference.history]
+    assert [r["strategy/mean_trust"] for r in resumed.history] == [
+        r["strategy/mean_trust"] for r in attacked_reference.history
+    ]
 
 
-@pytest.mark.parametrize(("overrides", "line"), [
-    (["strategy.root_size=0"], r"^strategy\.root_size must be an integer >= 1 \(got 0\)$"),
-    (["strategy.root_size=100000"], r"^strategy\.root_size must be an integer between 1 and the \d+ training examples "
-                                    r"the clients hold \(got 100000\)$"),
-    (["strategy.server_lr=0"], r"^strategy\.server_lr must be a finite number > 0 \(got 0\)$"),
-    (["dp=central"], r"^dp=central: FLTrust aggregates per-client information"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (["strategy.root_size=0"], r"^strategy\.root_size must be an integer >= 1 \(got 0\)$"),
+        (
+            ["strategy.root_size=100000"],
+            r"^strategy\.root_size must be an integer between 1 and the \d+ training examples "
+            r"the clients hold \(got 100000\)$",
+        ),
+        (["strategy.server_lr=0"], r"^strategy\.server_lr must be a finite number > 0 \(got 0\)$"),
+        (["dp=central"], r"^dp=central: FLTrust aggregates per-client information"),
+    ],
+)
 def test_bad_settings_are_refused_in_one_line_before_any_work(overrides: list[str], line: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=line) as raised:
         build_server(compose([*IID, "num_rounds=1", *overrides]), tmp_path / "run")

@@ -11,14 +11,15 @@ import pytest
 import torch
 
 from fedsim.cli.run import build_server, compose
-from fedsim.strategy import FedAvg, NormBounding, Strategy
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy import FedAvg, NormBounding, Strategy
 
 GLOBAL = torch.tensor([1.0, 1.0])
 
 
-def _round(deltas: list[list[float]], sizes: list[int], ids: list[int] | None = None,
-           start: torch.Tensor = GLOBAL) -> list[ClientUpdate]:
+def _round(
+    deltas: list[list[float]], sizes: list[int], ids: list[int] | None = None, start: torch.Tensor = GLOBAL
+) -> list[ClientUpdate]:
     """Updates whose trained weights are ``start + delta`` (float32)."""
     ids = ids if ids is not None else list(range(len(deltas)))
     return [ClientUpdate(i, 1, start + torch.tensor(d), n) for i, d, n in zip(ids, deltas, sizes)]
@@ -36,7 +37,10 @@ def test_known_answer_example_weighted() -> None:
     # the bound is only on the size of a change: FedAvg would give (1 + 6/4, 1 + (8 - 6)/4) = (2.5, 1.5)
     assert torch.equal(FedAvg().aggregate(1, GLOBAL, _round(DELTAS, SIZES)), torch.tensor([2.5, 1.5]))
     assert strategy.round_metrics(1) == {"clipped_fraction": 0.5, "delta_norm_median": 6.0, "delta_norm_max": 10.0}
-    assert strategy.client_metrics(1) == {0: {"delta_norm": 10.0, "clip_factor": 0.5}, 1: {"delta_norm": 2.0, "clip_factor": 1.0}}
+    assert strategy.client_metrics(1) == {
+        0: {"delta_norm": 10.0, "clip_factor": 0.5},
+        1: {"delta_norm": 2.0, "clip_factor": 1.0},
+    }
 
 
 def test_known_answer_unweighted_ignores_example_counts() -> None:
@@ -50,7 +54,9 @@ def test_a_boosted_outlier_moves_the_model_by_exactly_its_share_of_the_bound() -
     # a model-replacement update (1000x): scaled to norm M = 1 exactly, then weighted 1/2 -> (0.5, 0, 0, 0)
     zero, honest = torch.zeros(4), [0.0, 0.0, 0.0, 0.0]
     for boost in (1e3, 1e6):
-        new = NormBounding(max_norm=1.0).aggregate(1, zero, _round([[boost, 0.0, 0.0, 0.0], honest], [5, 5], start=zero))
+        new = NormBounding(max_norm=1.0).aggregate(
+            1, zero, _round([[boost, 0.0, 0.0, 0.0], honest], [5, 5], start=zero)
+        )
         assert torch.equal(new, torch.tensor([0.5, 0.0, 0.0, 0.0]))
     # in four dimensions (8, 8, 8, 8) has norm 16: with M = 4 it becomes (2, 2, 2, 2), weighted 1/4 -> 0.5 each
     new = NormBounding(max_norm=4.0).aggregate(1, zero, _round([[8.0] * 4, honest], [1, 3], start=zero))
@@ -62,7 +68,9 @@ def test_is_fedavg_when_no_change_reaches_the_bound() -> None:
     start = torch.randn(50, generator=gen)
     updates = [ClientUpdate(i, 1, start + 0.01 * torch.randn(50, generator=gen), n) for i, n in enumerate([3, 1, 7, 2])]
     strategy = NormBounding(max_norm=10.0)
-    torch.testing.assert_close(strategy.aggregate(1, start, updates), FedAvg().aggregate(1, start, updates), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        strategy.aggregate(1, start, updates), FedAvg().aggregate(1, start, updates), rtol=0, atol=1e-6
+    )
     assert strategy.round_metrics(1)["clipped_fraction"] == 0.0
 
 

@@ -15,11 +15,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedsim.strategy.context import RunContext
 from fedsim.core.params import ParamLayout
-from fedsim.strategy.scaffold import STATE_KEY, correction
-from fedsim.strategy import ControlCorrection, FedAvg, FedProx, Scaffold
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy import ControlCorrection, FedAvg, FedProx, Scaffold
+from fedsim.strategy.context import RunContext
+from fedsim.strategy.scaffold import STATE_KEY, correction
 
 _finite = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, allow_infinity=False, width=32)
 _integral = st.integers(-1024, 1024).map(float)  # float32 sums and differences of these are exact
@@ -50,8 +50,9 @@ def _fedprox_rounds(draw: st.DrawFn) -> FedProxRound:
     vector = st.lists(_finite, min_size=dim, max_size=dim)
     x = torch.tensor(draw(vector), dtype=torch.float32)
     ids = sorted(draw(st.lists(st.integers(0, 99), min_size=k, max_size=k, unique=True)))
-    updates = [ClientUpdate(cid, 1, torch.tensor(draw(vector), dtype=torch.float32), draw(st.integers(1, 1000)))
-               for cid in ids]
+    updates = [
+        ClientUpdate(cid, 1, torch.tensor(draw(vector), dtype=torch.float32), draw(st.integers(1, 1000))) for cid in ids
+    ]
     return x, updates, draw(st.permutations(range(k)))
 
 
@@ -115,8 +116,12 @@ def _scaffold_cases(draw: st.DrawFn, values: st.SearchStrategy[float] = _finite)
     control = vector(values) if draw(st.booleans()) else None
     stored = draw(st.lists(st.integers(0, 29), max_size=10, unique=True)) if control is not None else []
     return ScaffoldCase(
-        x=x, updates=updates, perm=draw(st.permutations(range(k))), control=control,
-        client_states={cid: vector(values) for cid in stored}, num_clients=draw(st.sampled_from([0, 30, 100])),
+        x=x,
+        updates=updates,
+        perm=draw(st.permutations(range(k))),
+        control=control,
+        client_states={cid: vector(values) for cid in stored},
+        num_clients=draw(st.sampled_from([0, 30, 100])),
         server_lr=draw(st.sampled_from([1.0, 0.5, 2.0])),
     )
 
@@ -124,17 +129,29 @@ def _scaffold_cases(draw: st.DrawFn, values: st.SearchStrategy[float] = _finite)
 def _scaffold(case: ScaffoldCase) -> Scaffold:
     """A fresh SCAFFOLD starting from the case's server state (c, N)."""
     strategy = Scaffold(server_lr=case.server_lr)
-    strategy.setup(RunContext(layout=ParamLayout.of(torch.nn.Linear(1, 1)), num_clients=case.num_clients,
-                              num_examples=(1,) * case.num_clients, clients_per_round=1, num_rounds=5, seed=0))
+    strategy.setup(
+        RunContext(
+            layout=ParamLayout.of(torch.nn.Linear(1, 1)),
+            num_clients=case.num_clients,
+            num_examples=(1,) * case.num_clients,
+            clients_per_round=1,
+            num_rounds=5,
+            seed=0,
+        )
+    )
     strategy.load_state_dict({"control": None if case.control is None else case.control.clone()})
     return strategy
 
 
-def _client_states(strategy: Scaffold, case: ScaffoldCase, x: torch.Tensor, updates: list[ClientUpdate]) -> dict[int, dict]:
+def _client_states(
+    strategy: Scaffold, case: ScaffoldCase, x: torch.Tensor, updates: list[ClientUpdate]
+) -> dict[int, dict]:
     """Each client's state after its task: what the client half's update_state makes of the case's cᵢ."""
     states = {}
     for update in updates:
-        state = {STATE_KEY: case.client_states[update.client_id].clone()} if update.client_id in case.client_states else {}
+        state = (
+            {STATE_KEY: case.client_states[update.client_id].clone()} if update.client_id in case.client_states else {}
+        )
         ControlCorrection().update_state(state, strategy.client_config(update.round_num, update.client_id), x, update)
         states[update.client_id] = state
     return states
@@ -182,8 +199,11 @@ def test_scaffold_identical_clients_leave_the_model_unchanged(case: ScaffoldCase
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(_finite, min_size=1, max_size=5), st.lists(st.integers(0, 19), min_size=1, max_size=6, unique=True),
-       st.lists(st.tuples(_steps, _lrs), min_size=6, max_size=6))
+@given(
+    st.lists(_finite, min_size=1, max_size=5),
+    st.lists(st.integers(0, 19), min_size=1, max_size=6, unique=True),
+    st.lists(st.tuples(_steps, _lrs), min_size=6, max_size=6),
+)
 def test_scaffold_with_zero_controls_identical_clients_change_nothing(
     values: list[float], ids: list[int], k_lr: list[tuple[float, float]]
 ) -> None:
@@ -193,7 +213,10 @@ def test_scaffold_with_zero_controls_identical_clients_change_nothing(
     case = ScaffoldCase(x=x, updates=[], perm=[], control=None, client_states={}, num_clients=20, server_lr=1.0)
     strategy, states = _scaffold(case), {}
     for round_num in (1, 2, 3):
-        updates = [ClientUpdate(cid, round_num, x.clone(), 5, {"local_steps": k, "lr": lr}) for cid, (k, lr) in zip(sorted(ids), k_lr)]
+        updates = [
+            ClientUpdate(cid, round_num, x.clone(), 5, {"local_steps": k, "lr": lr})
+            for cid, (k, lr) in zip(sorted(ids), k_lr)
+        ]
         after = _client_states(strategy, ScaffoldCase(**{**case.__dict__, "client_states": states}), x, updates)
         assert torch.equal(strategy.aggregate(round_num, x, updates), x)
         assert torch.equal(strategy.control, torch.zeros_like(x))

@@ -13,19 +13,19 @@ import pytest
 import torch
 
 from fedsim.client import Client, evaluate_indices
-from fedsim.strategy.context import RunContext
 from fedsim.client.federation import FederatedData, federate, make_clients
+from fedsim.core.params import ParamLayout
+from fedsim.core.types import ClientUpdate
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor, VmapUnsupportedError
-from fedsim.observe.run_logger import RunLogger
 from fedsim.models import LogisticRegression
-from fedsim.core.params import ParamLayout
+from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RunResult, Server
 from fedsim.strategy import Strategy
+from fedsim.strategy.context import RunContext
 from fedsim.strategy.functional import weighted_average
 from fedsim.strategy.qffl import QFFL, START_LOSS, StartLoss
-from fedsim.core.types import ClientUpdate
 
 
 def _update(cid: int, params: list[float], loss: float | None, lr: float | None = 0.5) -> ClientUpdate:
@@ -71,8 +71,12 @@ def test_q_zero_is_the_unweighted_mean_of_the_client_models() -> None:
     # q = 0: Δ_k = L (w − w_k), h_k = L: w − Σ (w − w_k) / m = mean of w_k, whatever the losses (a zero one included)
     # (2 − 1 + 5 + 0) / 4 = 1.5, (4 + 0.5 − 2 + 1) / 4 = 0.875
     w = torch.tensor([1.0, 2.0])
-    updates = [_update(0, [2.0, 4.0], 0.3, lr=0.25), _update(2, [-1.0, 0.5], 2.0, lr=0.25),
-               _update(5, [5.0, -2.0], 0.0, lr=0.25), _update(9, [0.0, 1.0], 7.5, lr=0.25)]
+    updates = [
+        _update(0, [2.0, 4.0], 0.3, lr=0.25),
+        _update(2, [-1.0, 0.5], 2.0, lr=0.25),
+        _update(5, [5.0, -2.0], 0.0, lr=0.25),
+        _update(9, [0.0, 1.0], 7.5, lr=0.25),
+    ]
     expected = torch.tensor([1.5, 0.875])
     assert torch.equal(QFFL(q=0.0).aggregate(1, w, updates), expected)
     assert torch.equal(weighted_average([u.params for u in updates], [1.0] * 4), expected)
@@ -80,8 +84,10 @@ def test_q_zero_is_the_unweighted_mean_of_the_client_models() -> None:
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(1000, generator=gen)
     params = [w + 0.1 * torch.randn(1000, generator=gen) for _ in range(7)]
-    updates = [ClientUpdate(k, 1, p, num_examples=k + 1, metrics={START_LOSS: float(k) / 3, "lr": 0.1})
-               for k, p in enumerate(params)]
+    updates = [
+        ClientUpdate(k, 1, p, num_examples=k + 1, metrics={START_LOSS: float(k) / 3, "lr": 0.1})
+        for k, p in enumerate(params)
+    ]
     mean = torch.stack(params).double().mean(dim=0).float()
     torch.testing.assert_close(QFFL(q=0.0).aggregate(1, w, updates), mean, rtol=2.0**-23, atol=0.0)
 
@@ -120,8 +126,14 @@ def test_bad_parameters_name_the_field() -> None:
 
 
 def _context(num_examples: tuple[int, ...], clients_per_round: int) -> RunContext:
-    return RunContext(layout=ParamLayout.of(torch.nn.Linear(2, 1)), num_clients=len(num_examples),
-                      num_examples=num_examples, clients_per_round=clients_per_round, num_rounds=1, seed=0)
+    return RunContext(
+        layout=ParamLayout.of(torch.nn.Linear(2, 1)),
+        num_clients=len(num_examples),
+        num_examples=num_examples,
+        clients_per_round=clients_per_round,
+        num_rounds=1,
+        seed=0,
+    )
 
 
 def test_weighted_sampling_follows_the_client_sizes() -> None:
@@ -138,8 +150,11 @@ def test_weighted_sampling_follows_the_client_sizes() -> None:
     assert counts[3] == 400, "the client holding 97 % of the examples is in (almost) every round"
     uniform = QFFL(sampling="uniform")
     assert uniform.sample(1, 8, 3, np.random.default_rng(5)) == Strategy().sample(1, 8, 3, np.random.default_rng(5))
-    with pytest.raises(ValueError, match=r"^strategy.sampling=weighted needs at least clients_per_round=6 clients "
-                                         r"with training examples \(got 5\); use strategy.sampling=uniform$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^strategy.sampling=weighted needs at least clients_per_round=6 clients "
+        r"with training examples \(got 5\); use strategy.sampling=uniform$",
+    ):
         QFFL().setup(_context(sizes, 6))
     QFFL(sampling="uniform").setup(_context(sizes, 6))
 
@@ -171,8 +186,14 @@ def _run(strategy: Strategy, executor, *, rounds: int = 3) -> RunResult:  # type
     data = _data()
     server = Server(
         model_factory=functools.partial(LogisticRegression, (60,), 10),
-        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)), train_data=data.train,
-        test_data=data.test, strategy=strategy, executor=executor, num_rounds=rounds, clients_per_round=4, seed=5,
+        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=strategy,
+        executor=executor,
+        num_rounds=rounds,
+        clients_per_round=4,
+        seed=5,
         logger=RunLogger(None, tensorboard=False, progress=False),
     )
     return server.run()

@@ -15,9 +15,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fedsim.cli.run import compose
+from fedsim.core.types import ClientUpdate
 from fedsim.strategy import Krum, Median, Strategy, TrimmedMean
 from fedsim.strategy import functional as F
-from fedsim.core.types import ClientUpdate
 
 
 def _updates(rows: list[list[float]], sizes: list[int] | None = None) -> list[ClientUpdate]:
@@ -107,18 +107,24 @@ def test_robust_strategies_are_stateless_and_leave_inputs_alone() -> None:
 def test_krum_rejects_too_small_rounds_with_one_line() -> None:
     with pytest.raises(ValueError) as error:
         Krum(f=2).aggregate(1, torch.zeros(3), _updates([[float(i)] * 3 for i in range(5)]))
-    assert str(error.value) == ("strategy=krum needs at least 2f+3 = 7 clients per round (f=2) but the round has 5; "
-                                "lower strategy.f or raise clients_per_round")
+    assert str(error.value) == (
+        "strategy=krum needs at least 2f+3 = 7 clients per round (f=2) but the round has 5; "
+        "lower strategy.f or raise clients_per_round"
+    )
     with pytest.raises(ValueError) as error:
         Krum(f=2).check(5)
-    assert str(error.value) == ("strategy=krum needs at least 2f+3 = 7 clients per round (f=2) but clients_per_round "
-                                "is 5; lower strategy.f or raise clients_per_round")
+    assert str(error.value) == (
+        "strategy=krum needs at least 2f+3 = 7 clients per round (f=2) but clients_per_round "
+        "is 5; lower strategy.f or raise clients_per_round"
+    )
     Krum(f=2).check(7)
     Krum(f=0).check(3)
 
 
 def test_krum_rejects_m_above_n_minus_f() -> None:
-    with pytest.raises(ValueError, match=r"^strategy=krum needs m <= n - f = 4 \(m=5, f=1\) but clients_per_round is 5; "):
+    with pytest.raises(
+        ValueError, match=r"^strategy=krum needs m <= n - f = 4 \(m=5, f=1\) but clients_per_round is 5; "
+    ):
         Krum(f=1, m=5).check(5)
     with pytest.raises(ValueError, match=r"lower strategy\.m"):
         Krum(f=1, m=5).aggregate(1, torch.zeros(2), _updates(LINE))
@@ -129,7 +135,9 @@ def test_trimmed_mean_check() -> None:
     TrimmedMean(0.1).check(10)  # trims 1 per side
     TrimmedMean(0.0).check(1)  # the plain mean works for any round
     TrimmedMean(0.49).check(3)  # trims ⌊1.47⌋ = 1 per side, keeps 1
-    with pytest.raises(ValueError, match=r"^strategy=trimmed_mean with beta=0\.1 trims floor\(beta\*5\) = 0 of 5 clients"):
+    with pytest.raises(
+        ValueError, match=r"^strategy=trimmed_mean with beta=0\.1 trims floor\(beta\*5\) = 0 of 5 clients"
+    ):
         TrimmedMean(0.1).check(5)  # β > 0 but nothing trimmed would silently be the plain mean
 
 
@@ -139,10 +147,13 @@ def test_trimmed_mean_refuses_a_round_that_failures_left_too_small() -> None:
     nine = _updates([[float(i)] * 3 for i in range(9)])
     with pytest.raises(ValueError) as error:
         TrimmedMean(0.1).aggregate(1, GLOBAL, nine)
-    assert str(error.value) == ("strategy=trimmed_mean with beta=0.1 trims floor(beta*9) = 0 of 9 updates left in the "
-                                "round; raise strategy.beta or min_success_fraction, or set strategy.beta=0 for the mean")
-    torch.testing.assert_close(TrimmedMean(0.1).aggregate(1, GLOBAL, [*nine, *_updates([[100.0] * 3])]),
-                               torch.full((3,), 4.5))  # 10 updates: trims 0 and 100, the mean of 1..8
+    assert str(error.value) == (
+        "strategy=trimmed_mean with beta=0.1 trims floor(beta*9) = 0 of 9 updates left in the "
+        "round; raise strategy.beta or min_success_fraction, or set strategy.beta=0 for the mean"
+    )
+    torch.testing.assert_close(
+        TrimmedMean(0.1).aggregate(1, GLOBAL, [*nine, *_updates([[100.0] * 3])]), torch.full((3,), 4.5)
+    )  # 10 updates: trims 0 and 100, the mean of 1..8
     assert torch.equal(TrimmedMean(0.0).aggregate(1, GLOBAL, nine), torch.full((3,), 4.0))  # beta=0 is the mean
     with pytest.raises(ValueError, match=r"trims floor\(beta\*1\) = 0 of 1 updates left"):
         TrimmedMean(0.49).aggregate(1, GLOBAL, nine[:1])
@@ -150,7 +161,9 @@ def test_trimmed_mean_refuses_a_round_that_failures_left_too_small() -> None:
 
 def test_krum_refuses_a_round_that_failures_left_too_small() -> None:
     Krum(f=1).check(5)
-    with pytest.raises(ValueError, match=r"^strategy=krum needs at least 2f\+3 = 5 clients per round \(f=1\) but the round has 4; "):
+    with pytest.raises(
+        ValueError, match=r"^strategy=krum needs at least 2f\+3 = 5 clients per round \(f=1\) but the round has 4; "
+    ):
         Krum(f=1).aggregate(1, torch.zeros(2), _updates(LINE[:4]))
 
 
@@ -207,7 +220,9 @@ def test_functions_match_numpy_references_and_keep_shape() -> None:
         torch.testing.assert_close(F.trimmed_mean(stack, 0.3), expected)
         assert F.trimmed_mean(stack, 0.3).shape == (4, 3)
     distances = F.pairwise_squared_distances(stack)
-    torch.testing.assert_close(distances, torch.cdist(stack.reshape(6, -1).double(), stack.reshape(6, -1).double()) ** 2)
+    torch.testing.assert_close(
+        distances, torch.cdist(stack.reshape(6, -1).double(), stack.reshape(6, -1).double()) ** 2
+    )
     assert torch.equal(distances, distances.T) and torch.all(distances.diagonal() == 0)
 
 
@@ -246,7 +261,9 @@ def _stack_and_perm(draw: st.DrawFn) -> tuple[list[ClientUpdate], list[int]]:
 
 @settings(max_examples=60, deadline=None)
 @given(_stack_and_perm(), st.sampled_from(BETAS))
-def test_median_and_trimmed_mean_ignore_client_order_bitwise(case: tuple[list[ClientUpdate], list[int]], beta: float) -> None:
+def test_median_and_trimmed_mean_ignore_client_order_bitwise(
+    case: tuple[list[ClientUpdate], list[int]], beta: float
+) -> None:
     updates, perm = case
     shuffled = [updates[i] for i in perm]
     x = torch.zeros_like(updates[0].params)
@@ -304,8 +321,9 @@ def _attacked_round(draw: st.DrawFn) -> tuple[list[ClientUpdate], torch.Tensor, 
 
 @settings(max_examples=80, deadline=None)
 @given(_attacked_round(), st.data())
-def test_results_stay_within_the_honest_range_with_up_to_f_outliers(case: tuple[list[ClientUpdate], torch.Tensor, int],
-                                                                    data: st.DataObject) -> None:
+def test_results_stay_within_the_honest_range_with_up_to_f_outliers(
+    case: tuple[list[ClientUpdate], torch.Tensor, int], data: st.DataObject
+) -> None:
     updates, honest, f = case
     n = len(updates)
     low, high = honest.min(dim=0).values, honest.max(dim=0).values
@@ -325,7 +343,9 @@ def test_median_and_trimmed_mean_stay_within_all_clients_range(rows: list[list[f
     for got in (F.coordinate_median(stack), F.trimmed_mean(stack, beta)):
         assert torch.all(got >= low) and torch.all(got <= high)
     assume(len(rows) % 2 == 1)
-    assert torch.equal(F.coordinate_median(stack), F.trimmed_mean(stack, 0.5 - 0.5 / len(rows) if len(rows) > 1 else 0.0))
+    assert torch.equal(
+        F.coordinate_median(stack), F.trimmed_mean(stack, 0.5 - 0.5 / len(rows) if len(rows) > 1 else 0.0)
+    )
 
 
 # --- Hydra configs ------------------------------------------------------------------------------------------

@@ -11,25 +11,38 @@ from torch import nn
 
 from fedsim.client.base import Client
 from fedsim.client.federation import federate, make_clients
+from fedsim.core.params import ParamLayout
+from fedsim.core.types import ClientUpdate
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.models import LogisticRegression
 from fedsim.server.server import Server
-from fedsim.strategy.context import RunContext
-from fedsim.core.params import ParamLayout
 from fedsim.strategy import ControlCorrection, FedAvg, Scaffold
+from fedsim.strategy.context import RunContext
 from fedsim.strategy.scaffold import STATE_KEY, correction
-from fedsim.core.types import ClientUpdate
 
 
 def _update(cid: int, params: list[float], steps: float = 1.0, lr: float = 1.0) -> ClientUpdate:
-    return ClientUpdate(client_id=cid, round_num=1, params=torch.tensor(params), num_examples=1,
-                        metrics={"local_steps": steps, "lr": lr})
+    return ClientUpdate(
+        client_id=cid,
+        round_num=1,
+        params=torch.tensor(params),
+        num_examples=1,
+        metrics={"local_steps": steps, "lr": lr},
+    )
 
 
-def _client_round(s: Scaffold, round_num: int, cid: int, state: dict, x: torch.Tensor, y: list[float],
-                  steps: float = 1.0, lr: float = 1.0) -> ClientUpdate:
+def _client_round(
+    s: Scaffold,
+    round_num: int,
+    cid: int,
+    state: dict,
+    x: torch.Tensor,
+    y: list[float],
+    steps: float = 1.0,
+    lr: float = 1.0,
+) -> ClientUpdate:
     """What a task of client ``cid`` does to its state (the client half's update_state), and its update."""
     update = _update(cid, y, steps, lr)
     ControlCorrection().update_state(state, s.client_config(round_num, cid), x, update)
@@ -37,8 +50,14 @@ def _client_round(s: Scaffold, round_num: int, cid: int, state: dict, x: torch.T
 
 
 def _context(num_clients: int) -> RunContext:
-    return RunContext(layout=ParamLayout.of(nn.Linear(1, 1)), num_clients=num_clients, num_examples=(1,) * num_clients,
-                      clients_per_round=2, num_rounds=2, seed=0)
+    return RunContext(
+        layout=ParamLayout.of(nn.Linear(1, 1)),
+        num_clients=num_clients,
+        num_examples=(1,) * num_clients,
+        clients_per_round=2,
+        num_rounds=2,
+        seed=0,
+    )
 
 
 def test_an_update_without_step_metrics_is_refused_before_any_state_changes() -> None:
@@ -67,7 +86,9 @@ def test_both_halves_known_answer_over_two_rounds() -> None:
     # client 1 again, K=2, lr=0.5 (K·lr = 1): c1+ = c1 - c + (x - y) = (-1,0) - (-0.25,-0.5) + (0.5-1.5, 1-1)
     s.aggregate(2, x, [_client_round(s, 2, 1, states[1], x, [1.5, 1.0], steps=2, lr=0.5)])
     assert torch.allclose(states[1][STATE_KEY], torch.tensor([-1.75, 0.5]))
-    assert torch.allclose(s.control, torch.tensor([-0.25, -0.5]) + (torch.tensor([-1.75, 0.5]) - torch.tensor([-1.0, 0.0])) / 4)
+    assert torch.allclose(
+        s.control, torch.tensor([-0.25, -0.5]) + (torch.tensor([-1.75, 0.5]) - torch.tensor([-1.0, 0.0])) / 4
+    )
     assert states[3] == {}  # never trained, never touched
 
 
@@ -104,19 +125,35 @@ def test_client_half_trains_as_the_written_out_linear_term() -> None:
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(60, 16), nn.Tanh(), nn.Linear(16, 10))
         model[0].bias.requires_grad_(False)
-        client = Client(0, range(64), epochs=2, batch_size=8, optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9))
-        update = client.fit(model, data, config={"scaffold_control": correction}, state={},
-                            generator=torch.Generator().manual_seed(1), local=half)
+        client = Client(
+            0, range(64), epochs=2, batch_size=8, optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+        )
+        update = client.fit(
+            model,
+            data,
+            config={"scaffold_control": correction},
+            state={},
+            generator=torch.Generator().manual_seed(1),
+            local=half,
+        )
         weights.append(update.params)
     assert torch.allclose(weights[0], weights[1], rtol=1e-5, atol=1e-6)
 
 
 def _run(strategy, executor, state_store: str = "memory") -> Server:  # type: ignore[no-untyped-def]
-    data = federate(synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0)
+    data = federate(
+        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
+    )
     server = Server(
         model_factory=functools.partial(LogisticRegression, (60,), 10),
-        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)), train_data=data.train,
-        test_data=data.test, strategy=strategy, executor=executor, num_rounds=4, clients_per_round=4, seed=5,
+        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
+        train_data=data.train,
+        test_data=data.test,
+        strategy=strategy,
+        executor=executor,
+        num_rounds=4,
+        clients_per_round=4,
+        seed=5,
         state_store=state_store,
     )
     server.run()
@@ -133,7 +170,9 @@ def test_client_states_persist_and_memory_equals_disk() -> None:
 
 
 def test_scaffold_in_worker_processes_equals_serial() -> None:
-    assert torch.equal(_run(Scaffold(), SerialExecutor()).params, _run(Scaffold(), ProcessExecutor(devices="cpu", workers=2)).params)
+    assert torch.equal(
+        _run(Scaffold(), SerialExecutor()).params, _run(Scaffold(), ProcessExecutor(devices="cpu", workers=2)).params
+    )
 
 
 def test_bad_parameters_name_the_field() -> None:

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedsim.cli.run import compose
-from fedsim.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedOpt, FedYogi, Strategy
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedOpt, FedYogi, Strategy
 
 
 def _updates(x: torch.Tensor, deltas: Sequence[Sequence[float]], sizes: Sequence[int]) -> list[ClientUpdate]:
@@ -40,12 +40,16 @@ def test_fedavgm_known_answer_two_rounds() -> None:
     x0 = torch.tensor([0.0, 1.0])
     # round 1: clients [2, 3] (n=1) and [4, 1] (n=3): mean (1·[2,3] + 3·[4,1]) / 4 = [3.5, 1.5]
     #   Δ1 = [3.5, 0.5];  m1 = 0.5·0 + Δ1 = [3.5, 0.5];  x1 = x0 + 0.5·m1 = [1.75, 1.25]
-    x1 = s.aggregate(1, x0, [ClientUpdate(0, 1, torch.tensor([2.0, 3.0]), 1), ClientUpdate(1, 1, torch.tensor([4.0, 1.0]), 3)])
+    x1 = s.aggregate(
+        1, x0, [ClientUpdate(0, 1, torch.tensor([2.0, 3.0]), 1), ClientUpdate(1, 1, torch.tensor([4.0, 1.0]), 3)]
+    )
     assert torch.equal(x1, torch.tensor([1.75, 1.25]))
     assert torch.equal(s.m, torch.tensor([3.5, 0.5], dtype=torch.float64)) and s.v is None and s.step == 1
     # round 2: clients [2.75, -0.75] and [4.75, 1.25] (n=2 each): mean [3.75, 0.25], Δ2 = [2, -1]
     #   m2 = 0.5·[3.5, 0.5] + [2, -1] = [3.75, -0.75];  x2 = [1.75, 1.25] + 0.5·m2 = [3.625, 0.875]
-    x2 = s.aggregate(2, x1, [ClientUpdate(0, 2, torch.tensor([2.75, -0.75]), 2), ClientUpdate(1, 2, torch.tensor([4.75, 1.25]), 2)])
+    x2 = s.aggregate(
+        2, x1, [ClientUpdate(0, 2, torch.tensor([2.75, -0.75]), 2), ClientUpdate(1, 2, torch.tensor([4.75, 1.25]), 2)]
+    )
     assert torch.equal(x2, torch.tensor([3.625, 0.875]))
     assert torch.equal(s.m, torch.tensor([3.75, -0.75], dtype=torch.float64)) and s.step == 2
 
@@ -144,7 +148,10 @@ def _against_torch(strategy: FedOpt, make_opt: Callable[[list[torch.Tensor]], to
     p = torch.nn.Parameter(x.clone())
     opt = make_opt([p])
     for round_num in range(1, 5):
-        updates = [ClientUpdate(i, round_num, (x + torch.randn(6, generator=gen, dtype=torch.float64)).float(), i + 1) for i in range(3)]
+        updates = [
+            ClientUpdate(i, round_num, (x + torch.randn(6, generator=gen, dtype=torch.float64)).float(), i + 1)
+            for i in range(3)
+        ]
         average = FedAvg().aggregate(round_num, x, updates).double()  # the float32 mean, as FedOpt forms it
         x = strategy.aggregate(round_num, x, updates)
         p.grad = -(average - p.detach())
@@ -191,7 +198,9 @@ def _rounds(draw: st.DrawFn, dim: int | None = None) -> Round:
     dim, k = dim or draw(st.integers(1, 5)), draw(st.integers(1, 5))
     vector = st.lists(_finite, min_size=dim, max_size=dim)
     x = torch.tensor(draw(vector), dtype=torch.float32)
-    updates = [ClientUpdate(i, 1, torch.tensor(draw(vector), dtype=torch.float32), draw(st.integers(1, 100))) for i in range(k)]
+    updates = [
+        ClientUpdate(i, 1, torch.tensor(draw(vector), dtype=torch.float32), draw(st.integers(1, 100))) for i in range(k)
+    ]
     return x, updates, draw(st.permutations(range(k)))
 
 
@@ -206,8 +215,11 @@ def test_order_of_updates_does_not_matter(case: Round, name: str) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(_finite, min_size=1, max_size=6), st.lists(st.integers(1, 1000), min_size=1, max_size=5),
-       st.sampled_from(sorted(ALL)))
+@given(
+    st.lists(_finite, min_size=1, max_size=6),
+    st.lists(st.integers(1, 1000), min_size=1, max_size=5),
+    st.sampled_from(sorted(ALL)),
+)
 def test_identical_clients_leave_the_model_unchanged(values: list[float], sizes: list[int], name: str) -> None:
     # Δ = 0 every round and m starts at 0, so m stays 0 and x + η·0 = x exactly, round after round.
     s = ALL[name]()
@@ -330,8 +342,14 @@ def test_all_are_fedopt_strategies_that_accept_any_round_size() -> None:
 # --- Hydra configs ----------------------------------------------------------------------------------------
 
 OPTIONS = {"fedavgm": "sgdm", "fedadam": "adam", "fedyogi": "yogi", "fedadagrad": "adagrad"}
-OVERRIDES = {"server_lr": ("0.25", 0.25), "momentum": ("0.5", 0.5), "beta2": ("0.9", 0.9), "tau": ("0.01", 0.01),
-             "bias_correction": ("true", True), "initial_accumulator": ("0.5", 0.5)}
+OVERRIDES = {
+    "server_lr": ("0.25", 0.25),
+    "momentum": ("0.5", 0.5),
+    "beta2": ("0.9", 0.9),
+    "tau": ("0.01", 0.01),
+    "bias_correction": ("true", True),
+    "initial_accumulator": ("0.5", 0.5),
+}
 
 
 @pytest.mark.parametrize("option", sorted(OPTIONS))
@@ -342,7 +360,9 @@ def test_config_composes_instantiates_and_lists_every_parameter_with_its_default
     params = inspect.signature(get_method(cfg.strategy._target_)).parameters
     assert set(cfg.strategy) - {"_target_"} == set(params)
     assert all(cfg.strategy[name] == p.default for name, p in params.items())
-    new = strategy.aggregate(1, torch.full((5,), 0.5), [ClientUpdate(0, 1, torch.ones(5), 2), ClientUpdate(1, 1, torch.zeros(5), 2)])
+    new = strategy.aggregate(
+        1, torch.full((5,), 0.5), [ClientUpdate(0, 1, torch.ones(5), 2), ClientUpdate(1, 1, torch.zeros(5), 2)]
+    )
     assert new.shape == (5,) and torch.isfinite(new).all()
 
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from fedsim.cli.run import build_server, compose, run_config
+from fedsim.core.types import ClientUpdate
 from fedsim.strategy import Zeno
 from fedsim.strategy.zeno import zeno_keep
-from fedsim.core.types import ClientUpdate
 
 # Synthetic(0, 0): the devices share one model, so an honest change lowers the loss on the server's root examples
 IID = ["strategy=zeno", "data.alpha=0", "data.beta=0", "clients_per_round=8", "logger=quiet"]
@@ -41,7 +41,11 @@ def test_scores_are_the_root_loss_decrease_minus_the_length_penalty() -> None:
         expected = base - strategy.root.loss(weights) - 0.01 * float(change.dot(change))
         assert strategy.client_metrics(1)[client_id]["score"] == pytest.approx(expected, rel=1e-12)
     assert strategy.client_metrics(1)[1]["score"] > 0 > strategy.client_metrics(1)[0]["score"]
-    assert strategy.selected_client_ids == [1, 2] and [v["selected"] for v in strategy.client_metrics(1).values()] == [0.0, 1.0, 1.0]
+    assert strategy.selected_client_ids == [1, 2] and [v["selected"] for v in strategy.client_metrics(1).values()] == [
+        0.0,
+        1.0,
+        1.0,
+    ]
     # the mean of two equal changes d = good - w is d; w + d is within 2^-53 |good| of good in float64, so the cast
     # back to float32 gives good exactly
     assert torch.equal(new, good)
@@ -80,15 +84,20 @@ def test_process_workers_and_a_resume_give_the_serial_weights(tmp_path: Path, at
     run_config(compose([*ATTACKED, "num_rounds=2", "checkpoint_every=1"]), run_dir=tmp_path)
     resumed = run_config(compose([*ATTACKED, "resume=true"]), run_dir=tmp_path)
     assert torch.equal(resumed.params, attacked_reference.params)
-    assert [r["strategy/root_loss"] for r in resumed.history] == [r["strategy/root_loss"] for r in attacked_reference.history]
+    assert [r["strategy/root_loss"] for r in resumed.history] == [
+        r["strategy/root_loss"] for r in attacked_reference.history
+    ]
 
 
-@pytest.mark.parametrize(("overrides", "line"), [
-    (["strategy.b=8"], r"^strategy=zeno keeps n - b updates: strategy\.b=8 must be below clients_per_round=8$"),
-    (["strategy.b=-1"], r"^strategy\.b must be an integer >= 0 \(got -1\)$"),
-    (["strategy.rho=-0.5"], r"^strategy\.rho must be a number >= 0 \(got -0\.5\)$"),
-    (["strategy.root_size=0"], r"^strategy\.root_size must be an integer >= 1 \(got 0\)$"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (["strategy.b=8"], r"^strategy=zeno keeps n - b updates: strategy\.b=8 must be below clients_per_round=8$"),
+        (["strategy.b=-1"], r"^strategy\.b must be an integer >= 0 \(got -1\)$"),
+        (["strategy.rho=-0.5"], r"^strategy\.rho must be a number >= 0 \(got -0\.5\)$"),
+        (["strategy.root_size=0"], r"^strategy\.root_size must be an integer >= 1 \(got 0\)$"),
+    ],
+)
 def test_bad_settings_are_refused_in_one_line_before_any_work(overrides: list[str], line: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=line) as raised:
         build_server(compose([*IID, "num_rounds=1", *overrides]), tmp_path / "run")

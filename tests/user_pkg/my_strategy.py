@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from fedsim.strategy import Strategy
 from fedsim.core.types import ClientUpdate
+from fedsim.strategy import Strategy
 
 
 class KeepGlobal(Strategy):
