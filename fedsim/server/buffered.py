@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ from fedsim.sim.clock import SyncClock, can_start, next_start_s, online_until
 from fedsim.strategy.fedbuff import FedBuff
 
 if TYPE_CHECKING:
-    from fedsim.server.server import Server
+    from fedsim.server.parts import RoundParts
 
 _DOMAIN = 0xB0FF  # the stream that picks which client starts next
 
@@ -91,7 +91,8 @@ def check_async(clock: SyncClock | None, strategy: FedBuff, num_clients: int) ->
         )
     if clock.deadline_s is not None or clock.over_selection:
         raise ValueError(
-            f"strategy: {type(strategy).__name__}: clock.deadline_s and clock.over_selection are for synchronous rounds; "
+            f"strategy: {type(strategy).__name__}: clock.deadline_s and clock.over_selection are for synchronous "
+            "rounds; "
             "use no deadline and no over-selection"
         )
     if strategy.concurrency + strategy.buffer_size > num_clients:
@@ -106,8 +107,10 @@ def event_loop(clock: SyncClock | None, strategy: object, num_clients: int, seed
     """The event loop of an asynchronous strategy (refusing in one line what it cannot run); None for the others."""
     if not getattr(strategy, "asynchronous", False):
         return None
-    check_async(clock, strategy, num_clients)  # type: ignore[arg-type]
-    return BufferedLoop(clock, strategy, seed)  # type: ignore[arg-type]
+    buffered = cast(FedBuff, strategy)  # an asynchronous strategy has FedBuff's settings and step
+    check_async(clock, buffered, num_clients)
+    assert clock is not None  # check_async refuses a run without one
+    return BufferedLoop(clock, buffered, seed)
 
 
 class BufferedLoop:
@@ -120,24 +123,24 @@ class BufferedLoop:
         self.start_params: dict[int, torch.Tensor] = {}  # the weights of every version a task in flight started from
         self.results: dict[int, Trained] = {}  # by start order: trained, not yet consumed
 
-    def step(self, server: Server, round_num: int) -> ServerStep:
+    def step(self, parts: RoundParts, params: torch.Tensor, round_num: int) -> ServerStep:
         """Handle events until the strategy's buffer is full (``buffer_full``: ``buffer_size`` updates for FedBuff),
         then take one server step. Arrivals the server rejects (non-finite, wrong shape...) are dropped from the
         step, as from a synchronous round; a step left with no update keeps the model. So a run whose clients all
         diverge goes on, it does not wait for ever."""
         started_at, before = self.clock.now_s, self.started
-        self.start_params.setdefault(self.version, server.params.clone())
-        buffer, dropped_offline = self._arrivals(server, round_num)
+        self.start_params.setdefault(self.version, params.clone())
+        buffer, dropped_offline = self._arrivals(parts, round_num)
         consumed = (
-            self._attacked(server, round_num, buffer)
-            if server.attack
-            else self._sound(server, round_num, [(u, t) for u, t, _ in buffer])
+            self._attacked(parts, round_num, buffer)
+            if parts.attack
+            else self._sound(parts, round_num, [(u, t) for u, t, _ in buffer])
         )
         taus = [self.version - t.version for _, t in consumed]
         deltas = [u.params - self.start_params[t.version] for u, t in consumed]
-        new, from_strategy, per_client = server.params, {}, {}
+        new, from_strategy, per_client = params, {}, {}
         if consumed:  # as after a synchronous aggregate: the strategy's own scalars and values per client
-            new = self.strategy.step(server.params, deltas, taus, [u.client_id for u, _ in consumed])
+            new = self.strategy.step(params, deltas, taus, [u.client_id for u, _ in consumed])
             from_strategy = checked_scalars(self.strategy, round_num)
             per_client = checked_client_values(self.strategy, round_num, [u for u, _ in consumed])
         started = [(u, self.start_params[t.version]) for u, t in consumed]
@@ -154,23 +157,23 @@ class BufferedLoop:
         }
         if taus:
             metrics |= {"sim/staleness_mean": float(np.mean(taus)), "sim/staleness_max": float(max(taus))}
-        if server.attack is not None:
-            metrics |= server.attack.round_metrics(
+        if parts.attack is not None:
+            metrics |= parts.attack.round_metrics(
                 round_num, sorted(u.client_id for u, _, _ in buffer), [u for u, _ in consumed], None
             )
         return ServerStep(new, started, [u for u, _, _ in buffer], metrics | from_strategy, per_client)
 
-    def _arrivals(self, server: Server, round_num: int) -> tuple[list[tuple[ClientUpdate, Task, Trained]], int]:
+    def _arrivals(self, parts: RoundParts, round_num: int) -> tuple[list[tuple[ClientUpdate, Task, Trained]], int]:
         """Events in (end time, start order) until the strategy's buffer is full (a failed task or a client
         gone offline sends nothing): the arrivals, each as :meth:`_received` gives it, with its task and its result
         as trained, and how many tasks ended with their client offline. New tasks start after each event, and when
         an idle client comes online while a slot is free."""
         buffer: list[tuple[ClientUpdate, Task, Trained]] = []
         dropped_offline = 0
-        self._fill(server, set())
+        self._fill(parts, set())
         while not self.strategy.buffer_full([u.client_id for u, _, _ in buffer]):
             task = min(self.in_flight, key=lambda t: (t.finish_s, t.seq)) if self.in_flight else None
-            wake = self._wake_s(server, {t.client_id for _, t, _ in buffer})
+            wake = self._wake_s(parts, {t.client_id for _, t, _ in buffer})
             if task is None and wake == float("inf"):
                 raise RuntimeError(
                     f"round {round_num}: every client waits in the buffer and none trains, but "
@@ -181,18 +184,18 @@ class BufferedLoop:
                 self.clock.now_s = wake
             else:
                 if task.arrives and task.seq not in self.results:
-                    self._train_pending(server, round_num)
+                    self._train_pending(parts, round_num)
                 self.in_flight.remove(task)
                 self.clock.now_s = task.finish_s
                 trained = self.results.pop(task.seq) if task.arrives else None
-                update = None if trained is None else self._received(server, round_num, task, trained)
-                if update is not None:
+                update = None if trained is None else self._received(parts, round_num, task, trained)
+                if update is not None and trained is not None:  # an update comes only with its training
                     buffer.append((update, task, trained))
                 dropped_offline += not task.arrives
-            self._fill(server, {t.client_id for _, t, _ in buffer})
+            self._fill(parts, {t.client_id for _, t, _ in buffer})
         return buffer, dropped_offline
 
-    def _wake_s(self, server: Server, buffered: set[int]) -> float:
+    def _wake_s(self, parts: RoundParts, buffered: set[int]) -> float:
         """When a free slot can next be filled: the next time an idle client can start (:func:`next_start_s`; inf
         with every slot taken)."""
         if len(self.in_flight) >= self.strategy.concurrency:
@@ -201,13 +204,13 @@ class BufferedLoop:
         return min(
             (
                 next_start_s(self.clock.profiles, c, self.clock.now_s)
-                for c in range(len(server.clients))
+                for c in range(len(parts.clients))
                 if c not in busy
             ),
             default=float("inf"),
         )
 
-    def _fill(self, server: Server, buffered: set[int]) -> None:
+    def _fill(self, parts: RoundParts, buffered: set[int]) -> None:
         """Start new tasks until ``concurrency`` are in flight or no idle client is online, with clients drawn among
         the online ones neither training nor waiting in the buffer (a client's state is committed with the server
         step that uses its update, so a client trains again only from its committed state: what a resumed run
@@ -216,18 +219,18 @@ class BufferedLoop:
         while len(self.in_flight) < self.strategy.concurrency:
             busy = {t.client_id for t in self.in_flight} | buffered
             idle = np.array(
-                [c for c in range(len(server.clients)) if c not in busy and can_start(self.clock.profiles, c, now)]
+                [c for c in range(len(parts.clients)) if c not in busy and can_start(self.clock.profiles, c, now)]
             )
             if idle.size == 0:
                 return
             client = int(idle[np.random.default_rng([self.seed, _DOMAIN, self.started]).integers(len(idle))])
-            epochs = int(server._client_config(self.version, client).get("epochs", server.clients[client].epochs))
+            epochs = int(parts.client_config(self.version, client).get("epochs", parts.clients[client].epochs))
             timing = self.clock.timing(
                 client,
                 epochs=epochs,
-                num_train=server.clients[client].num_train,
-                model_bytes=server.comm.down_bytes,
-                update_bytes=server.comm.up_bytes,
+                num_train=parts.clients[client].num_train,
+                model_bytes=parts.comm.down_bytes,
+                update_bytes=parts.comm.up_bytes,
             )
             leaves = online_until(self.clock.profiles, client, now)
             arrives = leaves >= now + timing.total_s
@@ -236,70 +239,72 @@ class BufferedLoop:
             )
             self.started += 1
 
-    def _train_pending(self, server: Server, round_num: int) -> None:
+    def _train_pending(self, parts: RoundParts, round_num: int) -> None:
         """Train every task in flight that has no result yet: one executor call per start version. The clients of a
         version receive its weights as the downlink encodes them (seeded by the version, as a synchronous round's
         broadcast by its round); each result is kept as trained, with what decoding it needs (:class:`Trained`)."""
         pending = [t for t in self.in_flight if t.arrives and t.seq not in self.results]
         for version in sorted({t.version for t in pending}):
             group = [t for t in pending if t.version == version]
-            states = {t.client_id: server.client_states.get(t.client_id) for t in group}
+            states = {t.client_id: parts.client_states.get(t.client_id) for t in group}
             tasks = [
                 FitTask(
                     t.client_id,
                     t.seq + 1,
                     task_seed(self.seed, t.seq + 1, t.client_id),
-                    server._client_config(t.version, t.client_id),
+                    parts.client_config(t.version, t.client_id),
                     task_state(states[t.client_id]),
                 )
                 for t in group
             ]
-            received = server.comm.broadcast(self.start_params[version], version + 1)
-            results = server.executor.fit(received, tasks)
-            apply_failure_policy(round_num, list(results), server.min_success_fraction, server.logger)
+            received = parts.comm.broadcast(self.start_params[version], version + 1)
+            results = parts.executor.fit(received, tasks)
+            apply_failure_policy(round_num, list(results), parts.min_success_fraction, parts.logger)
             by_client = {r.client_id: r for r in results}
             for t in group:
                 self.results[t.seq] = Trained(by_client[t.client_id], received, states[t.client_id])
 
-    def _decoded(self, server: Server, task: Task, trained: Trained) -> TaskResult:
+    def _decoded(self, parts: RoundParts, task: Task, trained: Trained) -> TaskResult:
         """The task's update as the server decodes it (seeded by the task's start order, which is its
         ``round_num``), with the error-feedback residual in its new state (:class:`fedsim.server.exchange.Exchange`)."""
-        return server.comm.receive(trained.result, trained.received, self.start_params[task.version], trained.state)
+        return parts.comm.receive(trained.result, trained.received, self.start_params[task.version], trained.state)
 
-    def _received(self, server: Server, round_num: int, task: Task, trained: Trained) -> ClientUpdate | None:
+    def _received(self, parts: RoundParts, round_num: int, task: Task, trained: Trained) -> ClientUpdate | None:
         """The task's update as it arrives (None when the task failed): decoded, or, in an attacked run, as trained,
         since the attack replaces updates before they are encoded (:meth:`_attacked`)."""
-        result = trained.result if server.attack is not None else self._decoded(server, task, trained)
+        result = trained.result if parts.attack is not None else self._decoded(parts, task, trained)
         return result if isinstance(result, ClientUpdate) else None
 
     def _sound(
-        self, server: Server, round_num: int, arrived: Sequence[tuple[TaskResult, Task]]
+        self, parts: RoundParts, round_num: int, arrived: Sequence[tuple[TaskResult, Task]]
     ) -> list[tuple[ClientUpdate, Task]]:
         """The updates that pass the server's checks against their start weights (the others logged)."""
         return [
             (u, t)
             for u, t in arrived
-            if isinstance(u, ClientUpdate)
-            and sound_updates(round_num, [u], self.start_params[t.version], server.logger)
+            if isinstance(u, ClientUpdate) and sound_updates(round_num, [u], self.start_params[t.version], parts.logger)
         ]
 
     def _attacked(
-        self, server: Server, round_num: int, buffer: list[tuple[ClientUpdate, Task, Trained]]
+        self, parts: RoundParts, round_num: int, buffer: list[tuple[ClientUpdate, Task, Trained]]
     ) -> list[tuple[ClientUpdate, Task]]:
         """The buffer after the attack (:meth:`fedsim.attacks.stage.AttackStage.apply_buffer`): the malicious
         clients among its sound updates replace theirs, an omniscient attack seeing those updates, all honest; each
         is then encoded and decoded as it is sent, and checked again. One the server then rejects (a boosted
         update overflowing float16, say) is dropped from the step and logged, as in a synchronous round."""
-        assert server.attack is not None
+        assert parts.attack is not None
         trained = {t.seq: b for _, t, b in buffer}
-        sound = self._sound(server, round_num, [(u, t) for u, t, _ in buffer])
-        updates = server.attack.apply_buffer(
+        sound = self._sound(parts, round_num, [(u, t) for u, t, _ in buffer])
+        updates = parts.attack.apply_buffer(
             [u for u, _ in sound], [trained[t.seq].received for _, t in sound], round_num
         )
         return self._sound(
-            server,
+            parts,
             round_num,
-            [(self._decoded(server, t, replace(trained[t.seq], result=u)), t) for u, (_, t) in zip(updates, sound)],
+            [
+                (self._decoded(parts, t, replace(trained[t.seq], result=u)), t)
+                for u, (_, t) in zip(updates, sound, strict=True)
+            ],
         )
 
     def state_dict(self) -> dict[str, Any]:

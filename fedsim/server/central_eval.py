@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from typing import cast
 
 import torch
 from torch import nn
@@ -61,4 +62,4 @@ class DeviceEvaluator:
         if source is not data:
             copied = replace(data, x=data.x.to(self.device), y=data.y.to(self.device))
             self._data[id(data)] = (data, copied)
-        return copied  # type: ignore[return-value]
+        return cast(TensorData, copied)  # set just above when it was not yet

@@ -8,42 +8,40 @@ from typing import TYPE_CHECKING, Any
 from fedsim.core.types import ClientUpdate, TaskResult
 
 if TYPE_CHECKING:
-    from fedsim.server.server import Server
+    from fedsim.server.parts import RoundParts
 
 
-def row_extras(server: Server, round_num: int, client_id: int, config: dict[str, Any]) -> dict[str, Any]:
+def row_extras(parts: RoundParts, round_num: int, client_id: int, config: dict[str, Any]) -> dict[str, Any]:
     """A client row's bytes each way (``config``: its task's) and, in an attacked run, whether the client is
     malicious."""
-    extras: dict[str, Any] = {"bytes_down": server.comm.task_down_bytes(config), "bytes_up": server.comm.up_bytes}
-    if server.attack is not None:
-        extras["malicious"] = client_id in server.attack.malicious(round_num)
+    extras: dict[str, Any] = {"bytes_down": parts.comm.task_down_bytes(config), "bytes_up": parts.comm.up_bytes}
+    if parts.attack is not None:
+        extras["malicious"] = client_id in parts.attack.malicious(round_num)
     return extras
 
 
-def async_row_extras(server: Server, round_num: int, client_id: int) -> dict[str, Any]:
+def async_row_extras(parts: RoundParts, round_num: int, client_id: int) -> dict[str, Any]:
     """An asynchronous server step's client row: its upload's bytes (its download belongs to the step that started
     it) and, in an attacked run, whether the client is malicious in this step."""
-    extras: dict[str, Any] = {"bytes_up": server.comm.up_bytes}
-    if server.attack is not None:
-        extras["malicious"] = client_id in server.attack.malicious(round_num)
+    extras: dict[str, Any] = {"bytes_up": parts.comm.up_bytes}
+    if parts.attack is not None:
+        extras["malicious"] = client_id in parts.attack.malicious(round_num)
     return extras
 
 
-def wire_metrics(server: Server, down: int, results: Sequence[TaskResult]) -> dict[str, float]:
+def wire_metrics(parts: RoundParts, down: int, results: Sequence[TaskResult]) -> dict[str, float]:
     """The round's ``comm/`` bytes (``down``: downloaded by the round's clients) and, with DP-SGD clients, their
     spent privacy (every update that came back was released, accepted or not)."""
-    metrics = server.comm.round_metrics(down, results)
-    if server.local_dp is not None:
-        metrics |= server.local_dp.record([r for r in results if isinstance(r, ClientUpdate)])
+    metrics = parts.comm.round_metrics(down, results)
+    if parts.local_dp is not None:
+        metrics |= parts.local_dp.record([r for r in results if isinstance(r, ClientUpdate)])
     return metrics
 
 
 def attack_metrics(
-    server: Server, round_num: int, client_ids: Sequence[int], kept: Sequence[ClientUpdate]
+    parts: RoundParts, round_num: int, client_ids: Sequence[int], kept: Sequence[ClientUpdate]
 ) -> dict[str, float]:
     """The round's ``attack/`` counts (empty without an attack); a rule that selects updates (Krum) says which."""
-    if server.attack is None:
+    if parts.attack is None:
         return {}
-    return server.attack.round_metrics(
-        round_num, client_ids, kept, getattr(server.strategy, "selected_client_ids", None)
-    )
+    return parts.attack.round_metrics(round_num, client_ids, kept, getattr(parts.strategy, "selected_client_ids", None))

@@ -5,8 +5,8 @@ run's settings as dotted keys (e.g. ``client.optimizer.lr``); a resume with any 
 with one line listing the changes, unless each changed key is named in ``resume_allow_changes``. Allowed
 changes are recorded in ``<run dir>/resume_changes.jsonl``. Settings that cannot change the result are
 free: the executor (every executor gives the same answer), logging, checkpointing, where the server
-evaluates, the state store, early stopping, the sweep objective and ``num_rounds`` (resume a finished run with more rounds to
-extend it).
+evaluates, the state store, early stopping, the sweep objective and ``num_rounds`` (resume a finished run with more
+rounds to extend it).
 """
 
 from __future__ import annotations

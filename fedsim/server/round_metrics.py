@@ -142,7 +142,8 @@ def strategy_client_values(strategy: Strategy, round_num: int, client_ids: Seque
                 raise ValueError(f"{owner} returned the name {name!r}: names must match {NAME.pattern}")
             if not is_number(value):
                 raise ValueError(
-                    f"{owner} returned {name!r} = {value!r} for client {client_id}: values must be numbers (int or float)"
+                    f"{owner} returned {name!r} = {value!r} for client {client_id}: "
+                    "values must be numbers (int or float)"
                 )
         out[client_id] = {name: _finite_or_none(float(value)) for name, value in named.items()}
     return out

@@ -20,42 +20,45 @@ from fedsim.client.local_training import LocalTraining
 from fedsim.client.scoring import evaluate_indices
 from fedsim.client.state import ClientStateStore
 from fedsim.comm.pipeline import Compression
-from fedsim.core.checkpoint import list_checkpoints, save_checkpoint, save_if_missing
+from fedsim.core.checkpoint import CheckpointError, save_checkpoint, save_if_missing
+from fedsim.core.checkpoint import resolve as resolve_checkpoint
 from fedsim.core.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
 from fedsim.core.params import ParamLayout, flatten, load_flat
-from fedsim.core.seeding import sampling_rng, task_seed
 from fedsim.core.threads import torch_threads
-from fedsim.core.types import ClientUpdate, FitTask
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
-from fedsim.observe.run_logger import RunLogger, process_rss_mb
+from fedsim.observe.metrics_records import without_client_rows
+from fedsim.observe.run_logger import RunLogger
 from fedsim.privacy.central import CentralDP
 from fedsim.privacy.rounds import private_rounds
-from fedsim.server.buffered import consumed_ids, event_loop
+from fedsim.server.buffered import event_loop
 from fedsim.server.central_eval import DeviceEvaluator
 from fedsim.server.central_eval import eval_device as eval_device_named
 from fedsim.server.early_stop import EarlyStop
-from fedsim.server.exchange import task_state
 from fedsim.server.federated_eval import evaluate_clients
-from fedsim.server.metrics import async_row_extras, attack_metrics, row_extras, wire_metrics
-from fedsim.server.round_metrics import client_row, train_metrics, with_strategy_values
-from fedsim.server.setup import (
-    check_model_fits_data,
-    checkpoint_state,
-    resume_from,
-    setup_pipeline,
+from fedsim.server.parts import RoundParts
+from fedsim.server.resume_check import check_changes
+from fedsim.server.round import (
+    AdvanceClock,
+    Aggregate,
+    BufferedStep,
+    CommitStates,
+    Dispatch,
+    Evaluate,
+    Measure,
+    MeasureStep,
+    Plan,
+    Receive,
+    RoundRecord,
+    RoundStage,
+    run_stages,
 )
-from fedsim.server.setup import (
-    check_settings as _check_settings,
-)
-from fedsim.server.setup import (
-    initial_model as _initial_model,
-)
+from fedsim.server.setup import build_pipeline, check_model_fits_data, continue_records, restore_parts
+from fedsim.server.setup import check_settings as _check_settings
+from fedsim.server.setup import initial_model as _initial_model
 from fedsim.server.stragglers import Stragglers
-from fedsim.server.strategy_guard import checked_aggregate, checked_client_values, checked_scalars
-from fedsim.server.updates import apply_failure_policy, sound_updates
-from fedsim.sim.clock import RoundSchedule, SyncClock
-from fedsim.sim.rounds import check_sampling, clocked_round
+from fedsim.sim.clock import SyncClock
+from fedsim.sim.rounds import check_sampling
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.context import RunContext
 from fedsim.strategy.root_data import root_trainer
@@ -142,7 +145,19 @@ class Server:
         check_model_fits_data(self.model, train_data)
         self.params = flatten(self.model)
         self._clean_clients = clients  # before a data attack replaces the malicious ones (the root data's pool)
-        setup_pipeline(self, compression, attack)  # comm, local_dp, attack (and a data attack's poisoned clients)
+        pipeline = build_pipeline(
+            compression,
+            attack,
+            params=self.params,
+            model=self.model,
+            seed=seed,
+            clients=clients,
+            train_data=train_data,
+            test_data=test_data,
+            run_dir=self.logger.run_dir,
+        )
+        self.comm, self.local_dp, self.attack = pipeline.comm, pipeline.local_dp, pipeline.attack
+        self.train_data, self.clients = pipeline.train_data, pipeline.clients  # a data attack's poisoned copies
         self.evaluator = DeviceEvaluator(self.model, eval_device_named(eval_device))
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_every, self.keep_checkpoints = checkpoint_every, keep_checkpoints
@@ -152,9 +167,7 @@ class Server:
         state_dir = self.checkpoint_dir / "client_state" if self.checkpoint_dir is not None else None
         self.client_states = ClientStateStore(state_store, state_dir)
         self.local: LocalTraining | None = None  # the strategy's client half, from run()
-        self.settings: dict[
-            str, Any
-        ] = {}  # the run's settings as dotted keys, set by fedsim.cli.run (for resume checks)
+        self.settings: dict[str, Any] = {}  # the run's settings as dotted keys, set by fedsim.cli.run (resume checks)
         strategy.setup(self.run_context())  # here, so that a strategy's objection comes before any work
         executor.check(self._workload())  # likewise the executor's (e.g. what vmap cannot vectorise)
 
@@ -222,6 +235,24 @@ class Server:
             local=self.strategy.local_training(),
         )
 
+    def _parts(self) -> RoundParts:
+        """The run's collaborators as the round's helpers see them (built per call: it holds references only)."""
+        return RoundParts(
+            clients=self.clients,
+            executor=self.executor,
+            strategy=self.strategy,
+            comm=self.comm,
+            attack=self.attack,
+            local_dp=self.local_dp,
+            client_states=self.client_states,
+            logger=self.logger,
+            client_eval=self.client_eval,
+            client_config=self._client_config,
+            local=self.local,
+            min_success_fraction=self.min_success_fraction,
+            seed=self.seed,
+        )
+
     def run_context(self) -> RunContext:
         """What the strategy is told about the run (:meth:`Strategy.setup`)."""
         return RunContext(
@@ -259,8 +290,20 @@ class Server:
         return periodic or round_num == self.num_rounds or self.stop_reason != "completed"
 
     def state_dict(self, round_num: int) -> dict[str, Any]:
-        """Everything a resumed run needs after ``round_num`` (:func:`fedsim.server.setup.checkpoint_state`)."""
-        return checkpoint_state(self, round_num)
+        """Everything a resumed run needs after ``round_num``. Sampling, task seeds and stragglers are pure functions
+        of (seed, round), so the round number stands for every random state."""
+        optional = {"clock": self.clock, "async": self.loop, "privacy": self.privacy, "local_dp": self.local_dp}
+        return {
+            "round": round_num,
+            "params": self.params.clone(),
+            "strategy": self.strategy.state_dict(),
+            "history": without_client_rows(self.logger.history),  # the rows live in metrics.jsonl
+            "client_state_round": self.client_states.round,  # its entries live in client_state/, versioned
+            "fingerprint": self._fingerprint(),
+            "settings": self.settings,  # what a resume may not change silently (fedsim.server.resume_check)
+            "comm": self.comm.state_dict(),
+            **{key: part.state_dict() for key, part in optional.items() if part is not None},
+        }
 
     def _fingerprint(self) -> dict[str, int]:
         return {
@@ -282,120 +325,82 @@ class Server:
         """Continue from a checkpoint file, a checkpoints directory or a run directory (newest good checkpoint).
         Settings that change the computation must be the checkpoint's, except those in ``allow_changes``
         (see :mod:`fedsim.server.resume_check`)."""
-        return resume_from(self, target, allow_changes)
+        path, state = resolve_checkpoint(target)
+        if state.get("fingerprint") != self._fingerprint():
+            raise CheckpointError(
+                f"{path} belongs to another run setup: {state.get('fingerprint')} != {self._fingerprint()}"
+            )
+        changes = check_changes(state.get("settings", {}), self.settings, allow_changes, path)
+        self.params = state["params"].to(self.params.dtype)
+        self.start_round = int(state["round"]) + 1
+        self.strategy.setup(self.run_context())  # told again, before its state comes back
+        try:
+            self.strategy.load_state_dict(state["strategy"])
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise CheckpointError(
+                f"{path}: its strategy state does not fit {type(self.strategy).__name__} ({type(error).__name__}: "
+                f"{error}); resume with the strategy the run was started with"
+            ) from None
+        restore_parts(
+            path, state, clock=self.clock, loop=self.loop, comm=self.comm, local_dp=self.local_dp, privacy=self.privacy
+        )
+        if self.finished:
+            log.info("%s is of round %d: the run is finished, nothing to do", path, self.start_round - 1)
+            return path  # nothing else is touched
+        continue_records(
+            path,
+            state,
+            changes,
+            start_round=self.start_round,
+            client_states=self.client_states,
+            logger=self.logger,
+            early_stop=self.early_stop,
+        )
+        log.info("resumed from %s: continuing at round %d", path, self.start_round)
+        return path
 
     def run_round(self, round_num: int) -> dict[str, float]:
-        """One round; returns its metrics. Updates ``self.params`` unless no client succeeded."""
-        if self.loop is not None:
-            return self._async_round(round_num)
-        start = time.perf_counter()
-        configs, schedule = self._plan(round_num)
-        client_ids = sorted(configs)
-        states = {cid: self.client_states.get(cid) for cid in client_ids}
-        tasks = [
-            FitTask(cid, round_num, task_seed(self.seed, round_num, cid), configs[cid], task_state(states[cid]))
-            for cid in client_ids
-        ]
-        results = self.comm.fit(self.executor, self.params, tasks, states, self.attack.apply if self.attack else None)
-        fit_s = time.perf_counter() - start
-        succeeded = apply_failure_policy(round_num, results, self.min_success_fraction, self.logger)
-        updates = sound_updates(round_num, succeeded, self.params, self.logger)
-        rows = [
-            client_row(u, self.params) | row_extras(self, round_num, u.client_id, configs[u.client_id]) for u in updates
-        ]
-        kept = [
-            u
-            for u in updates
-            if self.strategy.keeps_stragglers or self.stragglers.epochs_for(round_num, u.client_id) is None
-        ]
-        from_strategy, aggregated = {}, kept
-        if self.privacy is not None:  # one noisy mean update, even from an empty cohort
-            aggregated, from_strategy = self.privacy.aggregate_input(round_num, self.params, kept)
-        if aggregated:  # otherwise nothing sound (or only dropped stragglers) arrived: keep the previous model
-            self.params = checked_aggregate(self.strategy, round_num, self.params, aggregated, self.logger)
-            from_strategy |= checked_scalars(self.strategy, round_num)
-            rows = with_strategy_values(rows, checked_client_values(self.strategy, round_num, aggregated))
-        self._commit_client_states(round_num, kept)
-        self.logger.log_clients(round_num, rows)
-        down = (
-            schedule.download_bytes
-            if schedule is not None  # the clock's dropped clients downloaded too
-            else sum(self.comm.task_down_bytes(configs[cid]) for cid in client_ids)
+        """One round (:mod:`fedsim.server.round`); returns its metrics. Updates ``self.params`` unless no client
+        succeeded."""
+        record = RoundRecord(round_num, self.params, time.perf_counter(), self.params)
+        try:
+            run_stages(self._stages(round_num), record)
+        finally:  # the weights the round got to, also when a later stage fails (as the round's own state)
+            self.params = record.params
+        return record.metrics
+
+    def _stages(self, round_num: int) -> list[RoundStage]:
+        """The round's stages, built from the server's parts as they are now."""
+        parts = self._parts()
+        evaluate = Evaluate(
+            central=self._evaluate_params,
+            clients=functools.partial(evaluate_clients, parts),
+            central_due=self._central_eval_due(round_num),
+            clients_due=self.client_eval.due(round_num, self.eval_every, self.num_rounds),
         )
-        metrics = train_metrics(updates, len(results)) | from_strategy | wire_metrics(self, down, results)
-        metrics |= attack_metrics(self, round_num, client_ids, kept)
-        metrics["client/num_rejected"] = float(len(succeeded) - len(updates))
-        metrics["client/num_aggregated"] = float(len(kept))
-        if schedule is not None:
-            metrics.update(schedule.metrics())
-            self.clock.advance(schedule)  # type: ignore[union-attr]
-        return self._finish_round(round_num, metrics, client_ids, start, fit_s)
-
-    def _async_round(self, round_num: int) -> dict[str, float]:
-        """One server step of an asynchronous strategy (FedBuff): events on the clock until its buffer is full."""
-        start = time.perf_counter()
-        step = self.loop.step(self, round_num)  # type: ignore[union-attr]
-        fit_s, self.params = time.perf_counter() - start, step.params
-        updates = [u for u, _ in step.consumed]
-        self._commit_client_states(round_num, updates)
-        rows = [client_row(u, started) | async_row_extras(self, round_num, u.client_id) for u, started in step.consumed]
-        self.logger.log_clients(round_num, with_strategy_values(rows, step.client_values))
-        down = int(step.metrics["sim/started"]) * self.comm.down_bytes
-        metrics = train_metrics(updates, len(step.arrived)) | step.metrics | wire_metrics(self, down, step.arrived)
-        metrics["client/num_aggregated"] = float(len(updates))
-        return self._finish_round(round_num, metrics, consumed_ids(updates), start, fit_s)
-
-    def _finish_round(
-        self, round_num: int, metrics: dict[str, float], client_ids: list[int], start: float, fit_s: float
-    ) -> dict[str, float]:
-        """Evaluate when due and add the wall times and memory to the round's metrics."""
-        eval_start, central, federated = (
-            time.perf_counter(),
-            self._central_eval_due(round_num),
-            self.client_eval.due(round_num, self.eval_every, self.num_rounds),
-        )
-        if central:
-            metrics.update(self.evaluate())
-        if federated:
-            metrics.update(self.evaluate_clients(round_num, client_ids))
-        if central or federated:
-            metrics["time/eval_s"] = time.perf_counter() - eval_start
-        metrics["time/fit_s"] = fit_s
-        metrics["time/round_s"] = time.perf_counter() - start
-        metrics["system/rss_mb"] = process_rss_mb()
-        return metrics
-
-    def _plan(self, round_num: int) -> tuple[dict[int, dict[str, Any]], RoundSchedule | None]:
-        """The config of every task of the round, by client id, and the clock's schedule (None without a clock)."""
-        rng = sampling_rng(self.seed, round_num)
-        if self.clock is None:
-            ids = (
-                self.privacy.sample(rng, len(self.clients))
-                if self.privacy is not None
-                else self.strategy.sample(round_num, len(self.clients), self.clients_per_round, rng)
-            )
-            return {cid: self._client_config(round_num, cid) for cid in ids}, None
-        schedule, configs = clocked_round(
-            self.clock,
+        commit = CommitStates(self.client_states, self.checkpoint_dir)
+        if self.loop is not None:  # an asynchronous strategy (FedBuff): one server step on the clock
+            return [BufferedStep(self.loop, parts), commit, MeasureStep(parts), evaluate]
+        plan = Plan(
             self.strategy,
-            round_num,
-            rng,
-            clients=self.clients,
-            clients_per_round=self.clients_per_round,
-            config_of=lambda cid: self._client_config(round_num, cid),
-            model_bytes=self.comm.down_bytes,
-            update_bytes=self.comm.up_bytes,
+            self.clients,
+            self.clients_per_round,
+            self.seed,
+            self._client_config,
+            self.comm,
+            self.clock,
+            self.privacy,
         )
-        return configs, schedule
-
-    def _commit_client_states(self, round_num: int, kept: list[ClientUpdate]) -> None:
-        """Make the accepted updates' new states the clients' states from now on; collect versions that no
-        kept checkpoint needs any more."""
-        self.client_states.commit(round_num, {u.client_id: u.state for u in kept if u.state is not None})
-        kept_rounds = (
-            [int(p.stem.split("-")[1]) for p in list_checkpoints(self.checkpoint_dir)] if self.checkpoint_dir else []
-        )
-        self.client_states.collect(kept_rounds)
+        return [
+            plan,
+            Dispatch(self.executor, self.comm, self.client_states, self.attack, self.seed),
+            Receive(self.logger, self.min_success_fraction, self.strategy, self.stragglers),
+            Aggregate(self.strategy, self.logger, self.privacy),
+            commit,
+            Measure(parts),
+            *([AdvanceClock(self.clock)] if self.clock is not None else []),
+            evaluate,
+        ]
 
     def _client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
         """The strategy's per-client config, with fewer epochs for a simulated straggler."""
@@ -408,9 +413,13 @@ class Server:
 
     def evaluate(self) -> dict[str, float]:
         """Loss and accuracy of the current global model on the centralized test set."""
+        return self._evaluate_params(self.params)
+
+    def _evaluate_params(self, params: torch.Tensor) -> dict[str, float]:
+        """Loss and accuracy of ``params`` on the centralized test set (and an attack's backdoor success)."""
         if self.test_data is None or len(self.test_data) == 0:
             return {}
-        model = self.evaluator.load(self.params)
+        model = self.evaluator.load(params)
         result = evaluate_indices(model, self.evaluator.on_device(self.test_data))
         backdoor = (
             self.attack.evaluate(lambda d: evaluate_indices(model, self.evaluator.on_device(d))["accuracy"])
@@ -422,7 +431,7 @@ class Server:
     def evaluate_clients(self, round_num: int, sampled: Sequence[int]) -> dict[str, float]:
         """Federated evaluation of the clients ``evaluate_clients`` names (``sampled``: this round's): see
         :func:`fedsim.server.federated_eval.evaluate_clients`."""
-        return evaluate_clients(self, round_num, sampled)
+        return evaluate_clients(self._parts(), self.params, round_num, sampled)
 
     def _snapshot(self, round_num: int) -> dict[str, Any] | None:
         """:meth:`state_dict` after ``round_num`` (cloned), kept in memory in case the next round fails; ``None``

@@ -1,28 +1,34 @@
-"""What the :class:`~fedsim.server.server.Server` does once: check its settings, build the round-0 model, resume a run."""
+"""What the :class:`~fedsim.server.Server` does once: check its settings, build the round-0 model and the update
+pipeline, and restore the parts of a resumed run."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
 from fedsim.client.state import restore_states
 from fedsim.core.checkpoint import CheckpointError, drop_checkpoints_after
-from fedsim.core.checkpoint import resolve as resolve_checkpoint
 from fedsim.core.seeding import init_seed
-from fedsim.observe.metrics_records import without_client_rows
-from fedsim.server.resume_check import check_changes, record_changes
+from fedsim.server.resume_check import record_changes
 from fedsim.server.stragglers import Stragglers
 
 if TYPE_CHECKING:
     from fedsim.attacks.base import Attack
+    from fedsim.attacks.stage import AttackStage
+    from fedsim.client.base import Client
+    from fedsim.client.state import ClientStateStore
     from fedsim.comm.pipeline import Compression
     from fedsim.data.tensor_data import TensorData
-    from fedsim.server.server import Server
+    from fedsim.observe.run_logger import RunLogger
+    from fedsim.privacy.local import LocalLedger
+    from fedsim.server.early_stop import EarlyStop
+    from fedsim.server.exchange import Exchange
 
 log = logging.getLogger("fedsim")
 
@@ -83,87 +89,103 @@ def check_model_fits_data(model: nn.Module, data: TensorData) -> None:
         )
 
 
-def setup_pipeline(server: Server, compression: Compression | None, attack: Attack | None) -> None:
-    """The server's update pipeline: what crosses the wire (``server.comm``), DP-SGD clients' ledger
-    (``server.local_dp``) and the attack (``server.attack``; a data attack also replaces ``server.train_data`` and
-    the malicious ``server.clients`` with poisoned copies). Refuses, in one line, what the asynchronous loop cannot
-    run with."""
+@dataclass
+class Pipeline:
+    """The server's update pipeline: what crosses the wire (``comm``), DP-SGD clients' privacy ledger (``local_dp``,
+    None without them), the attack (``attack``, None without one), and the training data and clients the run uses
+    (a data attack's poisoned copies replace the malicious clients' own)."""
+
+    comm: Exchange
+    local_dp: LocalLedger | None
+    attack: AttackStage | None
+    train_data: TensorData
+    clients: Sequence[Client]
+
+
+def build_pipeline(
+    compression: Compression | None,
+    attack: Attack | None,
+    *,
+    params: torch.Tensor,
+    model: nn.Module,
+    seed: int,
+    clients: Sequence[Client],
+    train_data: TensorData,
+    test_data: TensorData | None,
+    run_dir: Path | None,
+) -> Pipeline:
+    """The :class:`Pipeline` of a run whose round-0 weights are ``params``. Refuses, in one line, what the
+    asynchronous loop cannot run with."""
     from fedsim.attacks.stage import attack_stage
     from fedsim.comm.pipeline import Compression
     from fedsim.privacy.local import local_ledger
     from fedsim.server.exchange import Exchange
 
-    server.comm = Exchange(compression or Compression(), server.params.numel(), server.seed)
-    server.local_dp = local_ledger(server.clients, server.model)
-    server.attack = attack_stage(attack, len(server.clients), server.seed, server.logger.run_dir)
-    if server.attack is not None:
-        server.train_data, server.clients = server.attack.poison_data(
-            server.train_data, server.test_data, server.clients
-        )
+    comm = Exchange(compression or Compression(), params.numel(), seed)
+    local_dp = local_ledger(clients, model)
+    stage = attack_stage(attack, len(clients), seed, run_dir)
+    if stage is not None:
+        train_data, clients = stage.poison_data(train_data, test_data, clients)
+    return Pipeline(comm, local_dp, stage, train_data, clients)
 
 
-def checkpoint_state(server: Server, round_num: int) -> dict[str, Any]:
-    """:meth:`fedsim.server.server.Server.state_dict`: everything a resumed run needs after ``round_num``. Sampling, task
-    seeds and stragglers are pure functions of (seed, round), so the round number stands for every random state."""
-    optional = {"clock": server.clock, "async": server.loop, "privacy": server.privacy, "local_dp": server.local_dp}
-    return {
-        "round": round_num,
-        "params": server.params.clone(),
-        "strategy": server.strategy.state_dict(),
-        "history": without_client_rows(server.logger.history),  # the rows live in metrics.jsonl
-        "client_state_round": server.client_states.round,  # its entries live in client_state/, versioned
-        "fingerprint": server._fingerprint(),
-        "settings": server.settings,  # what a resume may not change silently (fedsim.server.resume_check)
-        "comm": server.comm.state_dict(),
-        **{key: part.state_dict() for key, part in optional.items() if part is not None},
-    }
+class Stateful(Protocol):
+    """A part of the run with its own entry in the checkpoint."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def resume_from(server: Server, target: str | Path, allow_changes: Sequence[str] = ()) -> Path:
-    """:meth:`fedsim.server.server.Server.resume`: put ``server`` in the state the checkpoint at ``target`` recorded."""
-    path, state = resolve_checkpoint(target)
-    if state.get("fingerprint") != server._fingerprint():
-        raise CheckpointError(
-            f"{path} belongs to another run setup: {state.get('fingerprint')} != {server._fingerprint()}"
-        )
-    changes = check_changes(state.get("settings", {}), server.settings, allow_changes, path)
-    server.params = state["params"].to(server.params.dtype)
-    server.start_round = int(state["round"]) + 1
-    server.strategy.setup(server.run_context())  # told again, before its state comes back
-    try:
-        server.strategy.load_state_dict(state["strategy"])
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise CheckpointError(
-            f"{path}: its strategy state does not fit {type(server.strategy).__name__} ({type(error).__name__}: "
-            f"{error}); resume with the strategy the run was started with"
-        ) from None
-    if server.clock is not None:
+def restore_parts(
+    path: Path,
+    state: dict[str, Any],
+    *,
+    clock: Stateful | None,
+    loop: Stateful | None,
+    comm: Stateful,
+    local_dp: Stateful | None,
+    privacy: Stateful | None,
+) -> None:
+    """Put the run's stateful parts back as the checkpoint at ``path`` (read as ``state``) recorded them; a part the
+    checkpoint was written without is refused in one line saying how to resume."""
+    if clock is not None:
         if "clock" not in state:
             raise CheckpointError(f"{path} was written without a simulated clock; resume it without one (clock=none)")
-        server.clock.load_state_dict(state["clock"])
-    if server.loop is not None:
-        server.loop.load_state_dict(state["async"])
+        clock.load_state_dict(state["clock"])
+    if loop is not None:
+        loop.load_state_dict(state["async"])
     if "comm" in state:  # checkpoints written before fedsim counted bytes start the totals at 0
-        server.comm.load_state_dict(state["comm"])
-    if server.local_dp is not None:
-        server.local_dp.load_state_dict(state.get("local_dp", {"steps": {}}))
-    if server.privacy is not None:
+        comm.load_state_dict(state["comm"])
+    if local_dp is not None:
+        local_dp.load_state_dict(state.get("local_dp", {"steps": {}}))
+    if privacy is not None:
         if "privacy" not in state:
             raise CheckpointError(f"{path} was written without differential privacy; resume it with dp=none")
         try:
-            server.privacy.load_state_dict(state["privacy"])
+            privacy.load_state_dict(state["privacy"])
         except ValueError as error:
             raise CheckpointError(f"{path}: {error}; resume with the run's dp settings") from None
-    if server.finished:
-        log.info("%s is of round %d: the run is finished, nothing to do", path, server.start_round - 1)
-        return path  # nothing else is touched
-    record_changes(server.logger.run_dir, path, int(state["round"]), changes)
-    if restore_states(server.client_states, path, int(state.get("client_state_round", state["round"]))):
+
+
+def continue_records(
+    path: Path,
+    state: dict[str, Any],
+    changes: dict[str, list[Any]],
+    *,
+    start_round: int,
+    client_states: ClientStateStore,
+    logger: RunLogger,
+    early_stop: EarlyStop,
+) -> None:
+    """After a resume from ``path`` of a run that has rounds left: record the allowed setting ``changes``, bring back
+    the clients' states of the checkpoint's round (removing checkpoints of the abandoned later rounds), and the
+    metrics history and early stopping up to it."""
+    record_changes(logger.run_dir, path, int(state["round"]), changes)
+    if restore_states(client_states, path, int(state.get("client_state_round", state["round"]))):
         for later in drop_checkpoints_after(path.parent, int(state["round"])):  # rounds the resume abandons
             log.warning(
                 "resume from round %d: removed %s, a checkpoint of the abandoned later rounds", state["round"], later
             )
-    server.logger.restore(state["history"], server.start_round, earlier=path.parent.parent / "metrics.jsonl")
-    server.early_stop.replay(state["history"])
-    log.info("resumed from %s: continuing at round %d", path, server.start_round)
-    return path
+    logger.restore(state["history"], start_round, earlier=path.parent.parent / "metrics.jsonl")
+    early_stop.replay(state["history"])

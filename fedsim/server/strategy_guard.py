@@ -54,7 +54,8 @@ def checked_scalars(strategy: Strategy, round_num: int) -> dict[str, float]:
 def checked_client_values(
     strategy: Strategy, round_num: int, updates: Sequence[ClientUpdate]
 ) -> dict[int, dict[str, Any]]:
-    """:meth:`Strategy.client_metrics` of the clients of ``updates``; a bad id, name or value is a :class:`StrategyError`."""
+    """:meth:`Strategy.client_metrics` of the clients of ``updates``; a bad id, name or value is a
+    :class:`StrategyError`."""
     try:
         return strategy_client_values(strategy, round_num, [u.client_id for u in updates])
     except ValueError as error:

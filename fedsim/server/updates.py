@@ -3,6 +3,8 @@ global model."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from fedsim.core.errors import ClientMisuseError, RoundFailedError
@@ -12,7 +14,7 @@ from fedsim.observe.run_logger import RunLogger
 
 
 def apply_failure_policy(
-    round_num: int, results: list[TaskResult], min_success_fraction: float, logger: RunLogger
+    round_num: int, results: Sequence[TaskResult], min_success_fraction: float, logger: RunLogger
 ) -> list[ClientUpdate]:
     """The round's updates, once every failure is logged; :class:`RoundFailedError` when fewer than
     ``min_success_fraction`` of the clients succeeded, :class:`ClientMisuseError` on any fatal failure (a

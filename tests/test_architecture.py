@@ -1,0 +1,74 @@
+"""The shape of the package that docs/architecture.md draws: no import circles between fedsim's modules (imports
+under ``TYPE_CHECKING`` and inside functions included, as grimp reads them), and at most 10 modules directly under
+``fedsim/``. The layers and independence contracts themselves are checked by ``lint-imports`` (pyproject.toml)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grimp
+
+import fedsim
+
+PACKAGE_DIR = Path(fedsim.__file__).parent
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle() -> None:
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(edges) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_of_fedsim_imports_itself_through_others() -> None:
+    graph = grimp.build_graph("fedsim")
+    modules = {m for m in graph.modules if m == "fedsim" or m.startswith("fedsim.")}
+    edges = {m: set(graph.find_modules_directly_imported_by(m)) & modules for m in modules}
+    assert sum(len(targets) for targets in edges.values()) > 300  # the graph was read (463 imports today)
+    assert _cycles(edges) == []
+
+
+def test_at_most_ten_modules_sit_directly_under_fedsim() -> None:
+    top = sorted(p.name for p in PACKAGE_DIR.glob("*.py"))
+    assert len(top) <= 10, top
