@@ -28,7 +28,8 @@ class NaNFedAvg(FedAvg):
 
 
 class BadReturnFedAvg(FedAvg):
-    """FedAvg whose result is mangled in round ``bad_round``: ``how`` is ``short``, ``float64``, ``int64``, ``huge`` (overflows float32) or ``list``."""
+    """FedAvg whose result is mangled in round ``bad_round``: ``how`` is ``short``, ``float64``, ``int64``, ``huge``
+    (overflows float32) or ``list``."""
 
     def __init__(self, how: str = "short", bad_round: int = 1) -> None:
         self.how, self.bad_round = how, bad_round

@@ -59,7 +59,7 @@ def test_serial_equals_process_bitwise() -> None:
     assert torch.equal(serial.params, process.params)
     assert not torch.equal(serial.params, build(SerialExecutor(), serial_clients).params)  # it trained
     assert {c["worker"] for r in process.history for c in r["clients"]} == {"w0", "w1"}
-    for a, b in zip(serial.history, process.history):
+    for a, b in zip(serial.history, process.history, strict=True):
         assert [c["update_norm"] for c in a["clients"]] == [c["update_norm"] for c in b["clients"]]
     assert all(c.user.calls == 0 for c in serial_clients)  # put back after every task, as in a worker
     rounds = {}  # NoisyUser's counter in client state: 1, 2, ... for each client, on both executors

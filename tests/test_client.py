@@ -115,7 +115,7 @@ def test_fit_does_not_touch_the_global_random_state() -> None:
     torch_state, np_state, py_state = torch.random.get_rng_state(), np.random.get_state(), random.getstate()
     _fit(_client())
     assert torch.equal(torch.random.get_rng_state(), torch_state)
-    assert all(np.array_equal(x, y) for x, y in zip(np.random.get_state(), np_state))
+    assert all(np.array_equal(x, y) for x, y in zip(np.random.get_state(), np_state, strict=True))
     assert random.getstate() == py_state
 
 
@@ -250,7 +250,7 @@ class ProximalUser(Client):
         return super().fit(model, data, **kwargs)
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        prox = sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), self._anchor))
+        prox = sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), self._anchor, strict=True))
         return super().loss(model, x, y) + 0.5 * self.mu * prox
 
 

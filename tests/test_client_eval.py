@@ -1,5 +1,6 @@
-"""Every-client evaluation (fedsim.client.evaluation, fedsim.executor.eval_task): who is scored and when, known answers of
-the distribution, the per-client file and TensorBoard histograms, and the same scores under every executor."""
+"""Every-client evaluation (fedsim.client.evaluation, fedsim.executor.eval_task): who is scored and when, known
+answers of the distribution, the per-client file and TensorBoard histograms, and the same scores under every
+executor."""
 
 from __future__ import annotations
 

@@ -179,8 +179,8 @@ def _check_partition(cfg: DictConfig, option: str) -> None:
     parts = partition(labels, seed=0, groups=groups)
     assert len(parts) >= 2
     assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(20_000))  # each example exactly once
-    again = partition(labels, seed=0, groups=groups)
-    assert len(again) == len(parts) and all(np.array_equal(a, b) for a, b in zip(parts, again))  # pure in seed
+    again = partition(labels, seed=0, groups=groups)  # pure in seed
+    assert len(again) == len(parts) and all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
 
 
 def _check_model(cfg: DictConfig, option: str) -> None:
@@ -614,7 +614,7 @@ def test_tensorboard_and_metrics_jsonl_record_every_round(cli: dict[str, CliRun]
     for tag in SCALARS:
         scalars = events.Scalars(tensorboard_tag(tag))
         assert [e.step for e in scalars] == [1, 2, 3], tag
-        for event, record in zip(scalars, records):
+        for event, record in zip(scalars, records, strict=True):
             assert math.isclose(event.value, record[tag], rel_tol=1e-6, abs_tol=1e-9), (tag, event, record)
     assert [r["client/num_sampled"] for r in records] == [10.0, 10.0, 10.0]
     assert all(0.0 <= r["eval/accuracy"] <= 1.0 and r["time/round_s"] >= 0 for r in records)

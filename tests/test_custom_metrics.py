@@ -161,7 +161,8 @@ def test_a_bad_client_value_stops_the_run_with_one_line_naming_the_strategy(tmp_
     data = federate(split, natural, client_test_fraction=0.0, seed=0)
     with pytest.raises(
         StrategyError,
-        match=r"^round 1: Bad.client_metrics\(\) returned values for client -5, whose update it did not aggregate this round$",
+        match=r"^round 1: Bad.client_metrics\(\) returned values for client -5, "
+        r"whose update it did not aggregate this round$",
     ):
         Server(
             model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
@@ -322,7 +323,8 @@ def test_report_shows_the_named_scalars(sweep: Path, tmp_path: Path, capsys: pyt
     for name in ("serial", "process"):  # one seed each: the final value itself
         row = next(line for line in lines if line.startswith(name))
         assert row.split()[-2:] == [f"{personal:.4f}", "12.0000"], row
-    rows = {r["configuration"]: r for r in csv.DictReader(open(tmp_path / "report.csv"))}
+    with open(tmp_path / "report.csv") as csv_file:
+        rows = {r["configuration"]: r for r in csv.DictReader(csv_file)}
     assert float(rows["serial"]["fit/personal_loss_mean"]) == personal and rows["serial"]["fit/personal_loss_std"] == ""
     assert float(rows["process"]["strategy/update_count_mean"]) == 12.0
 
@@ -350,7 +352,8 @@ def test_metric_column_is_last_logged_value_mean_std_over_seeds(
     assert re.search(r"^s=a .*\s2\.0000 ± 1\.4142\s+-$", out, re.M)  # finals 1.0 and 3.0
     assert re.search(r"^s=b .*\snan\s+-$", out, re.M) and re.search(r"^s=c .*\s-\s+-$", out, re.M)
     assert "fedsim.report: no run logged nowhere" in out
-    rows = {r["configuration"]: r for r in csv.DictReader(open(tmp_path / "report.csv"))}
+    with open(tmp_path / "report.csv") as csv_file:
+        rows = {r["configuration"]: r for r in csv.DictReader(csv_file)}
     assert float(rows["s=a"]["fit/p_mean"]) == 2.0 and float(rows["s=a"]["fit/p_std"]) == pytest.approx(math.sqrt(2))
     assert rows["s=c"]["fit/p_mean"] == "" and list(rows["s=a"])[-4:] == [
         "fit/p_mean",
@@ -374,7 +377,8 @@ def test_without_metric_the_columns_are_unchanged(tmp_path: Path, capsys: pytest
         "wall",
         "s",
     ]
-    (row,) = csv.DictReader(open(tmp_path / "report.csv"))
+    with open(tmp_path / "report.csv") as csv_file:
+        (row,) = csv.DictReader(csv_file)
     assert list(row)[-1] == "wall_time_s_mean" and not any(k.startswith("fit/") for k in row)
 
 

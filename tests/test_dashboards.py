@@ -132,7 +132,7 @@ def test_a_sweep_shows_what_was_swept_and_quiet_prints_no_round_lines(tmp_path: 
     assert sweep.returncode == 0, sweep.stderr
     runs = sorted((tmp_path / "sweep").glob("*/tensorboard"))
     assert len(runs) == 2
-    for run, foreach in zip(runs, (True, False)):
+    for run, foreach in zip(runs, (True, False), strict=True):
         hparams, _ = _hparams(_events(run))
         # the keys set on the command line and strategy/seed; booleans stay booleans; no logger.* keys
         assert hparams == {

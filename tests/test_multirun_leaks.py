@@ -48,7 +48,7 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str
         procs[name] = subprocess.Popen(
             cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-    for name, proc in procs.items():
+    for proc in procs.values():
         output = proc.communicate(timeout=TIMEOUT_S)[0]
         assert proc.returncode == 0, output[-3000:]
     return {name: [json.loads(line) for line in (root / f"{name}.jsonl").read_text().splitlines()] for name in SWEEPS}

@@ -208,7 +208,8 @@ def test_main_prints_table_writes_csv_and_png(
     assert "common overrides: num_rounds=3" in text
     assert re.search(r"strategy=a\s+2/2\s+3\s+0\.7000 ± 0\.1414\s+0\.7500 ± 0\.0707\s+2\.5 \(2/2\)\s+30\.0", text)
     assert re.search(r"strategy=b\s+1/2\s+2-3\s+", text)
-    rows = list(csv.DictReader(open(out / "report.csv")))
+    with open(out / "report.csv") as csv_file:
+        rows = list(csv.DictReader(csv_file))
     assert [r["configuration"] for r in rows] == ["num_rounds=3,strategy=a", "num_rounds=3,strategy=b"]
     a = rows[0]
     assert (a["seeds_finished"], a["seeds_total"], a["seeds_reached_target"], a["target"]) == ("2", "2", "2", "0.6")
@@ -221,7 +222,8 @@ def test_main_prints_table_writes_csv_and_png(
 def test_csv_without_target_has_no_target_columns_and_blank_single_seed_std(tmp_path: Path) -> None:
     fake_run(tmp_path, "only", [0.5, 0.6], overrides=["seed=0", "strategy=a"])
     assert report.main([str(tmp_path)]) == 0
-    (row,) = csv.DictReader(open(tmp_path / "report.csv"))
+    with open(tmp_path / "report.csv") as csv_file:
+        (row,) = csv.DictReader(csv_file)
     assert "target" not in row and row["final_accuracy_std"] == "" and row["final_accuracy_mean"] == "0.6"
 
 
@@ -251,7 +253,7 @@ def test_target_must_be_a_fraction(sweep: Path, capsys: pytest.CaptureFixture[st
     assert exit_info.value.code == 2 and "must be an accuracy in (0, 1]" in capsys.readouterr().err
 
 
-# ---------------------------------------------------------------- a realistic sweep: 11 overrides, 2 differ; a failed job
+# ---------------------------------------------------------------- realistic sweep: 11 overrides, 2 differ; a failed job
 
 SHARED = [
     "num_rounds=3",
@@ -304,7 +306,8 @@ def hydra_job(
 ) -> Path:
     """A job dir as a Hydra multirun of fedsim leaves it: ``<num>_<sorted overrides>`` with ``.hydra/overrides.yaml``
     (command-line order), ``.hydra/config.yaml``, metrics.jsonl (none before the first round) and summary.json
-    as ``fedsim.cli.run_summary.record_summary`` writes it (``error``: ``finished`` false, ``stop_reason`` ``error: ...``)."""
+    as ``fedsim.cli.run_summary.record_summary`` writes it (``error``: ``finished`` false, ``stop_reason``
+    ``error: ...``)."""
     run_dir = root / f"{num}_{','.join(sorted(o for o in overrides))}"
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides, default_flow_style=False))
@@ -447,7 +450,8 @@ def test_failed_jobs_listed_with_their_reason(realistic: Path, capsys: pytest.Ca
         "clients failed (client 4: boom)",
         f"failed: {next(realistic.glob('9_*')).name} (1 rounds logged): error: RuntimeError: CUDA out of memory",
     ]
-    rows = list(csv.DictReader(open(realistic / "out" / "report.csv")))
+    with open(realistic / "out" / "report.csv") as csv_file:
+        rows = list(csv.DictReader(csv_file))
     assert [r["status"] for r in rows] == ["finished", "finished", "finished", "failed"]
     assert [r["seeds_failed"] for r in rows] == ["0", "0", "0", "2"]
     assert rows[3]["failures"] == (

@@ -1,5 +1,6 @@
 """Accuracy against megabytes sent (issue #19): ``fedsim.report --x comm_mb`` and the "MB to target" column, on real
-runs (``fedsim.cli.run.run_config``) read back from their ``metrics.jsonl``; runs written before fedsim counted bytes."""
+runs (``fedsim.cli.run.run_config``) read back from their ``metrics.jsonl``; runs written before fedsim counted
+bytes."""
 
 from __future__ import annotations
 
@@ -81,7 +82,8 @@ def test_mb_to_target_is_comm_mb_total_at_the_first_round_reaching_it(
     lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if line.startswith("configuration"))
     assert re.search(rf"rounds to {target:g}\s+MB to {target:g}\s+wall s$", header)  # no clock: no sim s column
-    rows = {r["configuration"]: r for r in csv.DictReader(open(tmp_path / "report.csv"))}
+    with open(tmp_path / "report.csv") as csv_file:
+        rows = {r["configuration"]: r for r in csv.DictReader(csv_file)}
     for compression in ("fp16", "none"):
         firsts = [_first_at(_records(sweep / _dir(c, s)), target) for c, s in RUNS if c == compression]
         assert all(firsts)  # the target is one every run reaches
@@ -109,7 +111,8 @@ def test_seeds_that_miss_the_target_are_counted_not_averaged(
     _report(sweep, tmp_path, "--target", f"{target}")
     hits = [first["comm/mb_total"] for rs in fp16 if (first := _first_at(rs, target)) is not None]
     assert len(hits) == 1
-    (row,) = [r for r in csv.DictReader(open(tmp_path / "report.csv")) if r["configuration"] == "compression=fp16"]
+    with open(tmp_path / "report.csv") as csv_file:
+        (row,) = [r for r in csv.DictReader(csv_file) if r["configuration"] == "compression=fp16"]
     assert (float(row["mb_to_target_mean"]), row["mb_to_target_std"], row["seeds_reached_target_mb"]) == (
         hits[0],
         "",
@@ -144,7 +147,8 @@ def test_clocked_runs_get_sim_s_then_mb(tmp_path: Path, capsys: pytest.CaptureFi
     _report(tmp_path / "sweep", tmp_path / "out", "--target", f"{target}")
     header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("configuration"))
     assert re.search(rf"rounds to {target:g}\s+sim s to {target:g}\s+MB to {target:g}\s+wall s$", header)
-    (row,) = csv.DictReader(open(tmp_path / "out" / "report.csv"))
+    with open(tmp_path / "out" / "report.csv") as csv_file:
+        (row,) = csv.DictReader(csv_file)
     assert float(row["sim_seconds_to_target_mean"]) == records[0]["sim/time_s"]
     # 3 clients download 610 float32 weights and upload QSGD, 8 bits: 610 bytes of levels and a float32 norm for
     # each of the 2 buckets of 512 values
@@ -180,7 +184,8 @@ def test_old_runs_report_without_mb(mixed: Path, tmp_path: Path, capsys: pytest.
     lines = capsys.readouterr().out.splitlines()
     old = next(line for line in lines if line.startswith("compression=none "))
     assert re.search(r"\s- \(no bytes\)\s+\d+\.\d$", old)
-    rows = {r["configuration"]: r for r in csv.DictReader(open(tmp_path / "report.csv"))}
+    with open(tmp_path / "report.csv") as csv_file:
+        rows = {r["configuration"]: r for r in csv.DictReader(csv_file)}
     assert (rows["compression=none"]["mb_to_target_mean"], rows["compression=none"]["seeds_reached_target_mb"]) == (
         "",
         "0",
@@ -190,7 +195,8 @@ def test_old_runs_report_without_mb(mixed: Path, tmp_path: Path, capsys: pytest.
     # only old runs: no MB column, no MB fields, as before
     _report(mixed / _dir("none", 0), tmp_path, "--target", f"{target}")
     assert " MB " not in capsys.readouterr().out
-    (row,) = csv.DictReader(open(tmp_path / "report.csv"))
+    with open(tmp_path / "report.csv") as csv_file:
+        (row,) = csv.DictReader(csv_file)
     assert not [name for name in row if "mb" in name]
 
 
@@ -246,7 +252,7 @@ def test_x_comm_mb_plots_the_seeds_mean_against_megabytes(
         assert got == pytest.approx(want, rel=1e-12)
     loss = report.mean_curve(groups[("compression=fp16",)], "eval/loss", "comm_mb")
     assert [m for _, m, *_ in loss] == pytest.approx(
-        [statistics.fmean((a["eval/loss"], b["eval/loss"])) for a, b in zip(*fp16)]
+        [statistics.fmean((a["eval/loss"], b["eval/loss"])) for a, b in zip(*fp16, strict=True)]
     )
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -256,7 +262,7 @@ def test_x_comm_mb_plots_the_seeds_mean_against_megabytes(
     (ax,) = fig.axes
     assert ax.get_xlabel() == "communication, MB both ways (comm/mb_total)"
     assert "latest value" in ax.get_title()
-    lines = {t.get_text(): line for t, line in zip(ax.get_legend().get_texts(), ax.get_lines())}
+    lines = {t.get_text(): line for t, line in zip(ax.get_legend().get_texts(), ax.get_lines(), strict=True)}
     none = _records(sweep / _dir("none", 0))
     assert list(lines["compression=fp16 (2 seeds)"].get_xdata()) == pytest.approx([x for x, *_ in expected])
     assert list(lines["compression=none (1 seed)"].get_xdata()) == pytest.approx([r["comm/mb_total"] for r in none])

@@ -106,7 +106,8 @@ def test_table_and_csv_give_simulated_seconds_to_target(sweep: Path, capsys: pyt
     # seeds reach 0.5 at 20 s and 25 s: mean 22.5, sample std sqrt(12.5) = 3.5355
     assert re.search(r"^strategy=a .*\s2\.5 \(2/2\)\s+22\.5 ± 3\.5 \(2/2\)\s+0\.1$", lines[1])
     assert re.search(r"^strategy=b .*\s2 \(1/1\)\s+- \(no clock\)\s+0\.1$", lines[2])
-    a, b = csv.DictReader(open(out / "report.csv"))
+    with open(out / "report.csv") as csv_file:
+        a, b = csv.DictReader(csv_file)
     assert float(a["sim_seconds_to_target_mean"]) == 22.5
     assert float(a["sim_seconds_to_target_std"]) == pytest.approx(math.sqrt(12.5))
     assert a["seeds_reached_target_sim"] == "2" and a["seeds_reached_target"] == "2"
@@ -122,7 +123,8 @@ def test_seeds_that_missed_the_target_are_counted_not_averaged(sweep: Path, caps
     assert re.search(r"^strategy=a .*\s3 \(1/2\)\s+25\.0 \(1/2\)\s", capsys.readouterr().out.splitlines()[1])
     assert report.main([str(sweep), "--target", "0.9", "--out", str(sweep / "out")]) == 0
     assert re.search(r"^strategy=a .*\s- \(0/2\)\s+- \(0/2\)\s", capsys.readouterr().out.splitlines()[1])
-    a, _ = csv.DictReader(open(sweep / "out" / "report.csv"))
+    with open(sweep / "out" / "report.csv") as csv_file:
+        a, _ = csv.DictReader(csv_file)
     assert (a["sim_seconds_to_target_mean"], a["seeds_reached_target_sim"]) == ("", "0")
 
 
@@ -130,7 +132,8 @@ def test_without_a_clock_nothing_changes(sweep: Path, capsys: pytest.CaptureFixt
     b = sweep / "2_seed=0,strategy=b"
     assert report.main([str(b), "--target", "0.5", "--out", str(sweep / "out")]) == 0
     assert "sim s" not in capsys.readouterr().out
-    (row,) = csv.DictReader(open(sweep / "out" / "report.csv"))
+    with open(sweep / "out" / "report.csv") as csv_file:
+        (row,) = csv.DictReader(csv_file)
     assert not [name for name in row if "sim" in name]
 
 
@@ -199,7 +202,8 @@ def test_real_clocked_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     target = min(r["eval/accuracy"] for rs in records for r in rs)  # every seed reaches it in round 1
     assert report.main([str(root), "--x", "sim_time", "--target", f"{target}", "--out", str(tmp_path / "out")]) == 0
     assert "logged no sim/time_s" not in capsys.readouterr().out
-    (row,) = csv.DictReader(open(tmp_path / "out" / "report.csv"))
+    with open(tmp_path / "out" / "report.csv") as csv_file:
+        (row,) = csv.DictReader(csv_file)
     firsts = [next(r["sim/time_s"] for r in rs if r["eval/accuracy"] >= float(f"{target}")) for rs in records]
     assert float(row["sim_seconds_to_target_mean"]) == pytest.approx(sum(firsts) / 2)
     assert row["seeds_reached_target_sim"] == "2"

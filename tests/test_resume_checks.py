@@ -59,7 +59,10 @@ def test_another_strategy_is_refused_and_a_state_that_does_not_fit_is_one_line(f
         CheckpointError, match=r"strategy._target_ \('fedsim.strategy.FedAvg' -> 'fedsim.strategy.FedAdam'\)"
     ):
         run_config(compose([*BASE, "num_rounds=5", "resume=true", "strategy=fedadam"]), run_dir=finished)
-    allow = "resume_allow_changes=[strategy._target_,strategy.server_lr,strategy.momentum,strategy.beta2,strategy.tau,strategy.bias_correction]"
+    allow = (
+        "resume_allow_changes=[strategy._target_,strategy.server_lr,strategy.momentum,strategy.beta2,strategy.tau,"
+        "strategy.bias_correction]"
+    )
     with pytest.raises(
         CheckpointError, match=r"its strategy state does not fit FedOpt \(KeyError: 'step'\); resume with the strategy"
     ):

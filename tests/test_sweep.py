@@ -1,7 +1,8 @@
 """Real Hydra multirun sweeps, each in a fresh Python process, and ``python -m fedsim.report`` over one.
 
 Two sweeps run side by side in a module fixture: a 2x2 grid (strategy x partition.alpha) over two seeds, every
-client evaluated, with TensorBoard on the serial executor, and two seeds on one CPU worker process (to look for leftovers).
+client evaluated, with TensorBoard on the serial executor, and two seeds on one CPU worker process (to look for
+leftovers).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ are much shorter); the comparison is simulated time to the target accuracy, and 
 With --availability, every client is online one window a period (clock.always_online=false: on average a quarter
 of it; --period-h, default a day): the synchronous rounds sample among the online clients, FedBuff starts tasks
 only on them, and a client whose window closes mid-task drops out (docs/system-heterogeneity.md).
-Usage: python experiments/async_fedbuff/run.py [--rounds 60] [--steps 1200] [--seeds 0 1 2] [--targets 0.5 0.6 0.7] [--deadline 20]
-       [--availability [--period-h 24]]
+Usage: python experiments/async_fedbuff/run.py [--rounds 60] [--steps 1200] [--seeds 0 1 2] [--targets 0.5 0.6 0.7]
+       [--deadline 20] [--availability [--period-h 24]]
 Runs go to a temporary directory (removed at the end); writes results.json (results_availability.json with
 --availability) and prints the README's table.
 """

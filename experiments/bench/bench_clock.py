@@ -20,6 +20,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -72,7 +73,7 @@ def planning_us(server: Server, rounds: int, clocked: bool) -> float:
                 sampling_rng(server.seed, round_num),
                 clients=server.clients,
                 clients_per_round=server.clients_per_round,
-                config_of=lambda c: server._client_config(round_num, c),
+                config_of=functools.partial(server._client_config, round_num),
                 model_bytes=server.comm.down_bytes,
                 update_bytes=server.comm.up_bytes,
             )

@@ -18,10 +18,11 @@ Issue #19's target: fp16 updates on the 2NN cost at most 1.1x a plain round. Two
 
 Run from the repository root::
 
-    nice -n 10 .venv/bin/python experiments/bench/bench_compression.py --quiet-wait 0    # writes results_compression.json
+    nice -n 10 .venv/bin/python experiments/bench/bench_compression.py --quiet-wait 0  # writes results_compression.json
     nice -n 10 .venv/bin/python experiments/bench/bench_compression.py --quiet-wait 0 --models cnn --rounds 4 \
-        --out experiments/bench/results_compression_cnn.json                                 # the CNN (1.66 M weights)
-    .venv/bin/python experiments/bench/bench_compression.py --rounds 1 --examples-per-client 60 --codec-repeats 3  # smoke run
+        --out experiments/bench/results_compression_cnn.json  # the CNN (1.66 M weights)
+    .venv/bin/python experiments/bench/bench_compression.py --rounds 1 --examples-per-client 60 \
+        --codec-repeats 3  # smoke run
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def measure(model: str, data: Any, shares: Any, args: argparse.Namespace, names:
         row["median_codec_s"] = statistics.median(codec) if codec else None
         row["ratio_to_none"] = harness.ratio(row["median_round_s"], base["median_round_s"])
         # the same round of both (met in the same stretch of load), then the median over rounds
-        paired = [t / b for t, b in zip(row["timed_round_s"], base["timed_round_s"])]
+        paired = [t / b for t, b in zip(row["timed_round_s"], base["timed_round_s"], strict=True)]
         row["paired_ratio_to_none"] = statistics.median(paired) if paired else None
         row["cpu_ratio_to_none"] = harness.ratio(row["median_cpu_s"], base["median_cpu_s"])
         row["codec_share_of_none_round"] = harness.ratio(row["median_codec_s"], base["median_round_s"])

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     for row in summary.values():
         row["ratio_to_plain"] = harness.ratio(row["median_round_s"], summary["plain"]["median_round_s"])
         row["paired_ratio_to_plain"] = statistics.median(
-            t / b for t, b in zip(row["timed_round_s"], summary["plain"]["timed_round_s"])
+            t / b for t, b in zip(row["timed_round_s"], summary["plain"]["timed_round_s"], strict=True)
         )
         row["median_dp_ms"] = statistics.median(row["dp_s"][args.warmup :]) * 1e3 if row["dp_s"] else 0.0
     report["rounds"] = summary

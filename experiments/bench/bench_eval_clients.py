@@ -109,8 +109,9 @@ def make_contenders(
     out = []
     for name in names:
         if name.startswith("central"):  # the weights loaded in each call, as every evaluation task does
+            model = factory()
 
-            def call(m: torch.nn.Module = factory(), sums: bool = name == "central_sum") -> Any:
+            def call(m: torch.nn.Module = model, sums: bool = name == "central_sum") -> Any:
                 load_flat(m, params)
                 evaluate = evaluate_indices if sums else functools.partial(example_losses, clients[0])
                 return evaluate(m, data, rows, batch_size=EVAL_BATCH)
@@ -181,11 +182,13 @@ def checks(contenders: list[Contender], clients: list[Client]) -> dict[str, Any]
         (losses, correct), bounds = by["central"], np.cumsum([0] + [int(c.test_indices.size) for c in clients])
         pairs = [
             (float(losses[a:b].double().sum()) / (b - a), int(correct[a:b].sum()) / (b - a))
-            for a, b in zip(bounds, bounds[1:])
+            for a, b in zip(bounds, bounds[1:], strict=False)
             if b > a
         ]
-        out["central_max_abs_loss_diff"] = float(max(abs(p[0] - s.loss) for p, s in zip(pairs, ref)))
-        out["central_max_abs_accuracy_diff"] = float(max(abs(p[1] - s.accuracy) for p, s in zip(pairs, ref)))
+        out["central_max_abs_loss_diff"] = float(max(abs(p[0] - s.loss) for p, s in zip(pairs, ref, strict=True)))
+        out["central_max_abs_accuracy_diff"] = float(
+            max(abs(p[1] - s.accuracy) for p, s in zip(pairs, ref, strict=True))
+        )
     return out
 
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -150,10 +151,8 @@ class Deadlock(harness.Abandon):
 def kill_pool(pool: cf.ProcessPoolExecutor) -> None:
     """SIGKILL the worker processes this pool started (by pid) and abandon the pool."""
     for pid in list(getattr(pool, "_processes", {}) or {}):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -175,7 +174,7 @@ def pool_map(
 
 def fedavg_states(states: list[dict[str, torch.Tensor]], weights: list[int]) -> dict[str, torch.Tensor]:
     total = float(sum(weights))
-    return {k: sum(s[k] * (w / total) for s, w in zip(states, weights)) for k in states[0]}
+    return {k: sum(s[k] * (w / total) for s, w in zip(states, weights, strict=True)) for k in states[0]}
 
 
 class NaiveContender:
@@ -216,7 +215,7 @@ class NaiveContender:
                 self.users[cid].model.load_state_dict(state)
                 self.users[cid].seed = task_seed(self.bench.seed, round_num, cid)
             states = pool_map(self.ctx, 2, [self.users[cid].train for cid in ids], self.first_timeout)
-            for cid, user_state in zip(ids, states):
+            for cid, user_state in zip(ids, states, strict=True):
                 self.users[cid].model.load_state_dict(user_state)
             sizes = [len(self.users[c].loader.dataset) for c in ids]
             self.global_model.load_state_dict(fedavg_states(states, sizes))

@@ -102,7 +102,7 @@ def write_h5(folder: Path, train: np.ndarray, test: np.ndarray, seed: int) -> No
     for part, sizes in (("train", train), ("test", test)):
         with h5py.File(folder / f"fed_emnist_{part}.h5", "w") as f:
             examples = f.create_group("examples")
-            for cid, n in zip(ids, sizes):
+            for cid, n in zip(ids, sizes, strict=True):
                 group = examples.create_group(cid)
                 group["pixels"] = rng.random((int(n), *IMAGE), dtype=np.float32)
                 group["label"] = rng.integers(0, NUM_CLASSES, int(n)).astype(np.int32)
@@ -227,7 +227,8 @@ def print_table(rows: dict[str, dict[str, Any]], raw: int) -> None:
         b = row["best"]
         print(
             f"{name:<15}{b['load_s']:>9.2f}{b['federate_s']:>12.2f}{b['clients_s']:>11.2f}{b['total_s']:>9.2f}"
-            f"{row['peak_rss_bytes'] / 2**30:>10.2f}{row['peak_over_raw']:>10.2f}{row['peak_minus_base_over_raw']:>17.2f}"
+            f"{row['peak_rss_bytes'] / 2**30:>10.2f}{row['peak_over_raw']:>10.2f}"
+            f"{row['peak_minus_base_over_raw']:>17.2f}"
             f"{b['clients']:>9}"
         )
 

@@ -128,7 +128,7 @@ def evaluate_flat(bench: wl.Bench, flat: torch.Tensor, test: TensorData) -> dict
 
 
 def pairs(num: list[float], den: list[float]) -> list[float]:
-    return [a / b for a, b in zip(num, den)]
+    return [a / b for a, b in zip(num, den, strict=True)]
 
 
 def compare(rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]], warmup: int) -> dict[str, Any]:
@@ -138,8 +138,8 @@ def compare(rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]],
         if a not in rows or b not in rows:
             continue
         per_round = pairs(rows[a]["timed_round_s"], rows[b]["timed_round_s"])
-        loads = zip(results[a]["others_cores"][warmup:], results[b]["others_cores"][warmup:])
-        quiet = [r for r, load in zip(per_round, loads) if max(load) < harness.QUIET["threshold_cores"]]
+        loads = zip(results[a]["others_cores"][warmup:], results[b]["others_cores"][warmup:], strict=True)
+        quiet = [r for r, load in zip(per_round, loads, strict=True) if max(load) < harness.QUIET["threshold_cores"]]
         cpu = pairs(results[a]["own_cpu_s"][warmup:], results[b]["own_cpu_s"][warmup:])
         out[f"{a}/{b}"] = {
             "medians": rows[a]["median_round_s"] / rows[b]["median_round_s"],
@@ -216,8 +216,8 @@ def print_model(model: str, out: dict[str, Any]) -> None:
         if t:
             print(
                 f"{name:<12} timeline (median of timed rounds, s): wall {t['wall_s']:.3f} = head {t['head_s']:.3f} "
-                f"+ tail {t['tail_s']:.3f} + ...; idle gaps between clients {t['gaps_s']:.3f} (max {t['max_gap_s']:.3f}); "
-                f"time inside clients {t['busy_s']:.3f}"
+                f"+ tail {t['tail_s']:.3f} + ...; idle gaps between clients {t['gaps_s']:.3f} "
+                f"(max {t['max_gap_s']:.3f}); time inside clients {t['busy_s']:.3f}"
             )
     flower = rows.get("flower")
     if flower:

@@ -65,7 +65,7 @@ class WrittenOutProximal(ProximalTerm):
         pass
 
     def loss_term(self, model: nn.Module) -> torch.Tensor | None:
-        squared = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), self.anchor))
+        squared = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), self.anchor, strict=True))
         return 0.5 * self.mu * squared  # type: ignore[return-value]
 
 
@@ -160,7 +160,8 @@ def print_table(model_name: str, row: dict[str, Any]) -> None:
     for name, seconds in row["median_s_per_step"].items():
         print(f"  {name:18s} {seconds * 1e6:9.1f} µs/step   {row['vs_fedavg'][name]:.2f}× fedavg")
     print(
-        f"  loss term / gradient: {row['written_over_fused']}   weights rel. diff: {row['rel_weight_diff_fused_vs_written']}"
+        f"  loss term / gradient: {row['written_over_fused']}   "
+        f"weights rel. diff: {row['rel_weight_diff_fused_vs_written']}"
     )
 
 

@@ -11,10 +11,11 @@ round, each round after a quiet second when one comes) and the measurements (wal
 script's process tree, cores used by other processes) are the shared harness's (``harness.py``).
 Ray's start-up (``ray.init``) and each executor's start-up (actors / workers ready) are timed apart
 from the rounds. Before the rounds, a small probe times ``ray.get`` of an actor's return: an empty
-call, and a flat update of each model's size as a tensor and as a NumPy array. Reported: per-round times, their median, and ray/process per model, both as the ratio
-of medians and as the spread of the per-round ratios (round r of ray over round r of process, which
-ran back to back), also restricted to the pairs in which other processes stayed below the quiet
-threshold during both rounds (outside load comes in bursts and distorts single pairs). Nothing here asserts a time.
+call, and a flat update of each model's size as a tensor and as a NumPy array. Reported: per-round
+times, their median, and ray/process per model, both as the ratio of medians and as the spread of
+the per-round ratios (round r of ray over round r of process, which ran back to back), also
+restricted to the pairs in which other processes stayed below the quiet threshold during both
+rounds (outside load comes in bursts and distorts single pairs). Nothing here asserts a time.
 
 Run from the repository root::
 
@@ -116,10 +117,17 @@ def make_contender(name: str, bench: wl.Bench, log_dir: Path) -> wl.FedsimConten
 def compare(rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]], warmup: int) -> dict[str, Any]:
     """ray/process: ratio of medians, and the spread of per-round ratios (rounds that ran back to back)."""
     proc, ray_ = rows["process_w2"], rows["ray_w2"]
-    pairs = [r / p for r, p in zip(ray_["timed_round_s"], proc["timed_round_s"])]
-    cpu = [r / p for r, p in zip(results["ray_w2"]["own_cpu_s"][warmup:], results["process_w2"]["own_cpu_s"][warmup:])]
-    others = zip(results["ray_w2"]["others_cores"][warmup:], results["process_w2"]["others_cores"][warmup:])
-    quiet = [pair for pair, load in zip(pairs, others) if max(load) < harness.QUIET["threshold_cores"]]
+    pairs = [r / p for r, p in zip(ray_["timed_round_s"], proc["timed_round_s"], strict=True)]
+    cpu = [
+        r / p
+        for r, p in zip(
+            results["ray_w2"]["own_cpu_s"][warmup:], results["process_w2"]["own_cpu_s"][warmup:], strict=True
+        )
+    ]
+    others = zip(
+        results["ray_w2"]["others_cores"][warmup:], results["process_w2"]["others_cores"][warmup:], strict=True
+    )
+    quiet = [pair for pair, load in zip(pairs, others, strict=True) if max(load) < harness.QUIET["threshold_cores"]]
     return {
         "ray/process_quiet_pairs": quiet,  # rounds in which other processes used < threshold cores in both
         "ray/process_quiet_pairs_median": statistics.median(quiet) if quiet else None,
@@ -141,7 +149,8 @@ def print_model(model: str, rows: dict[str, dict[str, Any]], cmp: dict[str, Any]
         f"ray/process: {cmp['ray/process_median']:.3f}x (medians); per round {pairs} "
         f"(median {cmp['ray/process_per_round_median']:.3f}, min {cmp['ray/process_per_round_min']:.3f}, "
         f"max {cmp['ray/process_per_round_max']:.3f}); quiet pairs {len(cmp['ray/process_quiet_pairs'])}, median "
-        f"{cmp['ray/process_quiet_pairs_median'] or float('nan'):.3f}; CPU {cmp['ray/process_cpu_per_round_median']:.3f}x; "
+        f"{cmp['ray/process_quiet_pairs_median'] or float('nan'):.3f}; "
+        f"CPU {cmp['ray/process_cpu_per_round_median']:.3f}x; "
         f"within 1.3x: {cmp['target_within_1.3x']}; bitwise equal: {cmp['bitwise_equal_final_weights']}"
     )
 
@@ -174,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
             }
             report["transfer_ms"] = transfer_ms(sizes)
             print(
-                f"ray.get of an actor's return, ms (empty call / update as tensor / as array): {json.dumps(report['transfer_ms'])}"
+                "ray.get of an actor's return, ms (empty call / update as tensor / as array): "
+                f"{json.dumps(report['transfer_ms'])}"
             )
             with tempfile.TemporaryDirectory(prefix="fedsim-bench-ray-") as tmp:
                 for model in args.models.split(","):

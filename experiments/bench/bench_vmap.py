@@ -33,7 +33,7 @@ Run from the repository root::
     .venv/bin/python experiments/bench/bench_vmap.py --data synthetic
     .venv/bin/python experiments/bench/bench_vmap.py --models mlr --rounds 10
     .venv/bin/python experiments/bench/bench_vmap.py --device cuda:0 --contenders serial_t1,vmap_t1,central_t1,wide_t1
-    .venv/bin/python experiments/bench/bench_vmap.py --data mnist --load 1   # busy machine: results_vmap_mnist_load1.json
+    .venv/bin/python experiments/bench/bench_vmap.py --data mnist --load 1  # busy: results_vmap_mnist_load1.json
 """
 
 from __future__ import annotations

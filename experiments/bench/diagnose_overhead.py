@@ -80,7 +80,9 @@ def split_round(t0: float, t1: float, updates: list[ClientUpdate]) -> dict[str, 
     for u in updates:
         by_worker.setdefault(u.worker, []).append((u.metrics["t_start"], u.metrics["t_end"]))
     busy = {w: sum(e - s for s, e in iv) for w, iv in by_worker.items()}
-    gaps = {w: sum(b[0] - a[1] for a, b in zip(sorted(iv), sorted(iv)[1:])) for w, iv in by_worker.items()}
+    gaps = {
+        w: sum(b[0] - a[1] for a, b in zip(sorted(iv), sorted(iv)[1:], strict=False)) for w, iv in by_worker.items()
+    }
     first = min(s for iv in by_worker.values() for s, _ in iv)
     last = max(e for iv in by_worker.values() for _, e in iv)
     return {
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     bench = wl.make_bench(args.model, data, shares, args)
     report = {}
     print(
-        f"{args.model}, {len(shares[0])} examples/client, server process with {torch.get_num_threads()} intra-op threads; "
+        f"{args.model}, {len(shares[0])} examples/client, "
+        f"server process with {torch.get_num_threads()} intra-op threads; "
         f"per timed round (medians over {args.rounds}):"
     )
     print(
@@ -128,10 +131,10 @@ def main(argv: list[str] | None = None) -> None:
             row = harness.run_interleaved([contender], bench.total_rounds, tag=name)[name]
             rounds = [
                 {**r, "others_cores": o, "load_cores": c}
-                for r, o, c in zip(contender.records, row["others_cores"], row["load_cores"])
+                for r, o, c in zip(contender.records, row["others_cores"], row["load_cores"], strict=True)
             ][args.warmup :]
             report[name] = rounds
-            med = lambda key: statistics.median(r[key] for r in rounds)  # noqa: E731
+            med = lambda key, rounds=rounds: statistics.median(r[key] for r in rounds)  # noqa: E731
             busy = statistics.median(statistics.fmean(r["busy_s"].values()) for r in rounds)
             gaps = statistics.median(statistics.fmean(r["dispatch_gaps_s"].values()) for r in rounds)
             print(

@@ -214,7 +214,7 @@ def set_flower_polling(interval_s: float) -> None:
 
     def add_messages_to_queue(state: Any, message_queue: Any, nodes_mapping: Any, f_stop: threading.Event) -> None:
         while not f_stop.is_set():
-            for node_id in nodes_mapping.keys():
+            for node_id in nodes_mapping:
                 for msg in state.get_message_ins(node_id=node_id, limit=1):
                     message_queue.put(msg)
             f_stop.wait(interval_s)

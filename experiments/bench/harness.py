@@ -116,6 +116,7 @@ def run_interleaved(
                 for key, value in zip(
                     ("round_s", "own_cpu_s", "others_cores", "load_cores"),
                     (wall, meter.own_cpu_s, foreign, meter.load_cores),
+                    strict=True,
                 ):
                     row[key].append(value)
     finally:

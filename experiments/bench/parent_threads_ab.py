@@ -116,11 +116,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.model}: ProcessExecutor(workers=2, threads=1), {len(shares[0])} examples/client, rounds alternate A/B"
     )
     print(
-        f"{'parent threads':<22}{'rounds':>7}{'median wall s':>15}{'min wall s':>12}{'median parent cpu s':>21}{'median others':>15}"
+        f"{'parent threads':<22}{'rounds':>7}{'median wall s':>15}{'min wall s':>12}"
+        f"{'median parent cpu s':>21}{'median others':>15}"
     )
     for label, threads in conditions.items():
         r = rows[label]
-        med = lambda k: statistics.median(x[k] for x in r)  # noqa: E731
+        med = lambda k, r=r: statistics.median(x[k] for x in r)  # noqa: E731
         print(
             f"{label} = {threads:<18}{len(r):>7}{med('wall_s'):>15.3f}{min(x['wall_s'] for x in r):>12.3f}"
             f"{med('parent_cpu_s'):>21.3f}{med('others_cores'):>15.2f}"

@@ -52,7 +52,7 @@ def gaps(results: list[Any]) -> list[float]:
     out: list[float] = []
     for worker in {r.worker for r in results}:
         mine = sorted((r for r in results if r.worker == worker), key=lambda r: r.metrics["t_start"])
-        out += [b.metrics["t_start"] - a.metrics["t_end"] for a, b in zip(mine, mine[1:])]
+        out += [b.metrics["t_start"] - a.metrics["t_end"] for a, b in zip(mine, mine[1:], strict=False)]
     return out
 
 

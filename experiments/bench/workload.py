@@ -329,7 +329,7 @@ def split_round(t0: float, t1: float, by_worker: dict[Any, list[tuple[float, flo
     ends = [e for iv in by_worker.values() for _, e in iv]
     if not starts:
         return {"wall_s": t1 - t0}
-    gaps = [b[0] - a[1] for iv in by_worker.values() for a, b in zip(sorted(iv), sorted(iv)[1:])]
+    gaps = [b[0] - a[1] for iv in by_worker.values() for a, b in zip(sorted(iv), sorted(iv)[1:], strict=False)]
     return {
         "wall_s": t1 - t0,
         "head_s": min(starts) - t0,

@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = {n: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for n, rs in runs.items()}
     ratio = summary[100_000]["round_s"] / summary[100]["round_s"]
     print(
-        f"median round: {summary[100]['round_s'] * 1e3:.1f} ms (100 clients), {summary[100_000]['round_s'] * 1e3:.1f} ms "
-        f"(100,000 clients): ratio {ratio:.2f}"
+        f"median round: {summary[100]['round_s'] * 1e3:.1f} ms (100 clients), "
+        f"{summary[100_000]['round_s'] * 1e3:.1f} ms (100,000 clients): ratio {ratio:.2f}"
     )
     args.out.write_text(
         json.dumps({"command": " ".join(sys.argv), "runs": runs, "median": summary, "ratio": ratio}, indent=2) + "\n"

@@ -260,7 +260,8 @@ def main() -> None:
         e = results["codec_error_on_one_update"][name]
         print(f"  {name:28s} {e['relative_l2_error']:.3f}  {e['cosine']:.3f}")
     print(
-        f"plot: {'accuracy_vs_mb.png' if made else 'skipped (matplotlib not installed)'}; total {results['wall_s']:.0f} s"
+        f"plot: {'accuracy_vs_mb.png' if made else 'skipped (matplotlib not installed)'}; "
+        f"total {results['wall_s']:.0f} s"
     )
 
 

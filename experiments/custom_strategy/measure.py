@@ -61,7 +61,8 @@ def main() -> None:
         n = len(probe.rows)
         print(
             f"L1FedAvg lam={lam}: mean L1 norm of a client's change {sum(r[2] for r in probe.rows) / n:.2f}, "
-            f"share of coordinates moved < 1e-3 {sum(r[3] for r in probe.rows) / n:.3f}, final test accuracy {accuracy:.4f}"
+            f"share of coordinates moved < 1e-3 {sum(r[3] for r in probe.rows) / n:.3f}, "
+            f"final test accuracy {accuracy:.4f}"
         )
     adaptive = AdaptiveClippedFedAvg()
     bounds = [adaptive.max_norm]

@@ -101,7 +101,7 @@ class L1TowardsGlobal(LocalTraining):
     def loss_term(self, model: nn.Module) -> torch.Tensor | None:
         if self.lam == 0.0:
             return None
-        distance = sum((p - a).abs().sum() for p, a in zip(model.parameters(), self.anchor))
+        distance = sum((p - a).abs().sum() for p, a in zip(model.parameters(), self.anchor, strict=True))
         return self.lam * distance  # type: ignore[return-value]
 
     def functional_term(

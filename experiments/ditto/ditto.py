@@ -124,7 +124,7 @@ class DittoClient(Client):
         loss = self.loss(model, x, y)
         loss.backward()
         with torch.no_grad():
-            for v, w in zip(model.parameters(), anchor):
+            for v, w in zip(model.parameters(), anchor, strict=True):
                 if v.grad is None:
                     v.grad = torch.zeros_like(v)
                 v.grad.add_(v - w, alpha=self.lam)

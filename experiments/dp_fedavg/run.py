@@ -126,8 +126,8 @@ def table(results: dict) -> str:
     budgets = results["budgets"]
     heads = " | ".join(f"acc. at ε ≤ {b:g} (rounds)" for b in budgets)
     lines = [
-        f"| configuration | noise std on the mean update, z·C/m | final ε (δ = {DELTA:g}) | final accuracy (mean ± std) | "
-        f"{heads} |",
+        f"| configuration | noise std on the mean update, z·C/m | final ε (δ = {DELTA:g}) | "
+        f"final accuracy (mean ± std) | {heads} |",
         "|---" * (4 + len(budgets)) + "|",
     ]
     for name, r in results["configs"].items():
@@ -270,7 +270,7 @@ def main() -> None:
             )
 
     clip_of = {name: None for name in curves}
-    for (z, f), name in names.items():
+    for (_z, f), name in names.items():
         clip_of[name] = float(f"{clip * f:.2g}")
     configs = {}
     for name, c in curves.items():

@@ -3,13 +3,14 @@
 Runs FedAvg on Synthetic(1,1) with ``--executor process`` (2 workers) or ``ray`` (2 actors on a local Ray)
 for ``--rounds`` rounds while a thread SIGKILLs one of the live workers (chosen at random, the worker being
 started included; under Ray the actors' processes and Ray's idle pooled workers, not its agents) every
-``--interval`` seconds for ``--seconds`` seconds or until ``--kills`` workers were killed, whichever comes first. Each repeat must end either with weights bitwise equal to
-the serial executor's or with one line (a round that ran out of retries, a worker slot that failed to
-start 3 times in a row), within ``--limit`` seconds. Prints one JSON line per repeat.
+``--interval`` seconds for ``--seconds`` seconds or until ``--kills`` workers were killed, whichever comes
+first. Each repeat must end either with weights bitwise equal to the serial executor's or with one line (a
+round that ran out of retries, a worker slot that failed to start 3 times in a row), within ``--limit``
+seconds. Prints one JSON line per repeat.
 
     .venv/bin/python experiments/faults/kill_loop.py --repeats 5 --seconds 45
     .venv/bin/python experiments/faults/kill_loop.py --executor ray --repeats 5 --seconds 45
-    .venv/bin/python experiments/faults/kill_loop.py --repeats 1 --kills 5 --interval 0.5 --rounds 20   # the test's size
+    .venv/bin/python experiments/faults/kill_loop.py --repeats 1 --kills 5 --interval 0.5 --rounds 20  # the test's size
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ steps), and half of the sampled clients per round are stragglers that manage a r
   FedAvg keeping stragglers          strategy=fedprox strategy.mu=0 (bitwise FedAvg, but keeps stragglers)
   FedNova                            strategy=fednova (keeps stragglers; normalises by tau_k)
   FedDyn alpha=0.01, alpha=0.1       strategy=feddyn (keeps stragglers)
-Usage: python experiments/heterogeneous_steps/run.py [--rounds 50] [--seeds 0 1 2] [--out experiments/heterogeneous_steps]
+Usage: python experiments/heterogeneous_steps/run.py [--rounds 50] [--seeds 0 1 2]
+       [--out experiments/heterogeneous_steps]
 Runs go to a temporary directory under /tmp that is removed at the end; writes results.json and (with
 matplotlib) heterogeneous_steps.png into --out, and prints the README's table.
 """
@@ -125,7 +126,7 @@ def _summary(histories: dict[str, list[list[dict]]], args: argparse.Namespace, w
             )
         methods[name] = {
             "overrides": CONFIGS[name],
-            "seeds": dict(zip(map(str, args.seeds), per_seed)),
+            "seeds": dict(zip(map(str, args.seeds), per_seed, strict=True)),
             **{key: _mean_std([s[key] for s in per_seed]) for key, _, _ in METRICS},
             **extra,
             "curve": {
@@ -166,8 +167,8 @@ def _plot(results: dict, path: Path) -> None:
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, m in results["methods"].items():
         c = m["curve"]
-        lo = [a - s for a, s in zip(c["accuracy_mean"], c["accuracy_std"])]
-        hi = [a + s for a, s in zip(c["accuracy_mean"], c["accuracy_std"])]
+        lo = [a - s for a, s in zip(c["accuracy_mean"], c["accuracy_std"], strict=True)]
+        hi = [a + s for a, s in zip(c["accuracy_mean"], c["accuracy_std"], strict=True)]
         (line,) = ax_acc.plot(c["round"], c["accuracy_mean"], label=name)
         ax_acc.fill_between(c["round"], lo, hi, color=line.get_color(), alpha=0.15)
         ax_loss.plot(c["round"], c["loss_mean"], label=name)

@@ -66,7 +66,7 @@ def run_sweep(
 def slope(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of ``ys`` over ``xs``."""
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
 def summarize(samples: list[dict[str, Any]], warmup: int) -> dict[str, Any]:

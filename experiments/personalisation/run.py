@@ -154,7 +154,8 @@ def _table(summary: dict[str, dict[str, list[float]]]) -> str:
     for name, stats in summary.items():
         count = f"{stats['eval_personal/personalised'][0]:.1f} / 50" if "eval_personal/personalised" in stats else "–"
         rows.append(
-            f"| {name} | {cell(stats, 'eval_personal/accuracy_mean')} | {cell(stats, 'eval_personal/accuracy_worst10')} "
+            f"| {name} | {cell(stats, 'eval_personal/accuracy_mean')} "
+            f"| {cell(stats, 'eval_personal/accuracy_worst10')} "
             f"| {cell(stats, 'eval_personal/accuracy_p10')} | {cell(stats, 'eval_global/accuracy_mean')} "
             f"| {cell(stats, 'eval_global/accuracy_worst10')} | {count} |"
         )

@@ -94,10 +94,13 @@ def summarise(runs: list[dict]) -> dict[str, dict]:
     table: dict[str, dict] = {}
     for name in dict.fromkeys(r["config"] for r in runs):
         chosen = sorted((r for r in runs if r["config"] == name), key=lambda r: r["seed"])
-        stats = lambda rows: {
-            k: [statistics.fmean(x[k] for x in rows), statistics.pstdev(x[k] for x in rows)]
-            for k in ("average", "worst10", "best10", "variance")
-        }
+
+        def stats(rows: list[dict]) -> dict[str, list[float]]:
+            return {
+                k: [statistics.fmean(x[k] for x in rows), statistics.pstdev(x[k] for x in rows)]
+                for k in ("average", "worst10", "best10", "variance")
+            }
+
         rounds = [p["round"] for p in chosen[0]["curve"]]
         table[name] = {
             "seeds": [r["seed"] for r in chosen],
@@ -126,23 +129,24 @@ def plot(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4))
     for name, entry in result["table"].items():
         rounds = [p["round"] for p in entry["curve"]]
-        for ax, key in zip(axes, keys):
+        for ax, key in zip(axes, keys, strict=True):
             mean = [p[key][0] for p in entry["curve"]]
             std = [p[key][1] for p in entry["curve"]]
             (line,) = ax.plot(rounds, mean, marker="o", ms=3, label=name, ls="--" if "deviation" in name else "-")
             ax.fill_between(
                 rounds,
-                [m - s for m, s in zip(mean, std)],
-                [m + s for m, s in zip(mean, std)],
+                [m - s for m, s in zip(mean, std, strict=True)],
+                [m + s for m, s in zip(mean, std, strict=True)],
                 color=line.get_color(),
                 alpha=0.15,
             )
-    for ax, title in zip(axes, keys.values()):
+    for ax, title in zip(axes, keys.values(), strict=True):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("round")
     axes[0].legend(fontsize=8)
     fig.suptitle(
-        f"q-FFL, Synthetic(1,1), 100 devices: mean ± std over seeds {result['table'][next(iter(result['table']))]['seeds']}",
+        "q-FFL, Synthetic(1,1), 100 devices: mean ± std over seeds "
+        f"{result['table'][next(iter(result['table']))]['seeds']}",
         fontsize=9,
     )
     fig.tight_layout()

@@ -208,7 +208,7 @@ def slope_per_100_rounds(rounds: list[int], values: list[float]) -> float:
         return 0.0
     mx, my = statistics.fmean(rounds), statistics.fmean(values)
     var = sum((x - mx) ** 2 for x in rounds)
-    return 100 * sum((x - mx) * (y - my) for x, y in zip(rounds, values)) / var if var else 0.0
+    return 100 * sum((x - mx) * (y - my) for x, y in zip(rounds, values, strict=True)) / var if var else 0.0
 
 
 def summarize(samples: list[dict[str, Any]], warmup_rounds: int, rss_tolerance_mib: float) -> dict[str, Any]:
@@ -293,7 +293,8 @@ def print_summary(result: dict[str, Any], args: argparse.Namespace) -> None:
             print(f"  {g['size_diff_kib']:+9.1f} KiB {g['count_diff']:+7d} blocks  {g['where']}")
     if result["cycles"]:
         print(
-            f"{len(result['cycles'])} more start/{args.cycle_rounds} rounds/close cycles in this process; server after each close:"
+            f"{len(result['cycles'])} more start/{args.cycle_rounds} rounds/close cycles in this process; "
+            "server after each close:"
         )
         for c in result["cycles"]:
             print(f"  cycle {c['cycle']}: {c['server']}  /dev/shm {c['shm']}")

@@ -11,7 +11,8 @@ sending it (before any compression): :meth:`Attack.poison` gets the round's trai
 returns the malicious ones' replacements. Omniscient attacks (ALIE, IPM) read the round's other updates, all of them
 honest results of local training (the malicious clients' own included), in client-id order, so the result is the
 same under every executor. Randomness comes from a generator seeded by (seed, round, client). Under FedBuff the
-"round" is the server step and its updates are the step's buffer (:meth:`fedsim.attacks.stage.AttackStage.apply_buffer`).
+"round" is the server step and its updates are the step's buffer
+(:meth:`fedsim.attacks.stage.AttackStage.apply_buffer`).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -33,8 +34,8 @@ from fedsim.data.tensor_data import TensorData
 class DataAttack(Attack):
     """An attack on the malicious clients' training data; their updates are sent as trained."""
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         if self.per_round:
             raise ValueError(
                 f"attack.per_round=true: {type(self).__name__} poisons the malicious clients' data once, "
@@ -91,7 +92,8 @@ class LabelFlip(DataAttack):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.source is None:
             return x.clone(), num_classes - 1 - y
-        return x.clone(), torch.where(y == self.source, torch.full_like(y, int(self.target)), y)  # type: ignore[arg-type]
+        assert self.target is not None  # __init__: source and target go together
+        return x.clone(), torch.where(y == self.source, torch.full_like(y, int(self.target)), y)
 
     def check(self, data: TensorData) -> None:
         for name, value in (("source", self.source), ("target", self.target)):
@@ -136,10 +138,11 @@ class Backdoor(DataAttack):
         """``x`` with the trigger stamped on (a copy)."""
         out = x.clone()
         s = self.trigger_size
+        value = cast(float, self._value)  # given, or set by check() before the run
         if out.ndim >= 4:
-            out[..., -s:, -s:] = self._value
+            out[..., -s:, -s:] = value
         else:
-            out[:, -s:] = self._value
+            out[:, -s:] = value
         return out
 
     def poison_rows(

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -27,8 +28,8 @@ def _number(name: str, value: object) -> float:
 class SignFlip(Attack):
     """Each malicious client sends −``scale``·Δ."""
 
-    def __init__(self, *, scale: float = 1.0, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, scale: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.scale = _number("scale", scale)
 
     def poison(
@@ -40,8 +41,8 @@ class SignFlip(Attack):
 class GaussianNoise(Attack):
     """Each malicious client sends N(0, ``std``²) values from its own generator (seed, round, client)."""
 
-    def __init__(self, *, std: float = 1.0, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, std: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.std = _number("std", std)
         if self.std < 0:
             raise ValueError(f"attack.std must be >= 0 (got {std})")
@@ -58,8 +59,8 @@ class GaussianNoise(Attack):
 class Scaling(Attack):
     """Each malicious client sends ``boost``·Δ (model replacement with ``boost`` ≈ clients per round)."""
 
-    def __init__(self, *, boost: float = 10.0, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, boost: float = 10.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.boost = _number("boost", boost)
 
     def poison(

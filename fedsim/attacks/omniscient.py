@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from statistics import NormalDist
+from typing import Any
 
 import torch
 
@@ -40,8 +41,8 @@ def alie_z(n: int, m: int) -> float:
 class ALittleIsEnough(Attack):
     """μ − z·σ for every malicious client (``z``: None for the paper's z_max)."""
 
-    def __init__(self, *, z: float | None = None, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, z: float | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.z = None if z is None else _number("z", z)
 
     def poison(
@@ -60,8 +61,8 @@ class ALittleIsEnough(Attack):
 class InnerProductManipulation(Attack):
     """−``epsilon``·μ for every malicious client."""
 
-    def __init__(self, *, epsilon: float = 0.5, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, epsilon: float = 0.5, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.epsilon = _number("epsilon", epsilon)
         if self.epsilon <= 0:
             raise ValueError(f"attack.epsilon must be > 0 (got {epsilon})")

@@ -93,7 +93,7 @@ class AttackStage:
     ) -> dict[int, ClientUpdate]:
         """The malicious clients' replacement updates, by client id: each sends its received weights plus the
         attack's delta, which it computes from every update's delta (trained − received), in client-id order."""
-        base = {u.client_id: r for u, r in zip(updates, received)}
+        base = {u.client_id: r for u, r in zip(updates, received, strict=True)}
         deltas = {u.client_id: u.params - base[u.client_id] for u in sorted(updates, key=lambda u: u.client_id)}
         crafted = self.attack.poison(deltas, self.malicious(round_num), self.seed, round_num)
         return {

@@ -64,7 +64,8 @@ def _run_from_command_line(cfg: DictConfig, run_dir: str) -> list[dict[str, Any]
         )
     if server.finished:
         print(
-            f"fedsim: nothing to do: the run in {cfg.resume if isinstance(cfg.resume, str) and cfg.resume != 'auto' else run_dir} "
+            "fedsim: nothing to do: the run in "
+            f"{cfg.resume if isinstance(cfg.resume, str) and cfg.resume != 'auto' else run_dir} "
             f"finished all {server.num_rounds} rounds; to train longer, resume with a larger num_rounds",
             file=sys.stderr,
         )

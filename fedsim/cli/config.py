@@ -102,7 +102,8 @@ def _number(section: DictConfig, key: str) -> float | None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check keys, types, ranges and cross-field rules of a composed config; raise :class:`ConfigError` on the first problem."""
+    """Check keys, types, ranges and cross-field rules of a composed config; raise :class:`ConfigError` on the first
+    problem."""
     check_keys(cfg, RunSchema, ConfigError)
     check_numbers(cfg, ConfigError)
     _validate_run(cfg)

@@ -12,6 +12,7 @@ import difflib
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import fields
+from typing import cast
 
 from omegaconf import DictConfig
 
@@ -28,7 +29,7 @@ def did_you_mean(key: str, known: Iterable[str], prefix: str = "") -> str:
 def check_keys(cfg: DictConfig, schema: type, error: Callable[[str], Exception]) -> None:
     """Raise ``error(line)`` for the first key of ``cfg`` that nothing reads."""
     known = [f.name for f in fields(schema)]
-    for key in cfg:
+    for key in cast("Iterable[object]", cfg):  # keys print as they are (the stub's key type has bytes)
         if str(key) not in known:
             raise error(
                 f"unknown setting {key}{did_you_mean(str(key), known)} (fedsim reads no such key; "

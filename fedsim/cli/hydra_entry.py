@@ -75,7 +75,10 @@ def hydra_write_failure(error: BaseException, task: Callable[..., Any]) -> str |
             elif frame.f_code.co_name == "run_job":
                 job_dir = frame.f_locals.get("output_dir")
     target = error.filename or saving or job_dir or "the run directory"
-    return f"cannot write {target}: {error.strerror}; {write_remedy(error, job_dir or 'it')} or choose another hydra.run.dir"
+    return (
+        f"cannot write {target}: {error.strerror}; {write_remedy(error, job_dir or 'it')} "
+        "or choose another hydra.run.dir"
+    )
 
 
 def report_as_hydra(error: BaseException) -> NoReturn:

@@ -33,7 +33,8 @@ def override_error_line(error: BaseException, argv: Sequence[str] | None = None)
 
 
 def unknown_key_line(key: str, argv: Sequence[str]) -> str:
-    """``unknown setting a.b; did you mean a.c? ...``: the known keys are those of ``a`` as the other overrides compose it."""
+    """``unknown setting a.b; did you mean a.c? ...``: the known keys are those of ``a`` as the other overrides
+    compose it."""
     parent, _, leaf = key.rpartition(".")
     known = _keys_of(parent, [arg for arg in argv if not _sets(arg, key)])
     return (
@@ -48,7 +49,10 @@ def unknown_option_line(group: str, option: str) -> str:
 
     options = sorted(path.stem for path in (Path(CONFIG_DIR) / group).glob("*.yaml"))
     if not options:
-        return f"no config group {group} (groups: {', '.join(_groups(CONFIG_DIR))}){did_you_mean(group, _groups(CONFIG_DIR))}"
+        return (
+            f"no config group {group} (groups: {', '.join(_groups(CONFIG_DIR))})"
+            f"{did_you_mean(group, _groups(CONFIG_DIR))}"
+        )
     return f"no option {option} in group {group}{did_you_mean(option, options)} (options: {', '.join(options)})"
 
 

@@ -1,6 +1,7 @@
 """Composition root: turns a Hydra config into a Server and runs it. The only place that calls instantiate.
 
-From the command line: ``python -m fedsim [overrides]`` (or the ``fedsim`` console script; see :mod:`fedsim.cli.command`).
+From the command line: ``python -m fedsim [overrides]`` (or the ``fedsim`` console script; see
+:mod:`fedsim.cli.command`).
 From Python: ``run_config(compose(["strategy=fedavg", "num_rounds=5"]), run_dir="out")``.
 """
 
@@ -12,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from hydra.errors import InstantiationException
@@ -121,8 +122,10 @@ def build_compression(cfg: DictConfig) -> Compression:
             raise ConfigError(f"compression.{direction} must be a list of codecs, e.g. [topk, fp16] (got {entries!r})")
         plain = OmegaConf.to_container(entries, resolve=True) if OmegaConf.is_list(entries) else entries
         return [
-            codec_from(e, f"compression.{direction}[{i}]", lambda d: _instantiate(OmegaConf.create(d)))
-            for i, e in enumerate(plain)
+            codec_from(
+                e, f"compression.{direction}[{i}]", lambda d: _instantiate(OmegaConf.create(cast(dict[str, Any], d)))
+            )
+            for i, e in enumerate(cast(list[Any], plain))
         ]
 
     return Compression(

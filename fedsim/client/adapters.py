@@ -150,7 +150,7 @@ def from_user_objects(users: Sequence[Any], *, num_examples: Sequence[int] | Non
     if num_examples is not None and len(num_examples) != len(users):
         raise ValueError(f"num_examples has {len(num_examples)} entries for {len(users)} user objects")
     counts = list(num_examples) if num_examples is not None else [None] * len(users)
-    return [StateDictClient(i, user, num_examples=n) for i, (user, n) in enumerate(zip(users, counts))]
+    return [StateDictClient(i, user, num_examples=n) for i, (user, n) in enumerate(zip(users, counts, strict=True))]
 
 
 def no_shared_data(input_shape: Sequence[int]) -> TensorData:

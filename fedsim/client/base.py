@@ -72,7 +72,10 @@ class Client:
         self._local: LocalTraining | None = None
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(id={self.client_id}, train={len(self.train_indices)}, test={len(self.test_indices)})"
+        return (
+            f"{type(self).__name__}(id={self.client_id}, train={len(self.train_indices)}, "
+            f"test={len(self.test_indices)})"
+        )
 
     @property
     def num_train(self) -> int:
@@ -134,7 +137,7 @@ class Client:
 
         Every random choice (batch order) comes from ``generator``, never from the global RNG, so the
         result depends only on the global weights, the data and the generator's seed. ``local`` is the
-        strategy's client half (see :class:`~fedsim.strategy.base.LocalTraining`), if it has one.
+        strategy's client half (see :class:`~fedsim.client.local_training.LocalTraining`), if it has one.
 
         ``state`` is this client's state (a private copy, see :mod:`fedsim.client.state`): an override
         that keeps values across rounds (a counter, a personal model) reads and changes this dict, never
@@ -156,8 +159,8 @@ class Client:
             local.end_task(model, config, state)
             return replace(update, metrics={**update.metrics, **trainer.metrics}) if trainer.metrics else update
         finally:
-            self._local = None  # a Client is the same after a task as before it
-            for parameter, flag in zip(model.parameters(), trainable):  # and so is the model's trainability
+            self._local = None  # a Client is the same after a task as before it, and so is the model's trainability
+            for parameter, flag in zip(model.parameters(), trainable, strict=True):
                 parameter.requires_grad_(flag)
 
     def _train(

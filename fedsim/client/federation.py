@@ -49,6 +49,7 @@ def federate(split: DataSplit, partition: Partitioner, *, client_test_fraction: 
         shares = partition(split.train.labels, seed=seed, groups=split.train.groups)
         client_train = [share[~mask[share]] for share in shares]
         client_test = [share[mask[share]] for share in shares]
+        assert split.train.groups is not None  # DataSplit refuses local_test without train.groups
         _check_every_client_trains(client_train, split.train.groups, shares)
         return FederatedData(split.train, split.test, client_train, client_test)
     rows = np.flatnonzero(~mask)
@@ -73,5 +74,5 @@ def make_clients(data: FederatedData, client_factory: ClientFactory) -> list[Cli
     """One client per share: ``client_factory(client_id, train_indices, test_indices)``."""
     return [
         client_factory(client_id=i, train_indices=train, test_indices=test)
-        for i, (train, test) in enumerate(zip(data.client_train, data.client_test))
+        for i, (train, test) in enumerate(zip(data.client_train, data.client_test, strict=True))
     ]

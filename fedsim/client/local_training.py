@@ -7,7 +7,7 @@ returns an instance from :meth:`~fedsim.strategy.Strategy.local_training`. ``fed
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -116,14 +116,14 @@ def personalises(local: LocalTraining | None) -> bool:
     return local is not None and type(local).personalise is not LocalTraining.personalise
 
 
-def gradients(model: nn.Module) -> tuple[list[nn.Parameter], list[torch.Tensor]]:
+def gradients(model: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The model's trained parameters and their ``.grad`` tensors, in the same order, for
     :meth:`LocalTraining.before_step`; a parameter that got no gradient this step gets a zero one."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    return params, [p.grad for p in params]  # type: ignore[misc]
+    return params, [cast(torch.Tensor, p.grad) for p in params]  # every one set above
 
 
 def hook_before_step(local: LocalTraining | None, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

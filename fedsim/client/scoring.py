@@ -13,7 +13,8 @@ from fedsim.data.tensor_data import TensorData
 
 
 class ScoresExamples(Protocol):
-    """What :func:`example_losses` needs of a client: its loss per example (:meth:`fedsim.client.Client.per_example_loss`)."""
+    """What :func:`example_losses` needs of a client: its loss per example
+    (:meth:`fedsim.client.Client.per_example_loss`)."""
 
     def per_example_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
 

@@ -1,7 +1,7 @@
 """TaskTrainer: what a strategy's client half may use inside a task beyond the standard local epochs.
 
-:meth:`~fedsim.strategy.base.LocalTraining.before_training` and
-:meth:`~fedsim.strategy.base.LocalTraining.after_training` receive one. It trains the task's model for more
+:meth:`~fedsim.client.local_training.LocalTraining.before_training` and
+:meth:`~fedsim.client.local_training.LocalTraining.after_training` receive one. It trains the task's model for more
 epochs with the client's own loop (same optimizer settings, batch size and loss; batches drawn from the task's
 generator, so everything stays a pure function of the task seed), freezes parameters by name, and measures
 the model's loss on the client's training data. Algorithms that need it: FedRep (head epochs with the body
@@ -28,6 +28,7 @@ class TaskClient(Protocol):
     client imports, does not import the client back."""
 
     batch_size: int
+    epochs: int  # its default local epochs (Ditto reads them)
     train_indices: np.ndarray
 
     def make_optimizer(self, model: nn.Module, config: dict[str, Any]) -> torch.optim.Optimizer: ...
@@ -63,7 +64,7 @@ class TaskTrainer:
         """Train :attr:`model` in place for ``epochs`` passes over the client's training data, with a fresh
         optimizer built as for the local epochs (the round's ``lr`` included) and the round's batch size; returns
         each epoch's mean loss. ``before_step(model)`` runs before every optimizer step, once the batch's
-        gradients are in ``.grad`` (add a term's gradient there, see :func:`~fedsim.strategy.base.gradients`).
+        gradients are in ``.grad`` (add a term's gradient there, see :func:`~fedsim.client.local_training.gradients`).
         Frozen parameters (:meth:`freeze`) are not trained."""
         batch_size = int(self.config.get("batch_size", self.client.batch_size))
         device = next(self.model.parameters()).device
@@ -93,7 +94,8 @@ class TaskTrainer:
 
     @torch.no_grad()
     def data_loss(self) -> float:
-        """Mean per-example loss (the client's :meth:`~fedsim.client.base.Client.per_example_loss`) of :attr:`model` as it
-        is now on the client's training examples, in evaluation mode, summed in float64; no training, no random draw."""
+        """Mean per-example loss (the client's :meth:`~fedsim.client.base.Client.per_example_loss`) of :attr:`model`
+        as it is now on the client's training examples, in evaluation mode, summed in float64; no training, no random
+        draw."""
         losses, _ = example_losses(self.client, self.model, self.data, torch.from_numpy(self.client.train_indices))
         return float(losses.double().sum()) / max(losses.numel(), 1)

@@ -52,7 +52,8 @@ class Chain:
                 coder = codec
             else:
                 raise ValueError(
-                    f"{where}: a {type(codec).__name__} is neither a fedsim.comm.Sparsifier nor a fedsim.comm.ValueCodec"
+                    f"{where}: a {type(codec).__name__} is neither a fedsim.comm.Sparsifier "
+                    "nor a fedsim.comm.ValueCodec"
                 )
         return cls(tuple(sparsifiers), coder)
 

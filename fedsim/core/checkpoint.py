@@ -79,7 +79,10 @@ def resume_hint(run_dir: str | Path, error: OSError, resumed_from: str | Path | 
     remedy = write_remedy(error, run_dir)
     kept = list_checkpoints(Path(run_dir) / "checkpoints")
     if kept:
-        return f"the checkpoint of round {_round_of(kept[-1])} ({kept[-1]}) is intact: {remedy}, then continue with resume={run_dir}"
+        return (
+            f"the checkpoint of round {_round_of(kept[-1])} ({kept[-1]}) is intact: {remedy}, "
+            f"then continue with resume={run_dir}"
+        )
     if resumed_from is not None:
         return f"no new checkpoint was written: {remedy}, then continue with resume={resumed_from}"
     return f"no checkpoint was written: {remedy}, then run again"
@@ -103,7 +106,8 @@ def save_if_missing(directory: str | Path, round_num: int, state: dict[str, Any]
 def write_verified(path: Path, obj: Any, *, durable: bool = True) -> None:
     """Write ``MAGIC | sha256 | torch.save(obj)`` to ``path`` atomically (temporary file, rename); with
     ``durable`` also fsync the file and its directory, so it survives a power cut once this returns.
-    A failed write (:class:`~fedsim.core.errors.RunWriteError`, naming ``path``) leaves what was there before and no temporary file."""
+    A failed write (:class:`~fedsim.core.errors.RunWriteError`, naming ``path``) leaves what was there before and no
+    temporary file."""
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     body = buffer.getvalue()

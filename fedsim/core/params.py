@@ -48,7 +48,7 @@ class ParamLayout:
     def slices(self) -> dict[str, slice]:
         """Every entry's ``slice`` of the flat vector, by name."""
         result, offset = {}, 0
-        for name, shape in zip(self.names, self.shapes):
+        for name, shape in zip(self.names, self.shapes, strict=True):
             size = int(torch.Size(shape).numel())
             result[name] = slice(offset, offset + size)
             offset += size

@@ -23,7 +23,7 @@ def state_problem(state: Any, where: str = "state") -> str | None:
 
 
 def _value_problem(value: Any, where: str) -> str | None:
-    if isinstance(value, torch.Tensor) or isinstance(value, PLAIN):
+    if isinstance(value, (torch.Tensor, *PLAIN)):
         return None
     if isinstance(value, dict):
         for key, item in value.items():
@@ -68,5 +68,5 @@ def states_equal(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(states_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(states_equal(x, y) for x, y in zip(a, b))
+        return type(a) is type(b) and len(a) == len(b) and all(states_equal(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b

@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from fedsim.core.errors import RunWriteError
 
@@ -20,7 +20,7 @@ _NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 STORAGE_ERRNOS = _FULL | _NOT_WRITABLE | {errno.EIO}
 
 
-def is_write_failure(error: BaseException) -> bool:
+def is_write_failure(error: BaseException) -> TypeGuard[OSError]:
     """Whether ``error`` is storage refusing a write (what :func:`write_failure_text` can explain), not a bug."""
     return isinstance(error, RunWriteError) or (isinstance(error, OSError) and error.errno in STORAGE_ERRNOS)
 
@@ -66,7 +66,8 @@ def closing_naming_errors(close: Callable[[], None], path: Path) -> RunWriteErro
 
 def quiet_writer_thread_errors() -> None:
     """TensorBoard's writer thread keeps an :class:`OSError` it hits (a full disk) and raises it again in the
-    thread that logs next, where :class:`fedsim.observe.run_logger.RunLogger` names the directory; its own traceback is not printed too."""
+    thread that logs next, where :class:`fedsim.observe.run_logger.RunLogger` names the directory; its own traceback
+    is not printed too."""
     previous = threading.excepthook
     if getattr(previous, "fedsim_quiet", False):
         return
@@ -76,7 +77,7 @@ def quiet_writer_thread_errors() -> None:
             return
         previous(args)
 
-    hook.fedsim_quiet = True  # type: ignore[attr-defined]
+    hook.fedsim_quiet = True  # type: ignore[attr-defined]  # a mark on the function, read back above
     threading.excepthook = hook
 
 
@@ -92,6 +93,7 @@ class LogFileErrors:
     def __enter__(self) -> LogFileErrors:
         for handler in logging.getLogger().handlers:
             if isinstance(handler, logging.FileHandler):
+                # an instance attribute over the method, deleted again in __exit__
                 handler.handleError = functools.partial(self._handle, handler)  # type: ignore[method-assign]
                 self._handlers.append(handler)
         return self

@@ -7,7 +7,7 @@ method and never carry a model, a DataLoader or a Hydra object.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import torch
 
@@ -71,7 +71,7 @@ class ClientFailure:
     fatal: bool = False
 
 
-TaskResult = Union[ClientUpdate, ClientFailure]
+TaskResult = ClientUpdate | ClientFailure
 
 
 @dataclass(frozen=True)

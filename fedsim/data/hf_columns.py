@@ -138,7 +138,9 @@ def _images(column: pa.ChunkedArray, rows: np.ndarray, feature: Any, mean: Any, 
         lo, hi = bounds
         part = _taken(column, rows[lo:hi])
         pixels = np.empty((hi - lo, height, width, channels), dtype=np.uint8)
-        for i, (data, path) in enumerate(zip(part.field("bytes").to_pylist(), part.field("path").to_pylist())):
+        for i, (data, path) in enumerate(
+            zip(part.field("bytes").to_pylist(), part.field("path").to_pylist(), strict=True)
+        ):
             image = _open_image(data, path, int(rows[lo + i]), where)
             if image.mode != mode:
                 image = image.convert(mode)

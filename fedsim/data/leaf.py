@@ -172,13 +172,13 @@ def _users(path: str, name: str) -> list[tuple[str, int]]:
     users, counts = data["users"], data["num_samples"]
     if len(users) != len(counts):
         raise ValueError(f"data={name}: {path} lists {len(users)} users but {len(counts)} num_samples; {_rerun(name)}")
-    for user, count in zip(users, counts):
+    for user, count in zip(users, counts, strict=True):
         if not isinstance(user, str) or not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ValueError(
                 f"data={name}: {path}: user {user!r} has num_samples {count!r}; users must be strings "
                 f"and num_samples counts >= 0"
             )
-    return list(zip(users, counts))
+    return list(zip(users, counts, strict=True))
 
 
 def _layout(name: str, root: str | Path, folder: str | Path | None) -> _Layout:

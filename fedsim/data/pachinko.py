@@ -35,6 +35,8 @@ Decisions the sources leave open:
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from fedsim.data.partition import Partition, _as_labels, _check_int_at_least, _check_num_clients, _check_positive
@@ -213,7 +215,7 @@ def _draw(tree: _Labels, theta: np.ndarray, phi: np.ndarray, count: int, rng: np
     parts = []
     while count > 0:
         alive = tree.alive()
-        coarse = _pick(theta[None, :], alive.any(axis=1)[None, :], rng.random(count))
+        coarse = _pick(theta[None, :], cast(np.ndarray, alive.any(axis=1))[None, :], rng.random(count))
         slot = _pick(phi[coarse], alive[coarse], rng.random(count))
         got = tree.take(tree.table[coarse, slot])
         parts.append(got)

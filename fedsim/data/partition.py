@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from numbers import Integral, Real
+from typing import TypeGuard
 
 import numpy as np
 
@@ -56,12 +57,17 @@ def _as_labels(labels: np.ndarray) -> np.ndarray:
     return arr
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[Integral]:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
+def _is_finite_real(value: object) -> TypeGuard[Real]:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _check_num_clients(num_clients: object, n: int) -> int:
-    if not _is_int(num_clients) or not 1 <= num_clients <= n:
+    # numbers.Integral declares no __ge__ (so `1 <= x` is untyped); int and numpy integers have it
+    if not _is_int(num_clients) or not 1 <= num_clients <= n:  # type: ignore[operator]
         raise ValueError(f"partition.num_clients must be between 1 and the {n} training examples (got {num_clients!r})")
     return int(num_clients)
 
@@ -73,8 +79,7 @@ def _check_int_at_least(name: str, value: object, lowest: int) -> int:
 
 
 def _check_positive(name: str, value: object, *, allow_zero: bool = False) -> float:
-    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
+    if not _is_finite_real(value) or value < 0 or (value == 0 and not allow_zero):
         bound = "≥ 0" if allow_zero else "> 0"
         raise ValueError(f"partition.{name} must be {bound} (got {value!r})")
     return float(value)

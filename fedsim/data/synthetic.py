@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from numbers import Integral, Real
+from typing import TypeGuard
 
 import numpy as np
 import torch
@@ -44,13 +45,16 @@ class DeviceModel:
         return logits.argmax(axis=1).astype(np.int64)
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[Integral]:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
+def _is_finite_real(value: object) -> TypeGuard[Real]:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _check_nonnegative(name: str, value: object) -> float:
-    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0:
+    if not _is_finite_real(value) or value < 0:
         raise ValueError(f"data.{name} must be ≥ 0 (got {value!r})")
     return float(value)
 
@@ -152,7 +156,7 @@ def synthetic_with_models(
     models = _device_models(rng, alpha, beta, num_devices, num_features, num_classes)
     std = np.arange(1, num_features + 1, dtype=np.float64) ** -0.6  # sqrt of Σ_jj = j^-1.2
     train, test = [], []
-    for k, (size, model) in enumerate(zip(sizes.tolist(), models)):
+    for k, (size, model) in enumerate(zip(sizes.tolist(), models, strict=True)):
         x = (model.v + rng.standard_normal((size, num_features)) * std).astype(np.float32)
         y = model.labels(x)  # from the stored float32 x, so the labels are exactly reproducible
         ids = np.full(size, k, dtype=np.int64)

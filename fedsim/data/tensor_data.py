@@ -8,7 +8,7 @@ memory and handed to worker processes once per run.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -180,7 +180,7 @@ def split_from_arrays(
     centralized test set a view of its tail). ``num_classes`` defaults to the largest label + 1."""
     xs = _features(x_train, "x_train"), _features(x_test, "x_test")
     ys = _labels(y_train, "y_train"), _labels(y_test, "y_test")
-    for x, y, part in zip(xs, ys, ("train", "test")):
+    for x, y, part in zip(xs, ys, ("train", "test"), strict=True):
         if x.shape[0] != y.shape[0]:
             raise ValueError(
                 f"data: x_{part} has {x.shape[0]} rows but y_{part} has {y.shape[0]}; give one label per row"
@@ -227,8 +227,9 @@ def split_from_pool(
     features, labels = _features(x, "x"), _labels(y, "y")
     if features.shape[0] != labels.shape[0]:
         raise ValueError(f"data: x has {features.shape[0]} rows but y has {labels.shape[0]}; give one label per row")
-    owners = _owners(client_ids, len(labels), "client_ids")
-    mask = _owners(test_mask, len(labels), "test_mask")
+    # both required: _owners gives None only for None
+    owners = cast(np.ndarray, _owners(client_ids, len(labels), "client_ids"))
+    mask = cast(np.ndarray, _owners(test_mask, len(labels), "test_mask"))
     if mask.dtype != np.bool_:
         raise ValueError(
             f"data: test_mask must be boolean (true: the row is in its owner's test part), got {mask.dtype}"

@@ -56,7 +56,8 @@ _SPACE = LEAF_CHARACTERS.index(" ")
 
 
 def _code_points(texts: Sequence[str], what: str) -> np.ndarray:
-    """``texts`` as a contiguous 1-D fixed-width unicode array; a one-line ValueError for an item that is not a ``str``."""
+    """``texts`` as a contiguous 1-D fixed-width unicode array; a one-line ValueError for an item that is not a
+    ``str``."""
     if not (isinstance(texts, np.ndarray) and texts.dtype.kind == "U"):
         texts = list(texts)
         bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
@@ -163,7 +164,8 @@ def read_glove_words(path: str | Path, max_words: int | None = None) -> dict[str
 
 
 def encode_words(texts: Iterable[str], vocabulary: Mapping[str, int], max_words: int) -> np.ndarray:
-    """Texts → int64 ``(N, max_words)`` word ids: the first ``max_words`` words, unknown ones 1, padding 0 at the end."""
+    """Texts → int64 ``(N, max_words)`` word ids: the first ``max_words`` words, unknown ones 1, padding 0 at the
+    end."""
     texts = list(texts)
     out = np.zeros((len(texts), max_words), dtype=np.int64)
     for i, text in enumerate(texts):

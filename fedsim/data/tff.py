@@ -172,7 +172,7 @@ def femnist_tff(*, root: str | Path, only_digits: bool = False) -> DataSplit:
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(_open_h5(h5py, path, only_digits)) for path in paths]
         parts = []
-        for path, f in zip(paths, files):
+        for path, f in zip(paths, files, strict=True):
             with _reading(path, only_digits):
                 parts.append((path, _writers(f, path)))
         code = {cid: i for i, cid in enumerate(sorted({cid for _, ws in parts for cid, _ in ws}))}
@@ -183,7 +183,7 @@ def femnist_tff(*, root: str | Path, only_digits: bool = False) -> DataSplit:
         y = torch.zeros(sum(sizes), dtype=torch.int64)
         groups = np.empty(sum(sizes), dtype=np.int64)
         images = x.numpy().reshape(-1, *IMAGE_SHAPE)  # a view: read_direct writes into x
-        for f, (path, writers), start in zip(files, parts, (0, sizes[0])):
+        for f, (path, writers), start in zip(files, parts, (0, sizes[0]), strict=True):
             with _reading(path, only_digits):
                 _fill(f, writers, start, code, images, y.numpy(), groups)
     _check_labels(y.numpy(), num_classes, parts, only_digits)

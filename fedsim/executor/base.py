@@ -52,7 +52,7 @@ class Executor(ABC):
     def start(self, workload: Workload) -> None:
         """Prepare workers (models, data) once per run."""
 
-    def check(self, workload: Workload) -> None:
+    def check(self, workload: Workload) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Refuse, with a ``ValueError`` of one line, a workload this executor cannot run; called when the server
         is built, before any work. The default accepts everything."""
 
@@ -67,7 +67,7 @@ class Executor(ABC):
             f"{type(self).__name__} cannot evaluate clients (evaluate_clients needs Executor.evaluate)"
         )
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Release workers; safe to call twice."""
 
     def __enter__(self) -> Executor:
@@ -153,13 +153,13 @@ def _failure(task: FitTask, worker: str, error: str, *, traceback: str = "", fat
 
 
 def retry_or_fail(
-    task: FitTask,
+    task: FitTask | EvalTask,
     reason: str,
     worker: str,
     max_retries: int,
     attempts: dict[int, int],
-    pending: deque[FitTask],
-    results: dict[int, TaskResult],
+    pending: deque[FitTask | EvalTask],
+    results: dict[int, TaskResult | EvalResult],
 ) -> None:
     """After a worker died or timed out on ``task``: queue it again (same seed) while retries remain,
     else record a :class:`ClientFailure` saying why. Shared by the process and Ray executors."""

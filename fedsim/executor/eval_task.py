@@ -8,8 +8,8 @@ alone, so the rows, their batches and the sums are the same under every executor
 of mixed classes) are scored one by one with their own ``evaluate``.
 
 With personal models (the strategy's client half overrides
-:meth:`~fedsim.strategy.base.LocalTraining.personalise`), each client that has personal state is scored once more
-with the global weights plus its personal parts; one that has none scores as the global model does.
+:meth:`~fedsim.client.local_training.LocalTraining.personalise`), each client that has personal state is scored once
+more with the global weights plus its personal parts; one that has none scores as the global model does.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def run_eval_task(
             assert local is not None
             scores = [
                 _with_personal(model, client, data, global_params, fixed, local, state, score)
-                for client, state, score in zip(members, task.states, scores)
+                for client, state, score in zip(members, task.states, scores, strict=True)
             ]
         return EvalResult(client_id=task.client_id, round_num=task.round_num, scores=tuple(scores), worker=worker)
     except Exception as error:  # noqa: BLE001 - client code may raise anything; it becomes data
@@ -89,7 +89,7 @@ def _group_scores(model: nn.Module, members: list[Client], data: TensorData) -> 
     hits = np.bincount(owner, weights=correct.numpy(), minlength=len(members)).tolist()
     return [
         ClientScore(c.client_id, n, s / n, int(h) / n) if n else ClientScore(c.client_id, 0, math.nan, math.nan)
-        for c, n, s, h in zip(members, sizes, loss_sums, hits)
+        for c, n, s, h in zip(members, sizes, loss_sums, hits, strict=True)
     ]
 
 

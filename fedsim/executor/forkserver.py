@@ -13,12 +13,15 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Sequence
 from multiprocessing import forkserver
-from multiprocessing.context import BaseContext
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkServerContext
 
 PRELOAD = ["fedsim.executor.preload"]
 
 
-def worker_context() -> BaseContext:
+def worker_context() -> ForkServerContext:
     """The forkserver context, its server started (importing :data:`PRELOAD` in the background) if it is not yet.
     As under spawn, a forked worker imports the caller's script as ``__mp_main__`` (so a script keeps its
     experiment under ``if __name__ == "__main__":``); what a notebook defines reaches workers by value

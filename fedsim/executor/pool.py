@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -10,18 +11,20 @@ from collections import deque
 from dataclasses import replace
 from multiprocessing import current_process
 from multiprocessing.connection import Connection, wait
-from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from fedsim.core.errors import WorkerStartupError
-from fedsim.core.types import ClientUpdate, EvalTask, FitTask, TaskResult
+from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.executor import by_value
 from fedsim.executor.base import Workload
 from fedsim.executor.worker import WorkerSpec, worker_main
+
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkServerContext, SpawnContext
 
 NO_MAIN_GUARD = (
     "fedsim: a worker process was started while your script was being imported by another worker: "
@@ -53,7 +56,7 @@ class WorkerHandle:
         result_buffers: tuple[torch.Tensor, ...],
     ) -> None:
         self.index, self.spec, self.process, self.conn, self.result_buffers = index, spec, process, conn, result_buffers
-        self.in_flight: deque[tuple[FitTask, int]] = deque()  # (task, result slot), oldest first
+        self.in_flight: deque[tuple[FitTask | EvalTask, int]] = deque()  # (task, result slot), oldest first
         self.started_at = 0.0  # when the oldest task in flight started training
         self.info: dict[str, Any] = {}
         self._message: tuple[str, Any] | None = None
@@ -120,7 +123,7 @@ class WorkerHandle:
         return f"worker {self.name} was killed by {name}"
 
     @property
-    def task(self) -> FitTask | None:
+    def task(self) -> FitTask | EvalTask | None:
         """The task the worker is training now, or ``None`` when it is idle."""
         return self.in_flight[0][0] if self.in_flight else None
 
@@ -128,18 +131,17 @@ class WorkerHandle:
     def has_room(self) -> bool:
         return len(self.in_flight) < QUEUE_DEPTH
 
-    def queued(self) -> list[FitTask]:
+    def queued(self) -> list[FitTask | EvalTask]:
         """Tasks sent but not started yet (behind the one in training)."""
         return [task for task, _ in list(self.in_flight)[1:]]
 
-    def assign(self, task: FitTask) -> None:
+    def assign(self, task: FitTask | EvalTask) -> None:
         """Send ``task``; it starts now if the worker is idle, else after the tasks already in flight."""
         used = {slot for _, slot in self.in_flight}
         slot = next(s for s in range(QUEUE_DEPTH) if s not in used)
-        try:
+        # OSError: the worker died a moment ago; its sentinel says so, and the task is retried from in_flight
+        with contextlib.suppress(OSError):
             self.conn.send((task, slot))
-        except OSError:  # the worker died a moment ago: its sentinel says so, and the task is retried from in_flight
-            pass
         if not self.in_flight:
             self.started_at = time.monotonic()
         self.in_flight.append((task, slot))
@@ -152,11 +154,11 @@ class WorkerHandle:
             return False
         return True
 
-    def take_result(self) -> TaskResult:
+    def take_result(self) -> TaskResult | EvalResult:
         """The result just received (of the oldest task in flight), with the update's weights copied out of
         its shared buffer; the next task in flight, if any, has started training meanwhile."""
         assert self._message is not None and self._message[0] == "result"
-        result: TaskResult = self._message[1]
+        result: TaskResult | EvalResult = self._message[1]
         _, slot = self.in_flight.popleft()
         if isinstance(result, ClientUpdate) and result.params is None:  # else: an update the server will reject
             result = _with_params(result, self.result_buffers[slot].clone())
@@ -166,10 +168,8 @@ class WorkerHandle:
 
     def stop(self) -> None:
         """Ask the worker to exit after its current task."""
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self.conn.send(None)
-        except (OSError, ValueError):
-            pass
 
     def join_or_kill(self, timeout: float) -> None:
         self.process.join(timeout)
@@ -212,7 +212,12 @@ def _with_params(update: ClientUpdate, params: torch.Tensor) -> ClientUpdate:
 
 
 def launch_worker(
-    ctx: BaseContext, index: int, device: str, threads: int, workload: Workload, global_params: torch.Tensor
+    ctx: ForkServerContext | SpawnContext,
+    index: int,
+    device: str,
+    threads: int,
+    workload: Workload,
+    global_params: torch.Tensor,
 ) -> WorkerHandle:
     """Spawn worker ``index``; returns at once (call :meth:`WorkerHandle.await_ready`).
 

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import wait
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +25,9 @@ from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or
 from fedsim.executor.forkserver import worker_context
 from fedsim.executor.placement import physical_cores, plan_workers, resolve_devices
 from fedsim.executor.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker, small_message
+
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkServerContext, SpawnContext
 
 log = logging.getLogger("fedsim")
 
@@ -55,7 +59,7 @@ class ProcessExecutor(Executor):
             raise ValueError(f"executor.max_retries must be >= 0 (got {max_retries})")
         self.plan = plan_workers(resolve_devices(devices), workers, workers_per_device, threads, physical_cores())
         self.client_timeout_s, self.max_retries, self.start_timeout_s = client_timeout_s, max_retries, start_timeout_s
-        self._ctx = worker_context()
+        self._ctx: ForkServerContext | SpawnContext = worker_context()
         self._workers: list[WorkerHandle] = []
         self._workload: Workload | None = None
         self._global: torch.Tensor | None = None
@@ -126,7 +130,7 @@ class ProcessExecutor(Executor):
         return self._run(global_params, tasks, "fit")
 
     def evaluate(self, global_params: torch.Tensor, tasks: Sequence[EvalTask]) -> list[EvalResult | ClientFailure]:
-        return self._run(global_params, tasks, "evaluate")  # type: ignore[return-value]
+        return self._run(global_params, tasks, "evaluate")
 
     def _run(self, global_params: torch.Tensor, tasks: Sequence[FitTask | EvalTask], what: str) -> list:
         """Run ``tasks`` (training or evaluation: the worker tells them apart) on the workers, with the same
@@ -136,7 +140,7 @@ class ProcessExecutor(Executor):
         self._global.copy_(global_params)
         pending = deque(sorted(tasks, key=lambda t: t.client_id))
         attempts: dict[int, int] = {}
-        results: dict[int, TaskResult] = {}
+        results: dict[int, TaskResult | EvalResult] = {}
         previous = torch.get_num_threads()
         torch.set_num_threads(1)  # the workers own the cores while they train; the parent only copies results
         try:
@@ -147,7 +151,7 @@ class ProcessExecutor(Executor):
             torch.set_num_threads(previous)
         return [results[cid] for cid in sorted(results)]
 
-    def _assign(self, pending: deque[FitTask]) -> None:
+    def _assign(self, pending: deque[FitTask | EvalTask]) -> None:
         """Give every idle worker a task; then queue one more behind a busy worker's only while at least
         one task per worker is left, so that the round's last tasks go to whichever worker is free first."""
         for worker in self._workers:
@@ -157,7 +161,9 @@ class ProcessExecutor(Executor):
             if worker.has_room and len(pending) >= len(self._workers) and small_message(pending[0]):
                 worker.assign(pending.popleft())
 
-    def _collect(self, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int]) -> None:
+    def _collect(
+        self, results: dict[int, TaskResult | EvalResult], pending: deque[FitTask | EvalTask], attempts: dict[int, int]
+    ) -> None:
         """Wait briefly for results, deaths or timeouts of busy workers and handle each."""
         busy = [w for w in self._workers if w.task is not None]
         ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=0.2))
@@ -173,8 +179,8 @@ class ProcessExecutor(Executor):
     def _replace(
         self,
         worker: WorkerHandle,
-        results: dict[int, TaskResult],
-        pending: deque[FitTask],
+        results: dict[int, TaskResult | EvalResult],
+        pending: deque[FitTask | EvalTask],
         attempts: dict[int, int],
         reason: str,
     ) -> None:

@@ -8,6 +8,7 @@ in ~5 ms instead of ~19 ms on the benchmark machine, see docs/performance.md).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from dataclasses import replace
@@ -40,10 +41,8 @@ class RayWorker:
     def __init__(self, name: str, workload: Workload, threads: int, use_gpu: bool, log_path: Path | None) -> None:
         self.log = redirect_output(name, log_path)  # before anything prints: the actor's own file, tagged
         torch.set_num_threads(threads)
-        try:
+        with contextlib.suppress(RuntimeError):  # already set in this process
             torch.set_num_interop_threads(1)
-        except RuntimeError:  # already set in this process
-            pass
         self.name, self.workload = name, workload
         # Arrays inside the workload arrive read-only (zero-copy from the object store); clients are
         # small, so each actor gets its own writable copy of them. Training data stays shared.

@@ -60,7 +60,7 @@ class _Slot:
     launched_at: float = 0.0
     failed_starts: int = 0  # in a row, for this slot
     waiting_said: bool = False  # the "waits for room on the cluster" line was logged for this start
-    queue: deque[tuple[FitTask, Any]] = field(default_factory=deque)  # (task, ObjectRef)
+    queue: deque[tuple[FitTask | EvalTask, Any]] = field(default_factory=deque)  # (task, ObjectRef)
     started_at: float = 0.0  # when the oldest task in the queue started (about)
 
 
@@ -188,7 +188,8 @@ class RayExecutor(Executor):
         if all_needed or all(s.starting is not None for s in self._slots):
             raise WorkerStartupError(
                 f"Ray worker {stalled[0].name} was not ready after {self.start_timeout_s:g} s; does the cluster have "
-                f"{self.threads} CPU(s) and {self.num_gpus_per_worker:g} GPU(s) per worker free? (executor.start_timeout_s)"
+                f"{self.threads} CPU(s) and {self.num_gpus_per_worker:g} GPU(s) per worker free? "
+                "(executor.start_timeout_s)"
             )
         ready = sum(s.starting is None for s in self._slots)
         for slot in stalled:
@@ -204,7 +205,7 @@ class RayExecutor(Executor):
         return self._run(global_params, tasks, "fit")
 
     def evaluate(self, global_params: torch.Tensor, tasks: Sequence[EvalTask]) -> list[EvalResult | ClientFailure]:
-        return self._run(global_params, tasks, "evaluate")  # type: ignore[return-value]
+        return self._run(global_params, tasks, "evaluate")
 
     def _run(self, global_params: torch.Tensor, tasks: Sequence[FitTask | EvalTask], what: str) -> list:
         """Run ``tasks`` (training or evaluation: the actor tells them apart) with the same queueing, retries and
@@ -214,7 +215,7 @@ class RayExecutor(Executor):
         global_ref = [self._ray.put(to_array(global_params))]  # once per round, shared by every task
         pending = deque(sorted(tasks, key=lambda t: t.client_id))
         attempts: dict[int, int] = {}
-        results: dict[int, TaskResult] = {}
+        results: dict[int, TaskResult | EvalResult] = {}
         previous = torch.get_num_threads()
         torch.set_num_threads(1)  # as in the process executor: the actors own the cores while they train
         try:
@@ -225,7 +226,7 @@ class RayExecutor(Executor):
             torch.set_num_threads(previous)
         return [results[cid] for cid in sorted(results)]
 
-    def _submit(self, global_ref: list[Any], pending: deque[FitTask]) -> None:
+    def _submit(self, global_ref: list[Any], pending: deque[FitTask | EvalTask]) -> None:
         """Give every idle ready actor a task; while at least one task per ready actor remains, queue a second
         one behind each running task, so that an actor starts its next client without waiting for the driver
         to see the previous result. The last tasks go only to idle actors (dynamic balancing)."""
@@ -239,7 +240,12 @@ class RayExecutor(Executor):
                     slot.queue.append((task, slot.actor.fit.remote(global_ref, task)))
 
     def _wait(
-        self, results: dict[int, TaskResult], pending: deque[FitTask], attempts: dict[int, int], *, all_needed: bool
+        self,
+        results: dict[int, TaskResult | EvalResult],
+        pending: deque[FitTask | EvalTask],
+        attempts: dict[int, int],
+        *,
+        all_needed: bool,
     ) -> None:
         """Wait briefly for a finished task or a starting actor; handle results, dead actors, timeouts and starts."""
         ray = self._ray
@@ -268,8 +274,8 @@ class RayExecutor(Executor):
     def _replace(
         self,
         slot: _Slot,
-        results: dict[int, TaskResult],
-        pending: deque[FitTask],
+        results: dict[int, TaskResult | EvalResult],
+        pending: deque[FitTask | EvalTask],
         attempts: dict[int, int],
         reason: str,
     ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any
 
@@ -11,10 +12,8 @@ _RAY_OOM = re.compile(r"running low on memory|OOM kill reason|NODE_OUT_OF_MEMORY
 
 
 def kill_quietly(ray: Any, actor: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):  # already dead or Ray already down
         ray.kill(actor, no_restart=True)
-    except Exception:  # noqa: BLE001 - already dead or Ray already down
-        pass
 
 
 def start_failure(ray: Any, name: str, error: Exception) -> tuple[str, bool]:

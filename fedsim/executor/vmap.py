@@ -198,7 +198,7 @@ def make_chunks(plans: Sequence[ClientPlan], chunk_size: int) -> list[list[Clien
     for plan in plans:
         key = (type(plan.client).__qualname__, type(plan.client).__module__, plan.optimizer.group_key)
         groups.setdefault(key, []).append(plan)
-    chunks = []
+    chunks: list[list[ClientPlan]] = []
     for key in sorted(groups, key=repr):
         ordered = sorted(groups[key], key=lambda p: (-p.num_steps, -p.rows.shape[1], p.task.client_id))
         chunks.extend(ordered[i : i + chunk_size] for i in range(0, len(ordered), chunk_size))

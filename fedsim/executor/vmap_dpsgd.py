@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ Clipped = tuple[Tensors, torch.Tensor]  # the sums of the clipped example gradie
 PRIVATE_LOOP = ("_train", "_run_epoch", "_private_gradient", "_example_loss")
 
 
-def is_private(client: Client) -> bool:
+def is_private(client: Client) -> TypeGuard[DPSGDClient]:
     return isinstance(client, DPSGDClient)
 
 
@@ -141,18 +141,19 @@ class PrivateGradient:
 
     def _draw(self, n: int) -> Tensors:
         """Each of the first ``n`` clients' noise for one step, from its own generator in its own order."""
-        for generator, draws in zip(self.noise[:n], self.draws):
+        for generator, draws in zip(self.noise[:n], self.draws, strict=False):
             for draw in draws:
                 draw.normal_(generator=generator)
         return {name: buffer[:n].to(self.device) for name, buffer in self.buffers.items()}
 
-    def eager_step(self, client: DPSGDClient, i: int) -> Callable[..., torch.Tensor]:
+    def eager_step(self, client: Client, i: int) -> Callable[..., torch.Tensor]:
         """Client ``i``'s steps after it leaves the vectorised calls, as :meth:`DPSGDClient._run_epoch` takes them:
         the private gradient into ``.grad`` from its noise generator (where the vectorised steps left it) and
         the strategy's ``loss_term``; returns the batch's mean loss (the optimizer steps after)."""
+        private = cast(DPSGDClient, client)  # a chunk is of one client class: DP-SGD clients here
 
         def gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor, local: LocalTraining | None) -> torch.Tensor:
-            loss_sum = client._private_gradient(model, x, y, self.noise[i])
+            loss_sum = private._private_gradient(model, x, y, self.noise[i])
             term = local.loss_term(model) if local is not None else None
             if term is not None:
                 term.backward()
@@ -241,7 +242,8 @@ class LinearClipping:
 def linear_layers(model: nn.Module, trainable: set[str]) -> dict[str, tuple[nn.Linear, str | None, str | None]] | None:
     """``{module name: (layer, its trained weight's name or None, its trained bias's name or None)}`` when every
     trained parameter belongs to an ``nn.Linear`` (that appears once in the model), else ``None``."""
-    layers, covered = {}, set()
+    layers: dict[str, tuple[nn.Linear, str | None, str | None]] = {}
+    covered: set[str] = set()
     modules = list(model.named_modules(remove_duplicate=False))
     for name, module in modules:
         if type(module) is not nn.Linear:
@@ -288,7 +290,7 @@ class ExampleClipping:
         ]
         if len(pieces) == 1:
             return pieces[0]
-        return {k: torch.cat([s[k] for s, _ in pieces]) for k in pieces[0][0]}, torch.cat([l for _, l in pieces])
+        return {k: torch.cat([s[k] for s, _ in pieces]) for k in pieces[0][0]}, torch.cat([loss for _, loss in pieces])
 
     def _clipped(
         self, params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, clip: torch.Tensor
@@ -323,7 +325,7 @@ def _term_gradient(local: LocalTraining | None, anchor: Tensors) -> Callable[[Te
 
     def term(params: Tensors, numbers: Tensors) -> torch.Tensor:
         value = local.functional_term(params, anchor, numbers)
-        return value if value is not None else sum(p.sum() for p in params.values()) * 0.0
+        return value if value is not None else cast(torch.Tensor, sum(p.sum() for p in params.values())) * 0.0
 
     return vmap(grad(term))
 
@@ -343,5 +345,6 @@ def _like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _gather(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``values[rows]`` for a 2-D ``rows`` (as :func:`fedsim.executor.vmap_train._gather`, which imports this module)."""
+    """``values[rows]`` for a 2-D ``rows`` (as :func:`fedsim.executor.vmap_train._gather`, which imports this
+    module)."""
     return values.index_select(0, rows.reshape(-1)).view(*rows.shape, *values.shape[1:])

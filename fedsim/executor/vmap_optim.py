@@ -62,7 +62,8 @@ def optimizer_spec(optimizer: torch.optim.Optimizer) -> OptimizerSpec:
         }
         return OptimizerSpec("adam", (), tuple(hyper.items()))
     raise VmapUnsupportedError(
-        f"executor=vmap trains with SGD (with or without momentum) or Adam, not {type(optimizer).__name__}; use executor=process"
+        f"executor=vmap trains with SGD (with or without momentum) or Adam, not {type(optimizer).__name__}; "
+        "use executor=process"
     )
 
 

@@ -1,6 +1,6 @@
-"""A task of ``executor=vmap``, unrolled before training (:class:`ClientPlan`): every local step's dataset rows, drawn
-from the task's generator exactly as :meth:`fedsim.client.base.Client.fit` (or DP-SGD's Poisson sampling) draws them, and
-the client's optimizer; :mod:`fedsim.executor.vmap_train` then trains a chunk of plans at once."""
+"""A task of ``executor=vmap``, unrolled before training (:class:`ClientPlan`): every local step's dataset rows,
+drawn from the task's generator exactly as :meth:`fedsim.client.base.Client.fit` (or DP-SGD's Poisson sampling)
+draws them, and the client's optimizer; :mod:`fedsim.executor.vmap_train` then trains a chunk of plans at once."""
 
 from __future__ import annotations
 
@@ -49,14 +49,14 @@ def plan_task(
     config = dict(task.config)
     epochs = int(config.get("epochs", client.epochs))
     batch_size = int(config.get("batch_size", client.batch_size))
-    cacheable = spec_cache is not None and type(client).make_optimizer is Client.make_optimizer
+    cache = spec_cache if type(client).make_optimizer is Client.make_optimizer else None
     key = (type(client), id(client.optimizer), repr(sorted(config.items())))
-    if cacheable and key in spec_cache:  # type: ignore[operator]
-        spec = spec_cache[key]  # type: ignore[index]
+    if cache is not None and key in cache:
+        spec = cache[key]
     else:
         spec = vmap_optim.optimizer_spec(client.make_optimizer(model, config))
-        if cacheable:
-            spec_cache[key] = spec  # type: ignore[index]
+        if cache is not None:
+            cache[key] = spec
     generator = torch.Generator().manual_seed(task.seed)
     if vmap_dpsgd.is_private(client):  # DP-SGD: ⌈1/q⌉ Poisson batches per epoch
         steps = client.steps_per_epoch

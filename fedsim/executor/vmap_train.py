@@ -269,7 +269,7 @@ def _stack_numbers(
 def _split_flat(flat: torch.Tensor, layout: ParamLayout) -> Tensors:
     """``(K, numel)`` → ``{name: (K, *shape)}`` in the layout's (``state_dict``) order."""
     pieces, offset = {}, 0
-    for name, shape in zip(layout.names, layout.shapes):
+    for name, shape in zip(layout.names, layout.shapes, strict=True):
         n = int(torch.Size(shape).numel())
         pieces[name] = flat[:, offset : offset + n].reshape(flat.shape[0], *shape)
         offset += n

@@ -8,6 +8,7 @@ result record back. Everything it prints or logs goes to its own log file, tagge
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 from fedsim.core.params import fixed_state
-from fedsim.core.types import ClientUpdate, EvalTask
+from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, TaskResult
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import run_task
 from fedsim.executor.eval_task import run_eval_task
@@ -69,6 +70,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             break
         task, slot = message
         with tagged(task):
+            result: TaskResult | EvalResult
             if isinstance(task, EvalTask):
                 result = run_eval_task(
                     model, workload.clients, data, global_params, task, spec.name, workload.local, fixed
@@ -82,7 +84,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             result_buffers[slot].copy_(result.params)
             # no tensor in the pipe: torch's reducer would move even an empty one through shared memory
             # and fd passing (~0.15 ms per task, measured); the parent puts the buffer's copy back
-            result = replace(result, params=None)  # type: ignore[arg-type]
+            result = replace(result, params=None)  # type: ignore[arg-type]  # None only in the pipe (see above)
         # an update that does not fit the buffer (wrong shape or dtype, not a tensor) travels as it is: the
         # server rejects it with the same reason as under every other executor
         conn.send(("result", result))
@@ -95,10 +97,8 @@ def _exit_promptly() -> None:
     flushed first; the shared tensors belong to the parent."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(0)
 
 
@@ -123,10 +123,8 @@ def _die_with_parent() -> None:
     parent is the forkserver, which exits when the run's main process does; and a forkserver that dies takes
     its workers along, which the executor sees (their status pipes close) and replaces."""
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def _pin(spec: WorkerSpec) -> torch.device:

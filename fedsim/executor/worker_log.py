@@ -21,7 +21,7 @@ from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, FitTask, TaskR
 class _TaskTag(logging.Filter):
     """Adds ``round R client C`` (or ``idle``) as ``%(task)s`` to every record of the worker's log."""
 
-    task: FitTask | None = None
+    task: FitTask | EvalTask | None = None
 
     def filter(self, record: logging.LogRecord) -> bool:
         task = _TaskTag.task
@@ -58,8 +58,8 @@ def redirect_output(name: str, log_path: Path | None) -> logging.Logger:
     handler: logging.Handler
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        stream = open(log_path, "a", encoding="utf-8", buffering=1)
-        sys.stdout = sys.stderr = _TaggedStream(stream)  # type: ignore[assignment]
+        stream = open(log_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - this process's output from now on
+        sys.stdout = sys.stderr = _TaggedStream(stream)
         handler = logging.StreamHandler(stream)
     else:  # no run directory: only warnings and failures reach the console
         handler = logging.StreamHandler(sys.__stderr__)

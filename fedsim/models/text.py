@@ -115,6 +115,8 @@ class TokenEmbedding(nn.Module):
     with fewer is refused); ``None`` reads it all.
     """
 
+    frozen: torch.Tensor  # the GloVe vectors with freeze=True (a buffer; absent otherwise)
+
     def __init__(
         self, vocab_size: int | None, dim: int, model_name: str, glove: str | Path | None = None, freeze: bool = True
     ) -> None:

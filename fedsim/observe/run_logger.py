@@ -3,7 +3,8 @@
 Scalars share their names across TensorBoard and ``metrics.jsonl`` (e.g. ``train/loss``,
 ``eval/accuracy``, ``time/round_s``), grouped by prefix; a user's client metrics are ``fit/<name>`` and a
 strategy's scalars ``strategy/<name>`` (see :mod:`fedsim.server.round_metrics`). The round's bookkeeping
-(``client/num_sampled``, ...) is shown in TensorBoard under ``participants/`` (see :mod:`fedsim.observe.tensorboard_log`).
+(``client/num_sampled``, ...) is shown in TensorBoard under ``participants/``
+(see :mod:`fedsim.observe.tensorboard_log`).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class RunLogger:
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             # not truncated yet: a resumed run reads the per-client rows back from it (see restore)
-            self._jsonl = open(self.run_dir / "metrics.jsonl", "a+", encoding="utf-8")
+            self._jsonl = open(self.run_dir / "metrics.jsonl", "a+", encoding="utf-8")  # noqa: SIM115 - closed by close()
             self._fresh = True
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
@@ -110,7 +111,7 @@ class RunLogger:
             self._jsonl.close()
             with self._writing(path):
                 write_text_atomic(path, "".join(json.dumps(record) + "\n" for record in records))
-            self._jsonl = open(path, "a+", encoding="utf-8")
+            self._jsonl = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - closed by close()
             self._fresh = False
         self.history = records if self.client_rows_in_memory else without_client_rows(records)
         self._counters_shown = {k for r in records for k, v in r.items() if is_counter(k) and v}

@@ -177,7 +177,7 @@ def _group_option(group: str, settings: dict[str, Any], choices: dict[str, Any])
 
 def _group_choices(run_dir: Path | None) -> dict[str, Any]:
     """Hydra's record of the option chosen for each config group (``.hydra/hydra.yaml``), if any."""
-    recorded = _read_yaml(run_dir / ".hydra" / "hydra.yaml") if run_dir is not None else None
+    recorded: Any = _read_yaml(run_dir / ".hydra" / "hydra.yaml") if run_dir is not None else None
     try:
         return dict(recorded["hydra"]["runtime"]["choices"])
     except (TypeError, KeyError):

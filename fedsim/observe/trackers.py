@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fedsim.core.extras import require
 from fedsim.observe.run_logger import RunLogger
@@ -24,7 +24,8 @@ log = logging.getLogger("fedsim")
 
 
 def _require(module: str, extra: str) -> Any:
-    """Import ``module`` or raise :class:`~fedsim.core.extras.MissingExtraError` naming ``pip install 'fedsim[extra]'``."""
+    """Import ``module`` or raise :class:`~fedsim.core.extras.MissingExtraError` naming
+    ``pip install 'fedsim[extra]'``."""
     return require(module, f"tracker={extra}", extra, package=module.split(".")[0])
 
 
@@ -52,6 +53,8 @@ class MLflowTracker(Tracker):
     ``tracking_uri``: any MLflow URI; unset, ``MLFLOW_TRACKING_URI`` if set, else the file store
     ``<run dir>/mlruns``. For ``file:`` URIs ``MLFLOW_ALLOW_FILE_STORE`` defaults to true (MLflow 3 refuses
     its file store without it)."""
+
+    client: Any  # an mlflow.tracking.MlflowClient once started (mlflow is an optional extra)
 
     def __init__(
         self, tracking_uri: str | None = None, experiment: str = "fedsim", run_name: str | None = None
@@ -120,6 +123,8 @@ class WandbTracker(Tracker):
     summary → ``run.summary``; exit code 0 or 1. ``mode="offline"`` (the default) writes
     ``<dir>/wandb/offline-run-*`` without a network or a login (``wandb sync`` uploads it later);
     ``dir`` defaults to the run directory; ``settings`` go to ``wandb.Settings``."""
+
+    run: Any  # the wandb run once started (wandb is an optional extra)
 
     def __init__(
         self,
@@ -247,7 +252,7 @@ def make_logger(cfg: Any, run_dir: str | Path | None, **logger_kwargs: Any) -> R
     return TrackedLogger(
         run_dir,
         trackers=[tracker],
-        config=OmegaConf.to_container(cfg, resolve=True),
+        config=cast("dict[str, Any]", OmegaConf.to_container(cfg, resolve=True)),  # cfg: a DictConfig
         summary_follows=run_dir is not None,
         **logger_kwargs,
     )

@@ -3,12 +3,13 @@
 Abadi, Chu, Goodfellow, McMahan, Mironov, Talwar, Zhang. "Deep Learning with Differential Privacy." CCS 2016.
 
 Each local step draws a Poisson batch (every training example of the client independently with probability q,
-``sampling_rate``, from the task's generator), computes every example's gradient (``torch.func``: ``vmap`` of ``grad`` over the batch, the
-machinery ``executor=vmap`` uses), clips each to L2 norm ``clip_norm`` over all trainable parameters, sums them,
-adds Gaussian noise N(0, (z·C)²) from a stream of its own (seeded from the task seed) and divides by the expected batch size q·n; the
-optimizer then steps on that gradient (a strategy's data-independent term, e.g. FedProx's, is added after, at no
-privacy cost). An epoch is ⌈1/q⌉ such steps, so every client's steps are the same Poisson-sampled Gaussian
-mechanism whatever its size, and the accountant (:class:`LocalLedger`) needs one RDP curve for the run.
+``sampling_rate``, from the task's generator), computes every example's gradient (``torch.func``: ``vmap`` of
+``grad`` over the batch, the machinery ``executor=vmap`` uses), clips each to L2 norm ``clip_norm`` over all
+trainable parameters, sums them, adds Gaussian noise N(0, (z·C)²) from a stream of its own (seeded from the task
+seed) and divides by the expected batch size q·n; the optimizer then steps on that gradient (a strategy's
+data-independent term, e.g. FedProx's, is added after, at no privacy cost). An epoch is ⌈1/q⌉ such steps, so
+every client's steps are the same Poisson-sampled Gaussian mechanism whatever its size, and the accountant
+(:class:`LocalLedger`) needs one RDP curve for the run.
 
 Why ``torch.func`` rather than Opacus: fedsim already builds on it (vmap executor), it needs no model wrapping or
 hooks (so any model fedsim can vmap works, and the result is bitwise the same under every executor), and the noise
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -105,7 +106,7 @@ class DPSGDClient(Client):
             idx = indices[torch.rand(self.num_train, generator=generator) < self.sampling_rate].to(data.x.device)
             x, y = data.x[idx].to(device), data.y[idx].to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss_sum = self._private_gradient(model, x, y, self._noise)
+            loss_sum = self._private_gradient(model, x, y, cast(torch.Generator, self._noise))  # set by _train
             term = self._local.loss_term(model) if self._local is not None else None
             if term is not None:
                 term.backward()

@@ -265,7 +265,7 @@ def write_plots(
         print(f"{PROG}: matplotlib is not installed (pip install 'fedsim[plot]'); skipped {', '.join(names)}")
         return []
     written = []
-    for metric, name in zip(plots, names):
+    for metric, name in zip(plots, names, strict=True):
         if plot_metric(groups, out / name, metric, x, target):
             written.append(out / name)
         else:

@@ -191,7 +191,9 @@ def format_grid(grid: Grid) -> str:
     cells = table_cells(grid)
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     lines = [
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
         for row in cells
     ]
     return "\n".join([title(grid), *lines])

@@ -132,8 +132,8 @@ def mean_curve(
             by_round.setdefault(round_num, []).append((at, value))
     curve = []
     for _, pairs in sorted(by_round.items()):
-        at, values = zip(*pairs)
-        curve.append((statistics.fmean(at), statistics.fmean(values), min(values), max(values)))
+        xs, values = zip(*pairs, strict=True)
+        curve.append((statistics.fmean(xs), statistics.fmean(values), min(values), max(values)))
     return curve
 
 
@@ -152,13 +152,16 @@ def latest_mean(
     times = [[at for at, _ in track] for track in tracks]
     curve = []
     for t in sorted({at for track in times for at in track}):
-        latest = [track[i - 1][1] for track, at in zip(tracks, times) if (i := bisect.bisect_right(at, t)) > 0]
+        latest = [
+            track[i - 1][1] for track, at in zip(tracks, times, strict=True) if (i := bisect.bisect_right(at, t)) > 0
+        ]
         curve.append((t, statistics.fmean(latest), min(latest), max(latest)))
     return curve
 
 
 def png_name(metric: str) -> str:
-    """``accuracy.png`` for test accuracy, else the scalar's name made a file name (``eval/loss`` → ``eval_loss.png``)."""
+    """``accuracy.png`` for test accuracy, else the scalar's name made a file name (``eval/loss`` →
+    ``eval_loss.png``)."""
     return "accuracy.png" if metric == ACCURACY else re.sub(r"[^A-Za-z0-9_.-]", "_", metric) + ".png"
 
 
@@ -184,7 +187,7 @@ def draw(
     for i, (config, curve) in enumerate(curves.items()):
         if not curve:
             continue
-        at, mean, low, high = zip(*curve)
+        at, mean, low, high = zip(*curve, strict=True)
         (line,) = ax.plot(
             at,
             mean,

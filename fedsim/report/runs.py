@@ -151,7 +151,8 @@ def load_run(run_dir: Path, root: Path, series: Sequence[str] = ()) -> Run:
 
 
 def along(run: Run, x: str) -> Series:
-    """The running total that the x axis ``x`` (a key of :data:`CUMULATIVE`) reads: ``run.sim_time`` or ``run.comm_mb``."""
+    """The running total that the x axis ``x`` (a key of :data:`CUMULATIVE`) reads: ``run.sim_time`` or
+    ``run.comm_mb``."""
     return {"sim_time": run.sim_time, "comm_mb": run.comm_mb}[x]
 
 
@@ -188,7 +189,8 @@ def scalar_series(records: Sequence[dict[str, Any]], name: str) -> Series:
 
 
 def finite_series(records: Sequence[dict[str, Any]], name: str) -> Series:
-    """:func:`scalar_series` of ``name`` without its non-finite values (for the running totals of :data:`CUMULATIVE`)."""
+    """:func:`scalar_series` of ``name`` without its non-finite values (for the running totals of
+    :data:`CUMULATIVE`)."""
     return tuple((n, v) for n, v in scalar_series(records, name) if math.isfinite(v))
 
 

@@ -247,7 +247,8 @@ class SyncClock:
     def _epochs_before_deadline(self, t: Timing) -> int:
         """Whole epochs of ``t`` that fit between its download and an upload that ends at the deadline."""
         per_epoch = t.compute_s / t.epochs if t.epochs else math.inf
-        room = self.deadline_s - t.download_s - t.upload_s  # type: ignore[operator]
+        assert self.deadline_s is not None  # called by _apply_deadline only with a deadline
+        room = self.deadline_s - t.download_s - t.upload_s
         return int(min(t.epochs - 1, math.floor(room / per_epoch))) if per_epoch > 0 and room > 0 else 0
 
     def _keep_first(self, plans: list[Timing], clients_per_round: int) -> tuple[list[Timing], tuple[int, ...]]:

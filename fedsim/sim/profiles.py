@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass
 from numbers import Integral, Real
 from pathlib import Path
+from typing import TypeGuard
 
 import numpy as np
 
@@ -165,13 +166,16 @@ class DeviceProfiles:
         raise RuntimeError(f"DeviceProfiles.window_after: client {client_id}'s window at {when} s is too short to meet")
 
 
-def _check_positive(name: str, value: object, *, allow_zero: bool = False, allow_inf: bool = False) -> float:
-    ok = (
+def _is_number(value: object, allow_inf: bool) -> TypeGuard[Real]:
+    return (
         isinstance(value, Real)
         and not isinstance(value, bool)
         and (math.isfinite(value) or (allow_inf and value == math.inf))
     )
-    if not ok or value < 0 or (value == 0 and not allow_zero):
+
+
+def _check_positive(name: str, value: object, *, allow_zero: bool = False, allow_inf: bool = False) -> float:
+    if not _is_number(value, allow_inf) or value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(
             f"sampled_profiles: {name} must be a finite number {bound}"
@@ -233,7 +237,9 @@ def sampled_profiles(
     k = ONLINE_FRACTION_CONCENTRATION
     beta = (mean * k, (1.0 - mean) * k) if mean < 1 else None
     draws = np.array([_client_draws(int(seed), c, beta) for c in range(int(num_clients))])
-    speed, upload, download = (m * np.exp(s * draws[:, i]) for i, (m, s) in enumerate(zip(medians, sigmas)))
+    speed, upload, download = (
+        m * np.exp(s * draws[:, i]) for i, (m, s) in enumerate(zip(medians, sigmas, strict=True))
+    )
     if always_online or math.isinf(period):
         period, start, length = math.inf, np.zeros(num_clients), np.full(num_clients, math.inf)
     else:

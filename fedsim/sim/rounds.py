@@ -42,7 +42,8 @@ def clocked_round(
 ) -> tuple[RoundSchedule, dict[int, dict[str, Any]]]:
     """The round's schedule and the config of every task that runs (``epochs`` lowered where the deadline cut it);
     ``model_bytes`` and ``update_bytes``: the encoded model each task downloads and the update it uploads
-    (:mod:`fedsim.comm`); a task also downloads the arrays of its config (:func:`fedsim.comm.messages.message_nbytes`)."""
+    (:mod:`fedsim.comm`); a task also downloads the arrays of its config
+    (:func:`fedsim.comm.messages.message_nbytes`)."""
     online = clock.online_clients()
     picked = strategy.sample(round_num, len(online), clock.sample_size(clients_per_round, len(online)), rng)
     sampled = sorted(int(online[i]) for i in picked)

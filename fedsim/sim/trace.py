@@ -143,7 +143,7 @@ def _row(path: Path, line: int, text: str, names: list[str]) -> tuple[int, Row]:
             f"{_where(path, line)}: {len(values)} values but the header has {len(names)} columns "
             f"({','.join(names)}); remove the values after field {names[-1]}"
         )
-    fields = dict(zip(names, values))
+    fields = dict(zip(names, values, strict=True))
     client = _client_id(path, line, fields.pop("client_id"))
     row = {}
     for field in COLUMNS[1:]:

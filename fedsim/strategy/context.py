@@ -20,9 +20,9 @@ class RunContext:
     ``layout``: the global model's entries (names, shapes, their slices of the flat vector, which are
     buffers); ``num_examples[i]``: client ``i``'s training examples; ``run_dir``: the run directory, or
     ``None`` when nothing is written to disk; ``start_round``: the first round this process will run
-    (greater than 1 after a resume); ``root_trainer(size)``: a :class:`~fedsim.strategy.root_data.RootTrainer` over ``size``
-    clean training examples the server holds (a root dataset, as FLTrust assumes; :mod:`fedsim.strategy.root_data`), or
-    ``None`` where the server offers none (a context built by hand).
+    (greater than 1 after a resume); ``root_trainer(size)``: a :class:`~fedsim.strategy.root_data.RootTrainer`
+    over ``size`` clean training examples the server holds (a root dataset, as FLTrust assumes;
+    :mod:`fedsim.strategy.root_data`), or ``None`` where the server offers none (a context built by hand).
     """
 
     layout: ParamLayout

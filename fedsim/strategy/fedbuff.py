@@ -68,7 +68,7 @@ class FedBuff(Strategy):
         order (the event order, which is deterministic). ``client_ids``: whose updates they are, in the same order
         (FedBuff does not need them)."""
         total = torch.zeros_like(global_params, dtype=torch.float64)
-        for delta, tau in zip(deltas, staleness):
+        for delta, tau in zip(deltas, staleness, strict=True):
             total.add_(delta.double(), alpha=self.staleness_weight(tau))
         return (global_params.double() + self.server_lr * total / len(deltas)).to(global_params.dtype)
 

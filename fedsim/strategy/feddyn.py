@@ -108,8 +108,8 @@ class DynamicRegulariser(LocalTraining):
         term = 0.5 * numbers[ALPHA_KEY] * squared
         linear = numbers.get(STATE_KEY)
         if linear is None:
-            return term  # type: ignore[return-value]
-        return term - sum((p * linear[name]).sum() for name, p in params.items())  # type: ignore[return-value]
+            return term
+        return term - sum((p * linear[name]).sum() for name, p in params.items())
 
 
 class FedDyn(Strategy):

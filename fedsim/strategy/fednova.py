@@ -57,7 +57,7 @@ def normalised_average(
     start = global_params.double()
     direction = torch.zeros_like(start)
     tau_eff = 0.0
-    for update, tau in zip(updates, steps):
+    for update, tau in zip(updates, steps, strict=True):
         if update.num_examples == 0:
             continue
         p = update.num_examples / total

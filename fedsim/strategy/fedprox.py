@@ -45,7 +45,7 @@ class ProximalTerm(LocalTraining):
         if "prox_mu" not in numbers:
             return None
         squared = sum(((p - anchor[name]) ** 2).sum() for name, p in params.items())
-        return 0.5 * numbers["prox_mu"] * squared  # type: ignore[return-value]
+        return 0.5 * numbers["prox_mu"] * squared
 
 
 class FedProx(Strategy):

@@ -2,8 +2,8 @@
 
 Cao, Fang, Liu, Gong. "FLTrust: Byzantine-robust Federated Learning via Trust Bootstrapping." NDSS 2021.
 
-Every round the server trains the global model w on its root dataset itself (:mod:`fedsim.strategy.root_data`), which gives
-the root update Δ₀. With Δᵢ = wᵢ − w client i's change::
+Every round the server trains the global model w on its root dataset itself (:mod:`fedsim.strategy.root_data`),
+which gives the root update Δ₀. With Δᵢ = wᵢ − w client i's change::
 
     TSᵢ = ReLU(cos(Δᵢ, Δ₀))                     trust score: 0 for a change pointing away from Δ₀
     Δ̄ᵢ = Δᵢ · ‖Δ₀‖ / ‖Δᵢ‖                       every change rescaled to the root update's length
@@ -51,7 +51,7 @@ def fltrust_step(deltas: Sequence[torch.Tensor], root: torch.Tensor) -> tuple[to
     if total == 0.0:
         return step, scores
     root_norm = float(root.norm())
-    for delta, score in zip(deltas, scores):
+    for delta, score in zip(deltas, scores, strict=True):
         if score > 0.0:
             step.add_(delta, alpha=score * root_norm / float(delta.norm()))
     return step.div_(total), scores
@@ -86,8 +86,8 @@ class FLTrust(Strategy):
         root = self.root.train(round_num, global_params).to(torch.float64) - start
         deltas = [u.params.to(torch.float64) - start for u in ordered]
         step, scores = fltrust_step(deltas, root)
-        self.selected_client_ids = [u.client_id for u, score in zip(ordered, scores) if score > 0.0]
-        self._trust = {u.client_id: score for u, score in zip(ordered, scores)}
+        self.selected_client_ids = [u.client_id for u, score in zip(ordered, scores, strict=True) if score > 0.0]
+        self._trust = {u.client_id: score for u, score in zip(ordered, scores, strict=True)}
         self._metrics = {
             "trusted_fraction": sum(s > 0.0 for s in scores) / len(scores),
             "mean_trust": sum(scores) / len(scores),
@@ -99,5 +99,6 @@ class FLTrust(Strategy):
         return dict(self._metrics)
 
     def client_metrics(self, round_num: int) -> dict[int, dict[str, float]]:
-        """Each aggregated client's trust score TSᵢ, as ``"trust"`` (in its row; TensorBoard ``client/strategy/trust``)."""
+        """Each aggregated client's trust score TSᵢ, as ``"trust"`` (in its row; TensorBoard
+        ``client/strategy/trust``)."""
         return {client_id: {"trust": score} for client_id, score in self._trust.items()}

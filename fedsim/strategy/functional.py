@@ -27,7 +27,7 @@ def weighted_average(vectors: Sequence[torch.Tensor], weights: Sequence[float]) 
     if not total > 0:
         raise ValueError(f"total weight must be positive (got {total})")
     acc = torch.zeros_like(vectors[0], dtype=torch.float64)
-    for vector, weight in zip(vectors, weights):
+    for vector, weight in zip(vectors, weights, strict=True):
         acc.add_(vector.to(torch.float64), alpha=float(weight) / total)
     return acc.to(vectors[0].dtype)
 

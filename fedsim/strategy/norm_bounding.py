@@ -69,7 +69,7 @@ class NormBounding(Strategy):
         step = torch.zeros_like(start)
         norms = []
         self._per_client = {}
-        for update, weight in zip(ordered, weights):
+        for update, weight in zip(ordered, weights, strict=True):
             delta = update.params.to(torch.float64) - start
             norm = float(delta.norm())
             norms.append(norm)

@@ -107,7 +107,7 @@ def q_fedavg(
     start = global_params.double()
     deltas = torch.zeros_like(start)
     h_total = 0.0
-    for w_k, loss, lip in zip(params, losses, lipschitz):
+    for w_k, loss, lip in zip(params, losses, lipschitz, strict=True):
         dw = (start - w_k.double()) * lip
         weight = loss**q  # 0.0 ** 0 is 1.0: q = 0 weighs every client alike
         h_total += lip * weight

@@ -46,7 +46,8 @@ def correction(config: dict[str, Any], state: dict[str, Any]) -> torch.Tensor | 
     if control is None and own is None:
         return None
     if control is None:
-        return -own  # type: ignore[operator]
+        assert own is not None  # both None returned above
+        return -own
     return control if own is None else control - own
 
 
@@ -102,7 +103,7 @@ class ControlCorrection(LocalTraining):
         split = numbers.get("scaffold_correction")
         if split is None:  # c = c_i = 0 for every client of the chunk
             return None
-        return sum((param * split[name]).sum() for name, param in params.items())  # type: ignore[return-value]
+        return sum((param * split[name]).sum() for name, param in params.items())
 
 
 def steps_times_lr(update: ClientUpdate) -> float:

@@ -6,8 +6,9 @@ With w the global weights and Δᵢ = wᵢ − w client i's change, Zeno's stoch
 
     scoreᵢ = f_r(w) − f_r(w + Δᵢ) − ρ·‖Δᵢ‖²
 
-where f_r is the loss on the server's data (fedsim's root dataset, :mod:`fedsim.strategy.root_data`). The n − b updates with
-the highest scores are kept and their changes averaged, unweighted as in the paper: w ← w + mean(kept Δᵢ).
+where f_r is the loss on the server's data (fedsim's root dataset, :mod:`fedsim.strategy.root_data`). The n − b
+updates with the highest scores are kept and their changes averaged, unweighted as in the paper:
+w ← w + mean(kept Δᵢ).
 
 The paper's workers send gradients u and the score uses w − γ·u; a client's change Δᵢ plays the part of −γ·u here,
 so ρ is in units of the change. The paper scores each iteration on a fresh mini-batch of its validation data; fedsim
@@ -76,13 +77,15 @@ class Zeno(Strategy):
         start = global_params.to(torch.float64)
         base = self.root.loss(global_params)
         deltas = [u.params.to(torch.float64) - start for u in ordered]
-        scores = [base - self.root.loss(u.params) - self.rho * float(d.dot(d)) for u, d in zip(ordered, deltas)]
+        scores = [
+            base - self.root.loss(u.params) - self.rho * float(d.dot(d)) for u, d in zip(ordered, deltas, strict=True)
+        ]
         kept = zeno_keep(scores, self.b)
         step = torch.zeros_like(start)
         for i in kept:
             step.add_(deltas[i])
         self.selected_client_ids = [ordered[i].client_id for i in kept]
-        self._scores = {u.client_id: score for u, score in zip(ordered, scores)}
+        self._scores = {u.client_id: score for u, score in zip(ordered, scores, strict=True)}
         dropped = [scores[i] for i in range(len(scores)) if i not in kept]
         self._metrics = {
             "root_loss": base,

@@ -107,7 +107,7 @@ def test_the_clock_times_uploads_with_the_encoded_size() -> None:
     saved_bytes = plain.comm.up_bytes - sparse.comm.up_bytes
     assert saved_bytes > 0.9 * plain.comm.up_bytes  # 1 % of the values with their positions
     # every client uploads at exactly 0.01 Mbit/s, so each round ends sooner by the saved bytes' upload time
-    for a, b in zip(plain.run().history, sparse.run().history):
+    for a, b in zip(plain.run().history, sparse.run().history, strict=True):
         assert a["sim/round_s"] - b["sim/round_s"] == pytest.approx(saved_bytes * 8 / 0.01e6, rel=1e-9)
 
 

@@ -39,7 +39,9 @@ def test_the_clock_times_the_control_variates_download() -> None:
     plain = build_server(compose([*clocked, "strategy=fedavg"]))
     scaffold = build_server(compose([*clocked, "strategy=scaffold"]))
     extra_s = 4 * scaffold.params.numel() * 8 / 0.01e6  # every client downloads c at exactly 0.01 Mbit/s
-    differences = [b["sim/round_s"] - a["sim/round_s"] for a, b in zip(plain.run().history, scaffold.run().history)]
+    differences = [
+        b["sim/round_s"] - a["sim/round_s"] for a, b in zip(plain.run().history, scaffold.run().history, strict=True)
+    ]
     # the same float64 sums with one term more: exact in round 1, equal to ~1e-15 relative after (1e-9: margin)
     assert differences == pytest.approx([0.0, extra_s, extra_s], rel=1e-9, abs=1e-9)
 

@@ -109,9 +109,9 @@ def make_examples(name: str, n_train: int, n_test: int, users: int = 4, seed: in
     rng = np.random.default_rng(seed)
     out: dict[str, Examples] = {}
     first = 0
-    for part, n in zip(PARTS, (n_train, n_test)):
+    for part, n in zip(PARTS, (n_train, n_test), strict=True):
         out[part] = {}
-        for user, size in zip(user_ids(name, users), uneven_sizes(n, users)):
+        for user, size in zip(user_ids(name, users), uneven_sizes(n, users), strict=True):
             out[part][user] = EXAMPLES[name](size, rng, first)
             first += size
     return out
@@ -148,7 +148,7 @@ def write_leaf(
     """Write ``<root>/leaf/<name>/data`` (and CelebA's images); returns what was written, as :func:`make_examples`."""
     examples = make_examples(name, n_train, n_test, users, seed)
     folder = leaf_folder(root, name)
-    for part, files in zip(PARTS, (train_files, test_files)):
+    for part, files in zip(PARTS, (train_files, test_files), strict=True):
         write_part(folder, part, examples[part], files, hierarchies=name == "femnist")
     if name == "celeba":
         write_celeba_images(folder / "raw" / "img_align_celeba", examples, seed)
@@ -164,7 +164,7 @@ def write_celeba_images(images: Path, examples: dict[str, Examples], seed: int =
     for part in examples.values():
         for names, labels in part.values():
             pixels = pattern_images(np.asarray(labels), 2, max(CELEBA_SIZE), 3, rng)
-            for file_name, image in zip(names, pixels):
+            for file_name, image in zip(names, pixels, strict=True):
                 Image.fromarray(image[: CELEBA_SIZE[1], : CELEBA_SIZE[0]]).save(images / file_name, quality=95)
 
 

@@ -75,7 +75,7 @@ def test_another_partitioner_divides_only_the_training_rows() -> None:
     rows = np.concatenate(data.client_train + data.client_test)
     assert sorted(rows) == list(range(90))  # the owners' test rows stay in the centralized test set only
     assert [len(t) for t in data.client_test] == [
-        round(0.2 * (len(a) + len(b))) for a, b in zip(data.client_train, data.client_test)
+        round(0.2 * (len(a) + len(b))) for a, b in zip(data.client_train, data.client_test, strict=True)
     ]
 
 

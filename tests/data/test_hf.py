@@ -190,8 +190,10 @@ def test_string_columns_become_leaf_character_ids(datasets: Any, tmp_path: Path)
     split = _load(path=tmp_path / "play", **SHAKESPEARE)
     assert split.train.x.dtype == torch.int64 and split.train.x.shape == (30, 80)
     assert split.train.num_classes == 81  # LEAF's 80 characters and the unknown one
-    expected = zip(ds["character_id"], encode_characters(ds["x"], 80).tolist(), character_ids(ds["y"]).tolist())
-    got = zip(split.train.groups.tolist(), split.train.x.tolist(), split.train.y.tolist())
+    expected = zip(
+        ds["character_id"], encode_characters(ds["x"], 80).tolist(), character_ids(ds["y"]).tolist(), strict=True
+    )
+    got = zip(split.train.groups.tolist(), split.train.x.tolist(), split.train.y.tolist(), strict=True)
     assert sorted(got) == sorted(expected)
     assert Counter(split.train.groups[split.local_test].tolist()) == {f"THE_PLAY_ROLE_{i}": 1 for i in range(3)}
 

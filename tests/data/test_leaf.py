@@ -90,7 +90,7 @@ def test_pooled_layout_with_every_users_rows_as_in_the_files(tmp_path: Path, nam
         users = sorted(written[part])  # users in sorted order within each part, rows in file order
         counts = [len(written[part][u][1]) for u in users]
         assert train.groups[rows : rows + sum(counts)].tolist() == np.repeat(users, counts).tolist()
-        for user, n in zip(users, counts):
+        for user, n in zip(users, counts, strict=True):
             xs, ys = written[part][user]
             assert torch.allclose(train.x[rows : rows + n], _expected_x(name, xs, tmp_path), atol=1e-6)
             assert train.y[rows : rows + n].tolist() == _expected_y(name, ys)

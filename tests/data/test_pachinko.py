@@ -26,7 +26,8 @@ def assert_exact_cover(parts: list[np.ndarray], n: int) -> None:
 
 
 def expected_sizes(n: int, num_clients: int, per_client: int) -> np.ndarray:
-    """The documented sizes: ``per_client`` each, then the leftovers ``R`` dealt ``R // C`` each, one more to the first ``R % C``."""
+    """The documented sizes: ``per_client`` each, then the leftovers ``R`` dealt ``R // C`` each, one more to the
+    first ``R % C``."""
     rest = n - per_client * num_clients
     return per_client + rest // num_clients + (np.arange(num_clients) < rest % num_clients)
 
@@ -98,7 +99,7 @@ def test_every_example_once_and_sizes_as_documented(
         coarse_of=coarse_of,
         groups=np.zeros(n),
     )
-    assert all(np.array_equal(a, b) for a, b in zip(parts, again))  # pure in seed; groups ignored
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))  # pure in seed; groups ignored
 
 
 def test_defaults_are_tffs_cifar100_clients() -> None:
@@ -127,7 +128,7 @@ def test_leftover_examples(n: int, num_clients: int, per_client: int | None, siz
 def test_seeds_differ() -> None:
     labels = cifar100_labels(20)
     a, b = pachinko(labels, num_clients=20, seed=0), pachinko(labels, num_clients=20, seed=1)
-    assert not all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 # --- the clients' label mixes follow the Dirichlet parameters -----------------------------------------

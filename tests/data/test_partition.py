@@ -37,7 +37,7 @@ def mean_label_entropy(parts: list[np.ndarray], labels: np.ndarray) -> float:
 
 
 def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
-    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 # Every partitioner with its parameters bound, called the common way: fn(labels, seed=, groups=).
@@ -263,7 +263,7 @@ def test_split_train_test_partitions_each_client(sizes, test_fraction, seed):
     parts = np.split(np.asarray(indices, dtype=np.int64), np.cumsum(sizes)[:-1]) if sizes else []
     train, test = split_train_test(parts, test_fraction, seed=seed)
     assert len(train) == len(test) == len(parts)
-    for part, tr, te in zip(parts, train, test):
+    for part, tr, te in zip(parts, train, test, strict=True):
         assert tr.dtype == te.dtype == np.int64
         assert np.array_equal(np.sort(np.concatenate([tr, te])), np.sort(part))
         n = len(part)

@@ -26,7 +26,7 @@ GRAY = {
 
 
 def _check_split(split: DataSplit, shape: tuple[int, ...], n: tuple[int, int], num_classes: int) -> None:
-    for part, size in zip((split.train, split.test), n):
+    for part, size in zip((split.train, split.test), n, strict=True):
         assert part.x.shape == (size, *shape) and part.x.dtype == torch.float32
         assert part.y.shape == (size,) and part.y.dtype == torch.int64
         assert part.num_classes == num_classes and part.input_shape == shape

@@ -122,6 +122,6 @@ def write_femnist_tff(
     stem = "fed_emnist_digitsonly" if only_digits else "fed_emnist"
     Path(root).mkdir(parents=True, exist_ok=True)
     for part, n in (("train", n_train), ("test", n_test)):
-        sizes = dict(zip(ids, (int(s) for s in _uneven_sizes(n, writers))))
+        sizes = dict(zip(ids, (int(s) for s in _uneven_sizes(n, writers)), strict=True))
         write_femnist_h5(Path(root) / f"{stem}_{part}.h5", sizes, 10 if only_digits else 62, rng)
     return [f"data.root={root}"] + (["data.only_digits=true"] if only_digits else [])

@@ -160,6 +160,6 @@ def test_server_evaluates_on_the_gpu_with_the_cpus_answers(full_fp32: None) -> N
 
     on_gpu, on_cpu = run("cuda:0"), run("cpu")
     assert torch.equal(on_gpu.params, on_cpu.params) and next(on_gpu.model.parameters()).device.type == "cpu"
-    for g, c in zip(on_gpu.history, on_cpu.history):
+    for g, c in zip(on_gpu.history, on_cpu.history, strict=True):
         for key in ("eval/loss", "eval/accuracy", "eval_global/loss", "eval_global/accuracy"):
             assert g[key] == pytest.approx(c[key], rel=1e-5), key

@@ -203,7 +203,7 @@ def test_a_killed_forkserver_takes_its_workers_along_and_they_are_replaced(tmp_p
     with SerialExecutor() as serial:
         serial.start(Workload(factory, clients, data.train))
         reference = serial.fit(params, tasks)
-    assert [torch.equal(a.params, b.params) for a, b in zip(results, reference)] == [True, True, True]
+    assert [torch.equal(a.params, b.params) for a, b in zip(results, reference, strict=True)] == [True, True, True]
 
 
 def test_tasks_queued_behind_a_killed_worker_run_again_without_using_retries(tmp_path: Path) -> None:
@@ -232,7 +232,7 @@ def test_tasks_queued_behind_a_killed_worker_run_again_without_using_retries(tmp
     expected = serial.fit(global_params, tasks)
     assert (tmp_path / "killed").exists()
     assert isinstance(results[0], ClientFailure) and "SIGKILL" in results[0].error
-    for got, want in zip(results[1:], expected[1:]):
+    for got, want in zip(results[1:], expected[1:], strict=True):
         assert isinstance(got, ClientUpdate) and torch.equal(got.params, want.params)
 
 
@@ -337,8 +337,11 @@ class MyClient(Client):
         return super().loss(model, x, y) * 1.0
 
 def main():
-    data = federate(synthetic(num_devices=4, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.2, seed=0)
-    server = Server(model_factory=functools.partial(LogisticRegression, (60,), 10), clients=make_clients(data, MyClient),
+    data = federate(
+        synthetic(num_devices=4, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.2, seed=0
+    )
+    server = Server(model_factory=functools.partial(LogisticRegression, (60,), 10),
+                    clients=make_clients(data, MyClient),
                     train_data=data.train, test_data=data.test, strategy=FedAvg(),
                     executor=ProcessExecutor(devices="cpu", workers=2), num_rounds=2, clients_per_round=2)
     print("accuracy", server.run().history[-1]["eval/accuracy"])

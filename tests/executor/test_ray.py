@@ -309,7 +309,9 @@ def used_bytes():
     return info["MemTotal"], info["MemTotal"] - info["MemAvailable"]
 
 if __name__ == "__main__":
-    data = federate(synthetic(num_devices=2, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.2, seed=0)
+    data = federate(
+        synthetic(num_devices=2, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.2, seed=0
+    )
     clients = make_clients(data, functools.partial(HogOnceClient, marker=sys.argv[1], epochs=1, batch_size=8))
     factory = functools.partial(LogisticRegression, (60,), 10)
     total, used = used_bytes()  # Ray and one actor add about 1 GiB; the hog must pass the rest
@@ -391,7 +393,9 @@ def descendants(root):
     return found
 
 if __name__ == "__main__":
-    data = federate(synthetic(num_devices=4, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.2, seed=0)
+    data = federate(
+        synthetic(num_devices=4, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.2, seed=0
+    )
     factory = functools.partial(LogisticRegression, (60,), 10)
     executor = RayExecutor(workers=1)  # address=None and no Ray yet: this executor starts (and owns) one
     executor.start(Workload(factory, make_clients(data, Client), data.train))

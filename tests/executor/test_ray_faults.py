@@ -75,7 +75,8 @@ def test_killing_a_ray_worker_every_second_never_hangs() -> None:
 
 
 def _fit(executor, factory) -> list:  # type: ignore[no-untyped-def]
-    """Train ``TASKS`` from the same global weights with ``executor``, whose workers build their model with ``factory``."""
+    """Train ``TASKS`` from the same global weights with ``executor``, whose workers build their model with
+    ``factory``."""
     data = _data()
     clients = make_clients(data, functools.partial(Client, epochs=1, batch_size=8))
     torch.manual_seed(0)
@@ -94,7 +95,7 @@ def test_actor_killed_while_starting_is_started_again(local_ray, tmp_path: Path)
     results = _fit(RayExecutor(workers=1), factory)
     assert marker.read_text() == "3", "two starts killed, the third one ready"
     reference = _fit(SerialExecutor(), functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32))
-    assert [torch.equal(a.params, b.params) for a, b in zip(results, reference)] == [True] * len(TASKS)
+    assert [torch.equal(a.params, b.params) for a, b in zip(results, reference, strict=True)] == [True] * len(TASKS)
 
 
 @pytest.mark.slow

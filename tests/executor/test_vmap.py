@@ -201,7 +201,7 @@ def test_client_updates_and_metrics_match_serial(optimizer) -> None:
     tasks = [FitTask(client_id=c, round_num=1, seed=100 + c, config=configs[c % 5]) for c in range(8)]
     serial = fit_directly(SerialExecutor(), tasks, optimizer)
     vmapped = fit_directly(VmapExecutor(chunk_size=5), tasks, optimizer)
-    for s, v in zip(serial, vmapped):
+    for s, v in zip(serial, vmapped, strict=True):
         assert (s.client_id, s.num_examples, s.metrics["local_steps"]) == (
             v.client_id,
             v.num_examples,

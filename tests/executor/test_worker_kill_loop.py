@@ -61,7 +61,8 @@ def run(executor):
     import dies_on_import  # the parent's import; a worker imports it while unpickling its start message
     g = torch.Generator().manual_seed(0)
     data = TensorData(torch.randn(400, 8, generator=g), torch.randint(0, 3, (400,), generator=g), 3)
-    clients = [Client(i, np.arange(i % 400, i % 400 + 1) % 400, epochs=1, batch_size=1) for i in range(4000)]  # a large start message
+    # a large start message
+    clients = [Client(i, np.arange(i % 400, i % 400 + 1) % 400, epochs=1, batch_size=1) for i in range(4000)]
     return Server(model_factory=functools.partial(dies_on_import.linear, (8,), 3), clients=clients, train_data=data,
                   test_data=None, strategy=FedAvg(), executor=executor, num_rounds=2, clients_per_round=4, seed=0,
                   logger=RunLogger(None, tensorboard=False, progress=False)).run().params

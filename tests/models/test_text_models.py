@@ -26,7 +26,7 @@ def padded_rows(vocab: int, lengths: list[int], width: int = 25, seed: int = 0) 
 def write_glove(path: Path, words: list[str], dim: int, seed: int = 0) -> np.ndarray:
     """A GloVe text file ("word v1 ... vd" per line); returns the vectors as written (5 decimals)."""
     vectors = np.round(np.random.default_rng(seed).normal(size=(len(words), dim)), 5).astype(np.float32)
-    lines = (w + " " + " ".join(f"{v:.5f}" for v in row) + "\n" for w, row in zip(words, vectors))
+    lines = (w + " " + " ".join(f"{v:.5f}" for v in row) + "\n" for w, row in zip(words, vectors, strict=True))
     path.write_text("".join(lines), encoding="utf-8")
     return vectors
 

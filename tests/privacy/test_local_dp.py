@@ -41,12 +41,12 @@ def test_the_private_gradient_is_the_noisy_mean_of_clipped_per_example_gradients
         grads = [p.grad for p in model.parameters()]
         norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
         clipped += norm > 0.5
-        summed = [s + g * min(1.0, 0.5 / float(norm)) for s, g in zip(summed, grads)]
+        summed = [s + g * min(1.0, 0.5 / float(norm)) for s, g in zip(summed, grads, strict=True)]
     generator = torch.Generator().manual_seed(11)
     noise = [torch.randn(p.shape, generator=generator) for p in model.parameters()]
-    expected = [(s + n * 0.7 * 0.5) / (0.2 * 40) for s, n in zip(summed, noise)]
+    expected = [(s + n * 0.7 * 0.5) / (0.2 * 40) for s, n in zip(summed, noise, strict=True)]
     assert clipped >= 1  # the example exercises clipping
-    for got, want in zip(private, expected):
+    for got, want in zip(private, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 

@@ -71,7 +71,7 @@ def test_vmap_gives_the_serial_weights_and_the_same_epsilon(model: str) -> None:
     assert error <= tolerance(3 * 4, max(PARAMETERS[model], max(sizes)))
     assert [r["dp/local_epsilon_max"] for r in result.history] == [r["dp/local_epsilon_max"] for r in reference.history]
     assert vmapped.local_dp.steps == serial.local_dp.steps and set(serial.local_dp.steps.values()) <= {4, 8, 12}
-    for mine, theirs in zip(result.history, reference.history):
+    for mine, theirs in zip(result.history, reference.history, strict=True):
         assert mine["train/loss"] == pytest.approx(theirs["train/loss"], rel=1e-5)
     assert len(set(sizes)) > 3 and min(sizes) < max(sizes) / 10, "the clients should have very different sizes"
     # the noise is what moves the weights most: the same run with less of it is far away

@@ -198,7 +198,7 @@ class ReportingFedBuff(FedBuff):
 
     def step(self, global_params, deltas, staleness, client_ids=()):  # noqa: ANN001, ANN201
         weights = [self.staleness_weight(tau) for tau in staleness]
-        self.mean, self.weights = sum(weights) / len(weights), dict(zip(client_ids, weights))
+        self.mean, self.weights = sum(weights) / len(weights), dict(zip(client_ids, weights, strict=True))
         return super().step(global_params, deltas, staleness, client_ids)
 
     def round_metrics(self, round_num: int) -> dict[str, float]:

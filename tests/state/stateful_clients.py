@@ -99,5 +99,5 @@ class AnchoredClient(Client):
     def loss(self, model, x, y):  # type: ignore[no-untyped-def]
         assert self._anchor is not None
         return super().loss(model, x, y) + 0.05 * sum(
-            ((p - a) ** 2).sum() for p, a in zip(model.parameters(), self._anchor)
+            ((p - a) ** 2).sum() for p, a in zip(model.parameters(), self._anchor, strict=True)
         )

@@ -20,7 +20,7 @@ LINE = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 100.0]
 
 def _updates(values: list[float], ids: list[int] | None = None) -> list[ClientUpdate]:
     ids = ids if ids is not None else list(range(len(values)))
-    return [ClientUpdate(i, 1, torch.tensor([v]), 1) for i, v in zip(ids, values)]
+    return [ClientUpdate(i, 1, torch.tensor([v]), 1) for i, v in zip(ids, values, strict=True)]
 
 
 def test_selection_known_answer() -> None:
@@ -36,7 +36,8 @@ def test_aggregation_step_known_answer() -> None:
     stack = torch.tensor([[0.0, 10.0], [1.0, 0.0], [2.0, 0.0], [3.0, 1.0], [4.0, 7.0]])
     # sums of small integers are exact; each coordinate is one correctly rounded division, as 1 / 3 is
     assert torch.equal(closest_to_median_mean(stack, 3), torch.tensor([2.0, 1 / 3], dtype=torch.float64))
-    # equal distances to the median (0 and 2 around 1) go to the lower row; an even count's median is the mean of the middles
+    # equal distances to the median (0 and 2 around 1) go to the lower row; an even count's median is the mean of
+    # the middles
     assert torch.equal(
         closest_to_median_mean(torch.tensor([[0.0], [2.0]]), 1), torch.tensor([0.0], dtype=torch.float64)
     )

@@ -26,7 +26,7 @@ OUTLIER = [100.0, 0.0]
 def _round(start: torch.Tensor, deltas: list[list[float]], sizes: list[int] | None = None) -> list[ClientUpdate]:
     """Updates whose trained weights are ``start + delta`` (float32), client ids 0, 1, ..."""
     sizes = sizes or [1] * len(deltas)
-    return [ClientUpdate(i, 1, start + torch.tensor(d), n) for i, (d, n) in enumerate(zip(deltas, sizes))]
+    return [ClientUpdate(i, 1, start + torch.tensor(d), n) for i, (d, n) in enumerate(zip(deltas, sizes, strict=True))]
 
 
 def test_one_iteration_from_a_zero_centre_known_answer() -> None:
@@ -116,7 +116,7 @@ def test_the_order_of_updates_does_not_matter_bitwise() -> None:
     gen = torch.Generator().manual_seed(1)
     start = torch.randn(30, generator=gen)
     deltas = [torch.randn(30, generator=gen) * s for s in (0.1, 0.5, 3.0, 40.0)]
-    updates = [ClientUpdate(i, 1, start + d, 1) for i, d in zip([7, 2, 9, 4], deltas)]
+    updates = [ClientUpdate(i, 1, start + d, 1) for i, d in zip([7, 2, 9, 4], deltas, strict=True)]
 
     def two_rounds(order: list[ClientUpdate]) -> list[torch.Tensor]:
         strategy = CenteredClipping(tau=0.5, iterations=3)  # round 2 starts from round 1's centre
@@ -128,14 +128,14 @@ def test_the_order_of_updates_does_not_matter_bitwise() -> None:
 
     first = two_rounds(updates)
     for perm in itertools.permutations(updates):
-        assert all(torch.equal(a, b) for a, b in zip(two_rounds(list(perm)), first))
+        assert all(torch.equal(a, b) for a, b in zip(two_rounds(list(perm)), first, strict=True))
 
 
 def test_leaves_its_inputs_alone_and_refuses_an_empty_round() -> None:
     updates = _round(X, [*HONEST, OUTLIER])
     kept, start = [u.params.clone() for u in updates], X.clone()
     CenteredClipping(tau=2.0, iterations=2).aggregate(1, X, updates)
-    assert all(torch.equal(u.params, k) for u, k in zip(updates, kept)) and torch.equal(X, start)
+    assert all(torch.equal(u.params, k) for u, k in zip(updates, kept, strict=True)) and torch.equal(X, start)
     with pytest.raises(ValueError):
         CenteredClipping().aggregate(1, X, [])
 

@@ -110,7 +110,8 @@ def test_fedrep_client_half_trains_the_head_first_then_the_body() -> None:
     assert all(p.requires_grad for p in model.parameters())  # frozen only for the task
     load_flat(model, torch.tensor([2.0, -1.0]))  # next round: global body 2, global head −1 (never used by this client)
     update = _fit(model, strategy, state)
-    # own head 1.2: residual 2.4 − 3 = −0.6, ∂/∂h = −1.2: h = 1.32; then residual 2.64 − 3 = −0.36, ∂/∂b = −0.4752: b = 2.04752
+    # own head 1.2: residual 2.4 − 3 = −0.6, ∂/∂h = −1.2: h = 1.32;
+    # then residual 2.64 − 3 = −0.36, ∂/∂b = −0.4752: b = 2.04752
     assert update.params.tolist() == pytest.approx([2.04752, 1.32])
 
 

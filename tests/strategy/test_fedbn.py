@@ -36,7 +36,8 @@ BN_ENTRIES = ("1.weight", "1.bias", "1.running_mean", "1.running_var")
 
 
 def _tiny() -> nn.Sequential:
-    """Entries in flat order: 0.weight (2), 0.bias, 1.weight, 1.bias, 1.running_mean, 1.running_var, 2.weight, 2.bias."""
+    """Entries in flat order: 0.weight (2), 0.bias, 1.weight, 1.bias, 1.running_mean, 1.running_var, 2.weight,
+    2.bias."""
     return nn.Sequential(nn.Linear(2, 1), nn.BatchNorm1d(1), nn.Linear(1, 1))
 
 

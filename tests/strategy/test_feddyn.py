@@ -77,7 +77,8 @@ def test_both_halves_known_answer_over_two_rounds() -> None:
     assert s.client_config(1, 1) == {ALPHA_KEY: 0.5, SIZE_KEY: 0}  # no client holds g_k yet
     theta1, theta2 = _two_rounds(s, states)
     # round 1: Σ Δ = (1, 2);  h = 0 − (α/m)(1, 2) = (−0.125, −0.25)
-    #          θ¹ = mean(θ_k) − h/α = (0.5, 1) + (0.25, 0.5) = (0.75, 1.5)  (uniform: client 2's 100 examples count once)
+    #          θ¹ = mean(θ_k) − h/α = (0.5, 1) + (0.25, 0.5) = (0.75, 1.5)
+    #          (uniform: client 2's 100 examples count once)
     #          g_1 = −α Δ_1 = (−0.5, 0),  g_2 = (0, −1)
     assert torch.equal(theta1, torch.tensor([0.75, 1.5]))
     assert torch.equal(states[2][STATE_KEY], torch.tensor([0.0, -1.0]))
@@ -193,8 +194,8 @@ def test_client_half_trains_as_the_written_out_loss_term() -> None:
 
         def loss_term(self, model: nn.Module) -> torch.Tensor | None:
             trained = [p for p in model.parameters() if p.requires_grad]
-            squared = sum(((p - a) ** 2).sum() for p, a in zip(trained, self.anchor))
-            return 0.5 * self.alpha * squared - sum((p * g).sum() for p, g in zip(trained, self.linear))  # type: ignore[return-value]
+            squared = sum(((p - a) ** 2).sum() for p, a in zip(trained, self.anchor, strict=True))
+            return 0.5 * self.alpha * squared - sum((p * g).sum() for p, g in zip(trained, self.linear, strict=False))  # type: ignore[return-value]
 
     data = synthetic(num_devices=1, min_size=80, max_size=80, seed=2).train
     size = 60 * 16 + 16 + 16 * 10 + 10

@@ -136,15 +136,15 @@ def test_unequal_local_steps_reweight_each_update_by_tau_eff_over_tau_k() -> Non
     update w_k − w by p_k τ_eff / τ_k instead of FedAvg's p_k (more steps than τ_eff: less weight)."""
     strategy = Recording()
     result = _run(strategy, SerialExecutor(), stragglers=Stragglers(fraction=0.5, epochs=2, seed=1))
-    for (w, updates, new), record in zip(strategy.rounds, result.history):
+    for (w, updates, new), record in zip(strategy.rounds, result.history, strict=True):
         n = [u.num_examples for u in updates]
         tau = [u.metrics["local_steps"] for u in updates]
         assert len(set(tau)) > 1, "the round should mix clients with different numbers of local steps"
         p = [k / sum(n) for k in n]
-        tau_eff = sum(pk * tk for pk, tk in zip(p, tau))
+        tau_eff = sum(pk * tk for pk, tk in zip(p, tau, strict=True))
         assert record["strategy/tau_eff"] == pytest.approx(tau_eff, rel=1e-12)
         expected = w.double() + sum(
-            pk * tau_eff / tk * (u.params.double() - w.double()) for pk, tk, u in zip(p, tau, updates)
+            pk * tau_eff / tk * (u.params.double() - w.double()) for pk, tk, u in zip(p, tau, updates, strict=True)
         )
         torch.testing.assert_close(new, expected.float(), rtol=1e-6, atol=1e-7)
         fedavg = FedAvg().aggregate(1, w, updates)

@@ -45,7 +45,7 @@ class WrittenOutProximal(ProximalTerm):
 
     def loss_term(self, model: nn.Module) -> torch.Tensor | None:
         trained = [p for p in model.parameters() if p.requires_grad]
-        return 0.5 * self.mu * sum(((p - a) ** 2).sum() for p, a in zip(trained, self.anchor))  # type: ignore[return-value]
+        return 0.5 * self.mu * sum(((p - a) ** 2).sum() for p, a in zip(trained, self.anchor, strict=True))  # type: ignore[return-value]
 
 
 class OwnStep(Client):

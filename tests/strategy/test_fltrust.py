@@ -154,7 +154,7 @@ def test_each_client_row_holds_its_trust_score(attacked_dir: Path, attacked_refe
     assert len(records) == len(attacked_reference.history)
     for record in records:
         trust = [row["strategy"]["trust"] for row in record["clients"]]
-        assert all(t == 0.0 for t, row in zip(trust, record["clients"]) if row["malicious"])
+        assert all(t == 0.0 for t, row in zip(trust, record["clients"], strict=True) if row["malicious"])
         assert sum(t > 0 for t in trust) / len(trust) == record["strategy/trusted_fraction"]
         assert sum(trust) / len(trust) == pytest.approx(record["strategy/mean_trust"], rel=1e-12)
 

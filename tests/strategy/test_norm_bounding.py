@@ -22,7 +22,7 @@ def _round(
 ) -> list[ClientUpdate]:
     """Updates whose trained weights are ``start + delta`` (float32)."""
     ids = ids if ids is not None else list(range(len(deltas)))
-    return [ClientUpdate(i, 1, start + torch.tensor(d), n) for i, d, n in zip(ids, deltas, sizes)]
+    return [ClientUpdate(i, 1, start + torch.tensor(d), n) for i, d, n in zip(ids, deltas, sizes, strict=True)]
 
 
 # client 0 moves by (6, 8): norm 10, scaled by M/10 = 1/2 to (3, 4); client 1 by (0, -2): norm 2 <= 5, kept
@@ -79,7 +79,7 @@ def test_the_order_of_updates_does_not_matter_bitwise() -> None:
     gen = torch.Generator().manual_seed(1)
     start = torch.randn(30, generator=gen, dtype=torch.float64)
     deltas = [torch.randn(30, generator=gen, dtype=torch.float64) * s for s in (0.1, 0.5, 3.0, 40.0)]
-    updates = [ClientUpdate(i, 1, start + d, n) for i, d, n in zip([7, 2, 9, 4], deltas, [5, 1, 3, 8])]
+    updates = [ClientUpdate(i, 1, start + d, n) for i, d, n in zip([7, 2, 9, 4], deltas, [5, 1, 3, 8], strict=True)]
     for weighted in (True, False):
         strategy = NormBounding(max_norm=1.0, weighted=weighted)
         first = strategy.aggregate(1, start, updates)
@@ -93,7 +93,7 @@ def test_stateless_and_leaves_its_inputs_alone() -> None:
     strategy = NormBounding(max_norm=5.0)
     assert isinstance(strategy, Strategy) and strategy.state_dict() == {}
     strategy.aggregate(1, GLOBAL, updates)
-    assert all(torch.equal(u.params, k) for u, k in zip(updates, kept)) and torch.equal(GLOBAL, start)
+    assert all(torch.equal(u.params, k) for u, k in zip(updates, kept, strict=True)) and torch.equal(GLOBAL, start)
 
 
 def test_an_empty_round_is_refused() -> None:

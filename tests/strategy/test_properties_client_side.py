@@ -215,7 +215,7 @@ def test_scaffold_with_zero_controls_identical_clients_change_nothing(
     for round_num in (1, 2, 3):
         updates = [
             ClientUpdate(cid, round_num, x.clone(), 5, {"local_steps": k, "lr": lr})
-            for cid, (k, lr) in zip(sorted(ids), k_lr)
+            for cid, (k, lr) in zip(sorted(ids), k_lr, strict=False)
         ]
         after = _client_states(strategy, ScaffoldCase(**{**case.__dict__, "client_states": states}), x, updates)
         assert torch.equal(strategy.aggregate(round_num, x, updates), x)

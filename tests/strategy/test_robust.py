@@ -22,7 +22,10 @@ from fedsim.strategy import functional as F
 
 def _updates(rows: list[list[float]], sizes: list[int] | None = None) -> list[ClientUpdate]:
     sizes = sizes or [1] * len(rows)
-    return [ClientUpdate(i, 1, torch.tensor(r, dtype=torch.float32), n) for i, (r, n) in enumerate(zip(rows, sizes))]
+    return [
+        ClientUpdate(i, 1, torch.tensor(r, dtype=torch.float32), n)
+        for i, (r, n) in enumerate(zip(rows, sizes, strict=True))
+    ]
 
 
 ROWS3 = [[1.0, 5.0, -2.0], [3.0, -1.0, 0.0], [2.0, 100.0, 4.0]]
@@ -98,7 +101,7 @@ def test_robust_strategies_are_stateless_and_leave_inputs_alone() -> None:
         s.load_state_dict({})
         new = s.aggregate(1, GLOBAL, updates)
         assert new.shape == (3,) and new.dtype == torch.float32
-    assert all(torch.equal(u.params, k) for u, k in zip(updates, kept))
+    assert all(torch.equal(u.params, k) for u, k in zip(updates, kept, strict=True))
 
 
 # --- round-size checks (start-up) and aggregate-time errors ---------------------------------------------------

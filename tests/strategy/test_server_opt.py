@@ -24,7 +24,7 @@ def _updates(x: torch.Tensor, deltas: Sequence[Sequence[float]], sizes: Sequence
     """Clients whose weights are ``x + delta`` (float32), with ``sizes`` examples each."""
     return [
         ClientUpdate(i, 1, (x.double() + torch.tensor(d, dtype=torch.float64)).float(), n)
-        for i, (d, n) in enumerate(zip(deltas, sizes))
+        for i, (d, n) in enumerate(zip(deltas, sizes, strict=True))
     ]
 
 
