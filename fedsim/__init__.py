@@ -9,12 +9,15 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "Checkpoints": "fedsim.server.settings",
     "Client": "fedsim.client.base",
     "ClientFailure": "fedsim.core.types",
     "ClientMisuseError": "fedsim.core.errors",
     "ClientUpdate": "fedsim.core.types",
     "DataSplit": "fedsim.data.tensor_data",
+    "Evaluation": "fedsim.server.settings",
     "Executor": "fedsim.executor",
+    "Federation": "fedsim.server.settings",
     "FedAvg": "fedsim.strategy",
     "FederatedData": "fedsim.client.federation",
     "FitTask": "fedsim.core.types",
@@ -23,9 +26,11 @@ _EXPORTS = {
     "RunContext": "fedsim.strategy.context",
     "RunLogger": "fedsim.observe.run_logger",
     "RunResult": "fedsim.server.server",
+    "Schedule": "fedsim.server.settings",
     "SerialExecutor": "fedsim.executor",
     "VmapExecutor": "fedsim.executor",
     "Server": "fedsim.server.server",
+    "Stages": "fedsim.server.settings",
     "StateDictClient": "fedsim.client.adapters",
     "Strategy": "fedsim.strategy",
     "StrategyError": "fedsim.core.errors",

@@ -16,6 +16,7 @@ from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.executor.base import Workload
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RoundFailedError, RunResult, Server
+from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import FedAvg, FedProx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,13 +37,14 @@ def build(executor, clients, *, rounds: int = 3, per_round: int = 3, strategy=No
     x, y = make_data(seed=100, n=40)
     return Server(
         model_factory=make_model,
-        clients=clients,
-        train_data=no_shared_data((user_objects.FEATURES,)),
-        test_data=TensorData(x, y, num_classes=user_objects.CLASSES),
+        federation=Federation(
+            clients=clients,
+            train_data=no_shared_data((user_objects.FEATURES,)),
+            test_data=TensorData(x, y, num_classes=user_objects.CLASSES),
+        ),
         strategy=strategy or FedAvg(),
         executor=executor,
-        num_rounds=rounds,
-        clients_per_round=per_round,
+        schedule=Schedule(num_rounds=rounds, clients_per_round=per_round),
         seed=seed,
         logger=RunLogger(None, progress=False),
     )

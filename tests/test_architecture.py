@@ -4,9 +4,12 @@ under ``TYPE_CHECKING`` and inside functions included, as grimp reads them), and
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from pathlib import Path
 
 import grimp
+import pytest
 
 import fedsim
 
@@ -72,3 +75,33 @@ def test_no_module_of_fedsim_imports_itself_through_others() -> None:
 def test_at_most_ten_modules_sit_directly_under_fedsim() -> None:
     top = sorted(p.name for p in PACKAGE_DIR.glob("*.py"))
     assert len(top) <= 10, top
+
+
+def test_the_server_takes_at_most_ten_parameters() -> None:
+    from fedsim.server import Server
+
+    parameters = [p for p in inspect.signature(Server.__init__).parameters if p != "self"]
+    assert len(parameters) <= 10, parameters
+
+
+@pytest.mark.parametrize(
+    ("module", "names"),
+    [
+        ("fedsim.run", ["compose", "run_config", "build_server", "ConfigError", "main"]),
+        ("fedsim.types", ["ClientUpdate", "ClientFailure", "FitTask", "EvalTask"]),
+        ("fedsim.params", ["flatten", "load_flat", "ParamLayout"]),
+        ("fedsim.seeding", ["partition_seed", "task_seed", "sampling_rng"]),
+        ("fedsim.client", ["Client", "evaluate_indices", "example_losses"]),
+        ("fedsim.server", ["Server", "RunResult", "RoundFailedError", "Federation", "Schedule", "Stages"]),
+        ("fedsim.strategy", ["Strategy", "LocalTraining", "gradients", "FedAvg"]),
+        ("fedsim.cli", ["main"]),
+    ],
+)
+def test_the_import_paths_researchers_use_still_resolve(module: str, names: list[str]) -> None:
+    """The paths the docs, the notebook and researchers' scripts import from (thin re-exports where a module moved)
+    give the same objects as the modules that define them."""
+    imported = importlib.import_module(module)
+    for name in names:
+        value = getattr(imported, name)
+        home = importlib.import_module(value.__module__)
+        assert getattr(home, value.__name__) is value, (module, name)

@@ -23,6 +23,7 @@ from fedsim.core.checkpoint import (
     load_latest,
     save_checkpoint,
 )
+from fedsim.server.settings import Checkpoints, Federation, Schedule
 
 MEASURED = ("time/", "system/")  # wall-clock and memory readings differ between any two runs
 
@@ -298,17 +299,13 @@ def _small_server(run_dir: Path, num_rounds: int, rows_in_memory: bool = True): 
     )
     return Server(
         model_factory=functools.partial(LogisticRegression, (60,), 10),
-        clients=make_clients(data, Client),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=make_clients(data, Client), train_data=data.train, test_data=data.test),
         strategy=FedAvg(),
         executor=SerialExecutor(),
-        num_rounds=num_rounds,
-        clients_per_round=3,
+        schedule=Schedule(num_rounds=num_rounds, clients_per_round=3),
         seed=5,
         logger=RunLogger(run_dir, tensorboard=False, progress=False, client_rows_in_memory=rows_in_memory),
-        checkpoint_dir=run_dir / "checkpoints",
-        checkpoint_every=1,
+        checkpoints=Checkpoints(dir=run_dir / "checkpoints", every=1),
     )
 
 

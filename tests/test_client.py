@@ -19,6 +19,7 @@ from fedsim.data.tensor_data import TensorData
 from fedsim.executor import SerialExecutor
 from fedsim.models import LogisticRegression
 from fedsim.server.server import Server
+from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import FedAvg
 
 NUM_FEATURES, NUM_CLASSES = 4, 3
@@ -260,13 +261,10 @@ def _user_server(mu: float) -> Server:
     clients = [factory(client_id=i, train_indices=np.arange(i, 90, 3)) for i in range(3)]
     return Server(
         model_factory=functools.partial(LogisticRegression, (NUM_FEATURES,), NUM_CLASSES),
-        clients=clients,
-        train_data=data,
-        test_data=_data(n=30, seed=1),
+        federation=Federation(clients=clients, train_data=data, test_data=_data(n=30, seed=1)),
         strategy=FedAvg(),
         executor=SerialExecutor(),
-        num_rounds=2,
-        clients_per_round=3,
+        schedule=Schedule(num_rounds=2, clients_per_round=3),
         seed=0,
     )
 

@@ -26,6 +26,7 @@ from fedsim.executor.base import Executor, Workload
 from fedsim.models import MLP2NN, LogisticRegression
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import Server
+from fedsim.server.settings import Evaluation, Federation, Schedule
 from fedsim.strategy import FedAvg, FedPer, Strategy
 
 
@@ -51,16 +52,13 @@ def _server(
     )
     return Server(
         model_factory=factory,
-        clients=make_clients(data, client),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=make_clients(data, client), train_data=data.train, test_data=data.test),
         strategy=strategy or FedAvg(),
         executor=executor,
-        num_rounds=2,
-        clients_per_round=4,
+        schedule=Schedule(num_rounds=2, clients_per_round=4),
         seed=0,
         logger=RunLogger(run_dir, progress=False),
-        client_eval=ClientEvaluation(who),
+        evaluation=Evaluation(clients=ClientEvaluation(who)),
     )
 
 

@@ -29,6 +29,7 @@ from fedsim.observe.run_logger import RunLogger
 from fedsim.report import command as report
 from fedsim.server.round_metrics import client_row, strategy_client_values, strategy_scalars, train_metrics
 from fedsim.server.server import Server
+from fedsim.server.settings import Evaluation, Federation, Schedule
 from fedsim.strategy import FedAvg, Strategy
 
 ROUNDS, PER_ROUND = 3, 4
@@ -166,15 +167,12 @@ def test_a_bad_client_value_stops_the_run_with_one_line_naming_the_strategy(tmp_
     ):
         Server(
             model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-            clients=make_clients(data, Client),
-            train_data=data.train,
-            test_data=data.test,
+            federation=Federation(clients=make_clients(data, Client), train_data=data.train, test_data=data.test),
             strategy=Bad(),
             executor=SerialExecutor(),
-            num_rounds=1,
-            clients_per_round=3,
+            schedule=Schedule(num_rounds=1, clients_per_round=3),
             seed=0,
-            eval_device="cpu",
+            evaluation=Evaluation(device="cpu"),
         ).run()
 
 
@@ -223,16 +221,13 @@ def _run(executor: Executor, run_dir: Path) -> None:
     )
     Server(
         model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-        clients=make_clients(data, factory),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=make_clients(data, factory), train_data=data.train, test_data=data.test),
         strategy=CountingFedAvg(),
         executor=executor,
-        num_rounds=ROUNDS,
-        clients_per_round=PER_ROUND,
+        schedule=Schedule(num_rounds=ROUNDS, clients_per_round=PER_ROUND),
         seed=0,
-        eval_device="cpu",
         logger=RunLogger(run_dir, progress=False),
+        evaluation=Evaluation(device="cpu"),
     ).run()
 
 

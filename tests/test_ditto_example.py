@@ -32,6 +32,7 @@ from fedsim.data.tensor_data import TensorData
 from fedsim.executor import SerialExecutor, client_guard
 from fedsim.models import LogisticRegression
 from fedsim.server.server import Server
+from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import FedAvg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,13 +143,10 @@ def test_server_hands_each_client_its_committed_personal_model() -> None:
         clients = make_clients(data, functools.partial(DittoClient, lam=0.5, batch_size=8))
         return Server(
             model_factory=functools.partial(LogisticRegression, (60,), 10),
-            clients=clients,
-            train_data=data.train,
-            test_data=data.test,
+            federation=Federation(clients=clients, train_data=data.train, test_data=data.test),
             strategy=FedAvg(),
             executor=SerialExecutor(),
-            num_rounds=rounds,
-            clients_per_round=6,
+            schedule=Schedule(num_rounds=rounds, clients_per_round=6),
             seed=5,
         )
 

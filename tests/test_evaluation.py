@@ -15,6 +15,7 @@ from fedsim.executor import SerialExecutor
 from fedsim.models import LogisticRegression
 from fedsim.server.central_eval import DeviceEvaluator, eval_device
 from fedsim.server.server import Server
+from fedsim.server.settings import Evaluation, Federation, Schedule
 from fedsim.strategy import FedAvg
 
 
@@ -52,15 +53,12 @@ def test_server_on_a_cpu_machine_evaluates_on_the_cpu_with_auto() -> None:
         return (
             Server(
                 model_factory=functools.partial(LogisticRegression, (60,), 10),
-                clients=make_clients(data, Client),
-                train_data=data.train,
-                test_data=data.test,
+                federation=Federation(clients=make_clients(data, Client), train_data=data.train, test_data=data.test),
                 strategy=FedAvg(),
                 executor=SerialExecutor(),
-                num_rounds=2,
-                clients_per_round=3,
+                schedule=Schedule(num_rounds=2, clients_per_round=3),
                 seed=1,
-                eval_device=device,
+                evaluation=Evaluation(device=device),
             )
             .run()
             .history

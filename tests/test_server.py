@@ -27,6 +27,7 @@ from fedsim.executor import SerialExecutor
 from fedsim.models import LogisticRegression
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RoundFailedError, RunResult, Server
+from fedsim.server.settings import Evaluation, Federation, Schedule
 from fedsim.strategy import FedAvg, Strategy
 
 
@@ -63,17 +64,15 @@ def _server(
     )
     return Server(
         model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-        clients=make_clients(data, factory),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=make_clients(data, factory), train_data=data.train, test_data=data.test),
         strategy=strategy if strategy is not None else FedAvg(),
         executor=SerialExecutor(),
-        num_rounds=num_rounds,
-        clients_per_round=clients_per_round,
+        schedule=Schedule(
+            num_rounds=num_rounds, clients_per_round=clients_per_round, min_success_fraction=min_success_fraction
+        ),
         seed=seed,
-        eval_every=eval_every,
-        min_success_fraction=min_success_fraction,
         logger=logger,
+        evaluation=Evaluation(every=eval_every),
     )
 
 
@@ -302,13 +301,10 @@ def test_hundred_thousand_clients_only_the_sampled_ones_train() -> None:
     assert len(clients) == NUM_CLIENTS and all(c.num_train == 1 for c in clients[:100])
     server = Server(
         model_factory=functools.partial(LogisticRegression, (4,), 2),
-        clients=clients,
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=clients, train_data=data.train, test_data=data.test),
         strategy=FedAvg(),
         executor=SerialExecutor(),
-        num_rounds=3,
-        clients_per_round=10,
+        schedule=Schedule(num_rounds=3, clients_per_round=10),
         seed=9,
     )
     result = server.run()

@@ -35,6 +35,7 @@ from fedsim.models import LogisticRegression  # noqa: E402
 from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.report.runs import load_run  # noqa: E402
 from fedsim.server.server import RoundFailedError, Server, StrategyError  # noqa: E402
+from fedsim.server.settings import Checkpoints, Federation, Schedule  # noqa: E402
 from fedsim.strategy import FedAvg, Krum, Strategy, TrimmedMean  # noqa: E402
 
 
@@ -63,17 +64,15 @@ def _server(
     factory = functools.partial(client_cls, epochs=1, batch_size=10, **client_kwargs)
     return Server(
         model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-        clients=make_clients(data, factory),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=make_clients(data, factory), train_data=data.train, test_data=data.test),
         strategy=strategy,
         executor=SerialExecutor(),
-        num_rounds=num_rounds,
-        clients_per_round=clients_per_round,
+        schedule=Schedule(
+            num_rounds=num_rounds, clients_per_round=clients_per_round, min_success_fraction=min_success_fraction
+        ),
         seed=1,
-        min_success_fraction=min_success_fraction,
         logger=RunLogger(run_dir, tensorboard=False, progress=False),
-        checkpoint_dir=run_dir / "checkpoints" if checkpoint and run_dir is not None else None,
+        checkpoints=Checkpoints(run_dir / "checkpoints") if checkpoint and run_dir is not None else None,
     )
 
 

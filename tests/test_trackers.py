@@ -26,6 +26,7 @@ from fedsim.models import LogisticRegression
 from fedsim.observe.run_logger import RunLogger
 from fedsim.observe.trackers import MLflowTracker, TrackedLogger, Tracker, WandbTracker, make_logger
 from fedsim.server.server import Server
+from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import FedAvg
 
 CONFIG = {
@@ -51,13 +52,10 @@ def _run(logger: RunLogger) -> list[dict[str, Any]]:
     factory = functools.partial(Client, epochs=1, batch_size=10, optimizer=functools.partial(torch.optim.SGD, lr=0.05))
     server = Server(
         model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-        clients=make_clients(data, factory),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=make_clients(data, factory), train_data=data.train, test_data=data.test),
         strategy=FedAvg(),
         executor=SerialExecutor(),
-        num_rounds=3,
-        clients_per_round=4,
+        schedule=Schedule(num_rounds=3, clients_per_round=4),
         seed=0,
         logger=logger,
     )

@@ -20,6 +20,7 @@ from fedsim.executor import SerialExecutor
 from fedsim.models import LogisticRegression
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import Server
+from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import FedAvg
 
 
@@ -70,13 +71,14 @@ def _server(bad, run_dir=None) -> Server:  # type: ignore[no-untyped-def]
     )
     return Server(
         model_factory=functools.partial(LogisticRegression, (60,), 10),
-        clients=make_clients(data, functools.partial(NaNClient, bad=bad)),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(
+            clients=make_clients(data, functools.partial(NaNClient, bad=bad)),
+            train_data=data.train,
+            test_data=data.test,
+        ),
         strategy=FedAvg(),
         executor=SerialExecutor(),
-        num_rounds=2,
-        clients_per_round=6,
+        schedule=Schedule(num_rounds=2, clients_per_round=6),
         seed=0,
         logger=RunLogger(run_dir, progress=False),
     )

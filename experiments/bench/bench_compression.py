@@ -47,6 +47,7 @@ from fedsim.comm.pipeline import Compression  # noqa: E402
 from fedsim.core.threads import torch_threads  # noqa: E402
 from fedsim.executor import SerialExecutor, Workload  # noqa: E402
 from fedsim.run import build_compression, compose  # noqa: E402
+from fedsim.server import Federation, Schedule, Stages
 from fedsim.server.exchange import Exchange  # noqa: E402
 from fedsim.types import ClientUpdate  # noqa: E402
 
@@ -79,15 +80,12 @@ class CodecRounds:
         ]
         self.server = Server(
             model_factory=bench.model_factory,
-            clients=clients,
-            train_data=bench.data,
-            test_data=None,
+            federation=Federation(clients=clients, train_data=bench.data, test_data=None),
             strategy=FedAvg(),
             executor=SerialExecutor(threads=1),
-            num_rounds=bench.total_rounds,
-            clients_per_round=bench.per_round,
+            schedule=Schedule(num_rounds=bench.total_rounds, clients_per_round=bench.per_round),
             seed=bench.seed,
-            compression=self.compression,
+            stages=Stages(compression=self.compression),
         )
         self.codec_s: list[float] = []  # per round: seconds inside Exchange.broadcast and Exchange.receive
         self.bytes_up: list[float] = []

@@ -37,6 +37,7 @@ from fedsim.core.threads import torch_threads  # noqa: E402
 from fedsim.executor import SerialExecutor, Workload  # noqa: E402
 from fedsim.privacy import CentralDP  # noqa: E402
 from fedsim.privacy.sampling import poisson_sample  # noqa: E402
+from fedsim.server import Federation, Schedule, Stages
 
 SETTINGS: dict[str, CentralDP | None] = {
     "plain": None,
@@ -65,15 +66,12 @@ class DPRounds:
         dp = SETTINGS[name]
         self.server = Server(
             model_factory=bench.model_factory,
-            clients=clients,
-            train_data=bench.data,
-            test_data=None,
+            federation=Federation(clients=clients, train_data=bench.data, test_data=None),
             strategy=PoissonFedAvg() if dp is None else FedAvg(),
             executor=SerialExecutor(threads=1),
-            num_rounds=bench.total_rounds,
-            clients_per_round=bench.per_round,
+            schedule=Schedule(num_rounds=bench.total_rounds, clients_per_round=bench.per_round),
             seed=bench.seed,
-            privacy=dp,
+            stages=Stages(privacy=dp),
         )
         self.dp_s: list[float] = []
         self.cohorts: list[int] = []

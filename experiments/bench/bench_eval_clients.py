@@ -54,6 +54,7 @@ from fedsim.executor.eval_task import EVAL_BATCH  # noqa: E402
 from fedsim.models import MLP2NN, LogisticRegression  # noqa: E402
 from fedsim.params import flatten, load_flat  # noqa: E402
 from fedsim.seeding import init_seed  # noqa: E402
+from fedsim.server import Evaluation, Federation, Schedule
 from fedsim.types import ClientFailure  # noqa: E402
 
 MODELS = {"mlr": LogisticRegression, "2nn": MLP2NN}
@@ -121,15 +122,12 @@ def make_contenders(
             ex = EXECUTORS[name[7:]]()
             server = Server(
                 model_factory=factory,
-                clients=clients,
-                train_data=data,
-                test_data=None,
+                federation=Federation(clients=clients, train_data=data, test_data=None),
                 strategy=FedAvg(),
                 executor=ex,
-                num_rounds=1,
-                clients_per_round=1,
+                schedule=Schedule(num_rounds=1, clients_per_round=1),
                 seed=seed,
-                client_eval=client_eval.ClientEvaluation("all"),
+                evaluation=Evaluation(clients=client_eval.ClientEvaluation("all")),
             )
             assert torch.equal(server.params, params)
             out.append(

@@ -28,6 +28,7 @@ from fedsim.data.partition import dirichlet, iid
 from fedsim.executor import Executor, Workload
 from fedsim.models import MLP2NN, McMahanCNN
 from fedsim.seeding import init_seed, sampling_rng
+from fedsim.server import Federation, Schedule
 from fedsim.types import ClientUpdate
 
 MODELS: dict[str, type[nn.Module]] = {"cnn": McMahanCNN, "2nn": MLP2NN}
@@ -197,13 +198,10 @@ class FedsimContender:
         ]
         self.server = Server(
             model_factory=bench.model_factory,
-            clients=self.clients,
-            train_data=bench.data,
-            test_data=None,
+            federation=Federation(clients=self.clients, train_data=bench.data, test_data=None),
             strategy=FedAvg(),
             executor=executor,
-            num_rounds=bench.total_rounds,
-            clients_per_round=bench.per_round,
+            schedule=Schedule(num_rounds=bench.total_rounds, clients_per_round=bench.per_round),
             seed=bench.seed,
         )
         self.updates: list[ClientUpdate] = []

@@ -28,7 +28,7 @@ from fedsim.data.tensor_data import TensorData
 from fedsim.executor import SerialExecutor
 from fedsim.models import MLP2NN
 from fedsim.observe.run_logger import RunLogger
-from fedsim.server import Server
+from fedsim.server import Checkpoints, Federation, Schedule, Server
 from fedsim.strategy import FedAvg
 
 EXAMPLES_PER_CLIENT, FEATURES, ROUNDS, PER_ROUND = 20, 60, 3, 10
@@ -57,18 +57,15 @@ def one_run(num_clients: int, data: TensorData, root: Path) -> dict[str, float]:
     run_dir = Path(tempfile.mkdtemp(dir=root, prefix=f"n{num_clients}-"))
     server = Server(
         model_factory=functools.partial(MLP2NN, input_shape=(FEATURES,), num_classes=10, hidden=200),
-        clients=federation(num_clients, data),
-        train_data=data,
-        test_data=None,
+        federation=Federation(
+            clients=federation(num_clients, data), train_data=data, test_data=None, state_store="disk"
+        ),
         strategy=FedAvg(),
         executor=SerialExecutor(),
-        num_rounds=ROUNDS,
-        clients_per_round=PER_ROUND,
+        schedule=Schedule(num_rounds=ROUNDS, clients_per_round=PER_ROUND),
         seed=0,
         logger=RunLogger(run_dir, tensorboard=False, progress=False, client_rows_in_memory=False),
-        checkpoint_dir=run_dir / "checkpoints",
-        checkpoint_every=1,
-        state_store="disk",
+        checkpoints=Checkpoints(dir=run_dir / "checkpoints", every=1),
     )
     result = server.run()
     checkpoints = sorted((run_dir / "checkpoints").glob("round-*.ckpt"))

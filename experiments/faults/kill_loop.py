@@ -34,7 +34,7 @@ from fedsim.executor import Executor, ProcessExecutor, RayExecutor, SerialExecut
 from fedsim.executor.pool import WorkerStartupError
 from fedsim.models import MLP2NN
 from fedsim.observe.run_logger import RunLogger
-from fedsim.server import RoundFailedError, Server
+from fedsim.server import Federation, RoundFailedError, Schedule, Server
 
 
 def build(executor, rounds: int) -> Server:  # type: ignore[no-untyped-def]
@@ -43,13 +43,14 @@ def build(executor, rounds: int) -> Server:  # type: ignore[no-untyped-def]
     )
     return Server(
         model_factory=functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=64),
-        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=10)),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(
+            clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=10)),
+            train_data=data.train,
+            test_data=data.test,
+        ),
         strategy=__import__("fedsim.strategy", fromlist=["FedAvg"]).FedAvg(),
         executor=executor,
-        num_rounds=rounds,
-        clients_per_round=6,
+        schedule=Schedule(num_rounds=rounds, clients_per_round=6),
         seed=0,
         logger=RunLogger(None, tensorboard=False, progress=False),
     )

@@ -26,6 +26,7 @@ from fedsim.data.synthetic import synthetic
 from fedsim.models import LogisticRegression
 from fedsim.run import compose, run_config
 from fedsim.seeding import partition_seed
+from fedsim.server import Federation, Schedule
 
 SEED, ROUNDS, CLIENTS_PER_ROUND = 0, 15, 10
 
@@ -67,13 +68,10 @@ def build_server(client_cls: type[Client] = Client, run_dir: Path | None = None,
     )
     return Server(
         model_factory=model_factory,
-        clients=clients,
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=clients, train_data=data.train, test_data=data.test),
         strategy=FedAvg(),
         executor=SerialExecutor(),
-        num_rounds=ROUNDS,
-        clients_per_round=CLIENTS_PER_ROUND,
+        schedule=Schedule(num_rounds=ROUNDS, clients_per_round=CLIENTS_PER_ROUND),
         seed=SEED,
         logger=RunLogger(run_dir, progress=False),
     )

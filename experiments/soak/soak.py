@@ -44,6 +44,7 @@ from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor
 from fedsim.models import LogisticRegression
 from fedsim.seeding import partition_seed
+from fedsim.server import Evaluation, Federation, Schedule
 
 HERE = Path(__file__).resolve().parent
 COUNTS = ("fds", "threads")
@@ -97,16 +98,13 @@ def build(args: argparse.Namespace, run_dir: Path) -> tuple[Server, Workload, Pr
     logger = RunLogger(run_dir, tensorboard=False, progress=False, client_rows_in_memory=args.client_rows_in_memory)
     server = Server(
         model_factory=model_factory,
-        clients=clients,
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=clients, train_data=data.train, test_data=data.test),
         strategy=FedAvg(),
         executor=executor,
-        num_rounds=args.rounds,
-        clients_per_round=args.per_round,
+        schedule=Schedule(num_rounds=args.rounds, clients_per_round=args.per_round),
         seed=args.seed,
-        eval_every=args.every,
         logger=logger,
+        evaluation=Evaluation(every=args.every),
     )
     return server, Workload(model_factory, clients, data.train, log_dir=logger.run_dir), executor, logger
 

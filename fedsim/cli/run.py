@@ -36,6 +36,7 @@ from fedsim.privacy.central import CentralDP
 from fedsim.server.early_stop import EarlyStop
 from fedsim.server.resume_check import computation_settings
 from fedsim.server.server import RunResult, Server
+from fedsim.server.settings import Checkpoints, Evaluation, Federation, Schedule, Stages
 from fedsim.server.stragglers import Stragglers
 from fedsim.sim.clock import SyncClock
 from fedsim.strategy.base import Strategy
@@ -192,29 +193,34 @@ def _components(cfg: DictConfig, run_dir: str | Path | None) -> tuple[FederatedD
     clients = make_clients(data, _instantiate(cfg.client))
     return data, dict(
         model_factory=build_model_factory(cfg, data),
-        clients=clients,
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients, data.train, data.test, state_store=cfg.state_store),
         strategy=_instantiate_a(cfg.strategy, Strategy, "strategy", "fedsim.strategy.Strategy"),
         executor=executor,
-        num_rounds=cfg.num_rounds,
-        clients_per_round=cfg.clients_per_round,
+        schedule=Schedule(
+            num_rounds=cfg.num_rounds,
+            clients_per_round=cfg.clients_per_round,
+            min_success_fraction=cfg.min_success_fraction,
+            early_stop=EarlyStop(cfg.early_stop.target_accuracy, cfg.early_stop.patience),
+            threads=cfg.server_threads,
+        ),
         seed=cfg.seed,
-        eval_every=cfg.eval_every,
-        eval_device=cfg.eval_device,
-        min_success_fraction=cfg.min_success_fraction,
-        stragglers=Stragglers(fraction=cfg.stragglers.fraction, epochs=cfg.stragglers.epochs, seed=cfg.seed),
-        checkpoint_dir=Path(run_dir) / "checkpoints" if run_dir is not None else None,
-        checkpoint_every=cfg.checkpoint_every,
-        keep_checkpoints=cfg.keep_checkpoints,
-        early_stop=EarlyStop(cfg.early_stop.target_accuracy, cfg.early_stop.patience),
-        state_store=cfg.state_store,
-        threads=cfg.server_threads,
-        client_eval=ClientEvaluation(cfg.evaluate_clients.who, cfg.evaluate_clients.size, cfg.evaluate_clients.every),
-        clock=build_clock(cfg, len(clients)),
-        compression=build_compression(cfg),
-        privacy=build_privacy(cfg),
-        attack=build_attack(cfg),
+        evaluation=Evaluation(
+            every=cfg.eval_every,
+            device=cfg.eval_device,
+            clients=ClientEvaluation(cfg.evaluate_clients.who, cfg.evaluate_clients.size, cfg.evaluate_clients.every),
+        ),
+        checkpoints=(
+            Checkpoints(Path(run_dir) / "checkpoints", every=cfg.checkpoint_every, keep=cfg.keep_checkpoints)
+            if run_dir is not None
+            else None
+        ),
+        stages=Stages(
+            stragglers=Stragglers(fraction=cfg.stragglers.fraction, epochs=cfg.stragglers.epochs, seed=cfg.seed),
+            clock=build_clock(cfg, len(clients)),
+            compression=build_compression(cfg),
+            privacy=build_privacy(cfg),
+            attack=build_attack(cfg),
+        ),
     )
 
 

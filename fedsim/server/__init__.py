@@ -6,5 +6,17 @@ server knows every package below it and none knows the server."""
 
 from fedsim.core.errors import ClientMisuseError, RoundFailedError, StrategyError
 from fedsim.server.server import RunResult, Server
+from fedsim.server.settings import Checkpoints, Evaluation, Federation, Schedule, Stages
 
-__all__ = ["ClientMisuseError", "RoundFailedError", "RunResult", "Server", "StrategyError"]
+__all__ = [
+    "Checkpoints",
+    "ClientMisuseError",
+    "Evaluation",
+    "Federation",
+    "RoundFailedError",
+    "RunResult",
+    "Schedule",
+    "Server",
+    "Stages",
+    "StrategyError",
+]

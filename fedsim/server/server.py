@@ -13,23 +13,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedsim.attacks.base import Attack
-from fedsim.client.base import Client
-from fedsim.client.evaluation import ClientEvaluation
 from fedsim.client.local_training import LocalTraining
 from fedsim.client.scoring import evaluate_indices
 from fedsim.client.state import ClientStateStore
-from fedsim.comm.pipeline import Compression
 from fedsim.core.checkpoint import CheckpointError, save_checkpoint, save_if_missing
 from fedsim.core.checkpoint import resolve as resolve_checkpoint
 from fedsim.core.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
 from fedsim.core.params import ParamLayout, flatten, load_flat
 from fedsim.core.threads import torch_threads
-from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
 from fedsim.observe.metrics_records import without_client_rows
 from fedsim.observe.run_logger import RunLogger
-from fedsim.privacy.central import CentralDP
 from fedsim.privacy.rounds import private_rounds
 from fedsim.server.buffered import event_loop
 from fedsim.server.central_eval import DeviceEvaluator
@@ -53,11 +47,11 @@ from fedsim.server.round import (
     RoundStage,
     run_stages,
 )
+from fedsim.server.settings import Checkpoints, Evaluation, Federation, Schedule, Stages
 from fedsim.server.setup import build_pipeline, check_model_fits_data, continue_records, restore_parts
 from fedsim.server.setup import check_settings as _check_settings
 from fedsim.server.setup import initial_model as _initial_model
 from fedsim.server.stragglers import Stragglers
-from fedsim.sim.clock import SyncClock
 from fedsim.sim.rounds import check_sampling
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.context import RunContext
@@ -79,93 +73,76 @@ class RunResult:
 
 
 class Server:
-    """Runs ``num_rounds`` rounds of federated training.
+    """Runs ``schedule.num_rounds`` rounds of federated training (:mod:`fedsim.server.round`).
 
-    ``model_factory()`` builds a fresh model (the server seeds its initialisation from ``seed``).
-    A round aggregates when at least ``min_success_fraction`` of its sampled clients succeeded;
-    otherwise the run stops with :class:`RoundFailedError` naming the failures. The centralized
-    ``test_data`` is evaluated every ``eval_every`` rounds and after the last one, on ``eval_device``
-    (``"auto"``: the first GPU if there is one, see :mod:`fedsim.server.central_eval`). ``stragglers``
-    simulates clients that manage fewer local epochs; the strategy decides whether their work counts.
-    ``state_store`` (``"memory"`` or ``"disk"``) keeps the clients' states between rounds
-    (:mod:`fedsim.client.state`); with checkpoints, under ``<checkpoint_dir>/client_state``. ``threads``: torch's
-    thread count in this process during :meth:`run`, outside the executor's ``fit`` (``None``: unchanged; see
-    :mod:`fedsim.core.threads`); the caller's setting comes back afterwards. ``compression``: the codecs of each
-    direction (:mod:`fedsim.comm`; default float32 both ways); every round reports its ``comm/`` bytes.
-    ``privacy``: DP-FedAvg (:mod:`fedsim.privacy`): Poisson sampling, a noisy mean update, ε every round.
-    ``attack``: malicious clients (:mod:`fedsim.attacks`), never revealed to the strategy.
+    ``model_factory()`` builds a fresh model (the server seeds its initialisation from ``seed``); ``federation``:
+    the clients and their data; ``schedule``: how many rounds of how many clients, what failure a round tolerates
+    and when to stop early; ``evaluation``: when and where the centralized test set and the clients' local splits
+    are scored; ``checkpoints``: where and how often the run is saved (``None``: never); ``stages``: the optional
+    stages of a round (stragglers, the simulated clock, codecs, central DP, an attack); ``logger``: where metrics go
+    (``None``: kept in memory only). The groups are described in :mod:`fedsim.server.settings`. Every setting is
+    checked here, before any training, with one line naming it.
     """
 
     def __init__(
         self,
         *,
         model_factory: Callable[[], nn.Module],
-        clients: Sequence[Client],
-        train_data: TensorData,
-        test_data: TensorData | None,
+        federation: Federation,
         strategy: Strategy,
         executor: Executor,
-        num_rounds: int,
-        clients_per_round: int,
+        schedule: Schedule,
         seed: int = 0,
-        eval_every: int = 1,
-        eval_device: str = "auto",
-        min_success_fraction: float = 1.0,
-        stragglers: Stragglers | None = None,
         logger: RunLogger | None = None,
-        checkpoint_dir: str | Path | None = None,
-        checkpoint_every: int = 0,
-        keep_checkpoints: int = 3,
-        early_stop: EarlyStop | None = None,
-        state_store: str = "memory",
-        threads: int | None = 1,
-        client_eval: ClientEvaluation | None = None,
-        clock: SyncClock | None = None,
-        compression: Compression | None = None,
-        privacy: CentralDP | None = None,
-        attack: Attack | None = None,
+        evaluation: Evaluation | None = None,
+        checkpoints: Checkpoints | None = None,
+        stages: Stages | None = None,
     ) -> None:
-        self.stragglers = stragglers or Stragglers()
-        _check_settings(num_rounds, eval_every, clients_per_round, len(clients), self.stragglers)
-        self.client_eval = client_eval or ClientEvaluation()
+        evaluation, stages = evaluation or Evaluation(), stages or Stages()
+        clients, num_rounds, clients_per_round = federation.clients, schedule.num_rounds, schedule.clients_per_round
+        self.stragglers = stages.stragglers or Stragglers()
+        _check_settings(num_rounds, evaluation.every, clients_per_round, len(clients), self.stragglers)
+        self.client_eval = evaluation.clients
         self.client_eval.check(len(clients))
         strategy.check(clients_per_round)
-        self.clock = clock
+        self.clock = clock = stages.clock
         if clock is not None:
             clock.check(len(clients))
             check_sampling(clock, strategy)
         self.loop = event_loop(clock, strategy, len(clients), seed)  # of an asynchronous strategy (FedBuff), or None
-        self.privacy = private_rounds(privacy, strategy, clock, len(clients), clients_per_round, seed)
+        self.privacy = private_rounds(stages.privacy, strategy, clock, len(clients), clients_per_round, seed)
         self.model_factory, self.clients, self.strategy, self.executor = model_factory, clients, strategy, executor
-        self.train_data, self.test_data = train_data, test_data
+        self.train_data, self.test_data = federation.train_data, federation.test_data
         self.num_rounds, self.clients_per_round, self.seed = num_rounds, clients_per_round, seed
-        self.eval_every, self.min_success_fraction, self.threads = eval_every, min_success_fraction, threads
+        self.eval_every, self.min_success_fraction = evaluation.every, schedule.min_success_fraction
+        self.threads = schedule.threads
         self.logger = logger or RunLogger(None)
         self.model = _initial_model(model_factory, seed)
-        check_model_fits_data(self.model, train_data)
+        check_model_fits_data(self.model, federation.train_data)
         self.params = flatten(self.model)
         self._clean_clients = clients  # before a data attack replaces the malicious ones (the root data's pool)
         pipeline = build_pipeline(
-            compression,
-            attack,
+            stages.compression,
+            stages.attack,
             params=self.params,
             model=self.model,
             seed=seed,
             clients=clients,
-            train_data=train_data,
-            test_data=test_data,
+            train_data=federation.train_data,
+            test_data=federation.test_data,
             run_dir=self.logger.run_dir,
         )
         self.comm, self.local_dp, self.attack = pipeline.comm, pipeline.local_dp, pipeline.attack
         self.train_data, self.clients = pipeline.train_data, pipeline.clients  # a data attack's poisoned copies
-        self.evaluator = DeviceEvaluator(self.model, eval_device_named(eval_device))
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-        self.checkpoint_every, self.keep_checkpoints = checkpoint_every, keep_checkpoints
+        self.evaluator = DeviceEvaluator(self.model, eval_device_named(evaluation.device))
+        self.checkpoint_dir = Path(checkpoints.dir) if checkpoints is not None else None
+        self.checkpoint_every = checkpoints.every if checkpoints is not None else 0
+        self.keep_checkpoints = checkpoints.keep if checkpoints is not None else 3
         self.start_round, self.stopped_early, self.stop_reason = 1, False, "completed"
         self._stop_requested = False
-        self.early_stop = early_stop or EarlyStop()
+        self.early_stop = schedule.early_stop or EarlyStop()
         state_dir = self.checkpoint_dir / "client_state" if self.checkpoint_dir is not None else None
-        self.client_states = ClientStateStore(state_store, state_dir)
+        self.client_states = ClientStateStore(federation.state_store, state_dir)
         self.local: LocalTraining | None = None  # the strategy's client half, from run()
         self.settings: dict[str, Any] = {}  # the run's settings as dotted keys, set by fedsim.cli.run (resume checks)
         strategy.setup(self.run_context())  # here, so that a strategy's objection comes before any work

@@ -19,6 +19,7 @@ from fedsim.data.tensor_data import DataSplit
 from fedsim.executor import SerialExecutor
 from fedsim.models import LogisticRegression
 from fedsim.server.server import Server
+from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import FedAvg
 
 
@@ -178,13 +179,12 @@ def _server_with(model_factory, split: DataSplit) -> Server:
     data = federate(split, functools.partial(iid, num_clients=3), client_test_fraction=0.2, seed=0)
     return Server(
         model_factory=model_factory,
-        clients=make_clients(data, functools.partial(_client)),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(
+            clients=make_clients(data, functools.partial(_client)), train_data=data.train, test_data=data.test
+        ),
         strategy=FedAvg(),
         executor=SerialExecutor(),
-        num_rounds=1,
-        clients_per_round=2,
+        schedule=Schedule(num_rounds=1, clients_per_round=2),
         seed=0,
     )
 

@@ -16,6 +16,7 @@ from fedsim.data.synthetic import synthetic
 from fedsim.executor import Executor, ProcessExecutor, SerialExecutor, VmapExecutor
 from fedsim.models import MLP2NN, LogisticRegression
 from fedsim.server.server import RunResult, Server
+from fedsim.server.settings import Evaluation, Federation, Schedule
 from fedsim.strategy import FedAvg, FedProx, Scaffold, Strategy
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -37,13 +38,10 @@ def _run(
     client = functools.partial(Client, batch_size=8, **({"optimizer": optimizer} if optimizer else {}))
     server = Server(
         model_factory=MODELS[model],
-        clients=make_clients(data, client),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=make_clients(data, client), train_data=data.train, test_data=data.test),
         strategy=strategy or FedAvg(),
         executor=executor,
-        num_rounds=2,
-        clients_per_round=8,
+        schedule=Schedule(num_rounds=2, clients_per_round=8),
         seed=1,
     )
     return server.run()
@@ -147,15 +145,16 @@ def test_server_evaluates_on_the_gpu_with_the_cpus_answers(full_fp32: None) -> N
     def run(device: str) -> RunResult:
         return Server(
             model_factory=MODELS["2nn"],
-            clients=make_clients(data, functools.partial(Client, batch_size=8)),
-            train_data=data.train,
-            test_data=data.test,
+            federation=Federation(
+                clients=make_clients(data, functools.partial(Client, batch_size=8)),
+                train_data=data.train,
+                test_data=data.test,
+            ),
             strategy=FedAvg(),
             executor=SerialExecutor(),
-            num_rounds=2,
-            clients_per_round=8,
+            schedule=Schedule(num_rounds=2, clients_per_round=8),
             seed=1,
-            eval_device=device,
+            evaluation=Evaluation(device=device),
         ).run()
 
     on_gpu, on_cpu = run("cuda:0"), run("cpu")

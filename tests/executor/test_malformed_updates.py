@@ -19,6 +19,7 @@ from fedsim.executor import ProcessExecutor, RayExecutor, SerialExecutor  # noqa
 from fedsim.models import LogisticRegression  # noqa: E402
 from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.server.server import Server  # noqa: E402
+from fedsim.server.settings import Federation, Schedule
 
 VICTIM = 3
 
@@ -29,15 +30,16 @@ def _run(executor, kind: str, caplog: pytest.LogCaptureFixture) -> tuple[list[st
     )
     server = Server(
         model_factory=functools.partial(LogisticRegression, input_shape=(60,), num_classes=10),
-        clients=make_clients(
-            data, functools.partial(fault_clients.MalformedClient, victim=VICTIM, kind=kind, epochs=1, batch_size=8)
+        federation=Federation(
+            clients=make_clients(
+                data, functools.partial(fault_clients.MalformedClient, victim=VICTIM, kind=kind, epochs=1, batch_size=8)
+            ),
+            train_data=data.train,
+            test_data=None,
         ),
-        train_data=data.train,
-        test_data=None,
         strategy=__import__("fedsim.strategy", fromlist=["FedAvg"]).FedAvg(),
         executor=executor,
-        num_rounds=2,
-        clients_per_round=6,
+        schedule=Schedule(num_rounds=2, clients_per_round=6),
         seed=0,
         logger=RunLogger(None, tensorboard=False, progress=False),
     )

@@ -28,6 +28,7 @@ from fedsim.executor.base import Workload
 from fedsim.models import MLP2NN
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RoundFailedError, RunResult, Server
+from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import FedAvg
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -48,15 +49,11 @@ def run(executor, client_cls=Client, run_dir=None, min_success_fraction=1.0, **c
     clients = make_clients(data, functools.partial(client_cls, epochs=2, batch_size=8, **client_kwargs))
     server = Server(
         model_factory=functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32),
-        clients=clients,
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=clients, train_data=data.train, test_data=data.test),
         strategy=FedAvg(),
         executor=executor,
-        num_rounds=ROUNDS,
-        clients_per_round=PER_ROUND,
+        schedule=Schedule(num_rounds=ROUNDS, clients_per_round=PER_ROUND, min_success_fraction=min_success_fraction),
         seed=7,
-        min_success_fraction=min_success_fraction,
         logger=RunLogger(run_dir, tensorboard=run_dir is not None, progress=False),
     )
     return server.run()
@@ -101,13 +98,14 @@ def test_dropout_is_the_same_in_every_worker_and_in_serial() -> None:
         return (
             Server(
                 model_factory=functools.partial(fault_clients.dropout_mlp, (60,), 10),
-                clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
-                train_data=data.train,
-                test_data=data.test,
+                federation=Federation(
+                    clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
+                    train_data=data.train,
+                    test_data=data.test,
+                ),
                 strategy=FedAvg(),
                 executor=executor,
-                num_rounds=2,
-                clients_per_round=PER_ROUND,
+                schedule=Schedule(num_rounds=2, clients_per_round=PER_ROUND),
                 seed=7,
             )
             .run()
@@ -127,13 +125,14 @@ def test_integer_buffers_start_every_task_as_built() -> None:
         return (
             Server(
                 model_factory=functools.partial(fault_clients.cumulative_bn_mlp, (60,), 10),
-                clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
-                train_data=data.train,
-                test_data=data.test,
+                federation=Federation(
+                    clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
+                    train_data=data.train,
+                    test_data=data.test,
+                ),
                 strategy=FedAvg(),
                 executor=executor,
-                num_rounds=2,
-                clients_per_round=PER_ROUND,
+                schedule=Schedule(num_rounds=2, clients_per_round=PER_ROUND),
                 seed=7,
                 logger=RunLogger(None, tensorboard=False, progress=False),
             )
@@ -280,13 +279,10 @@ def test_unsendable_model_factory_fails_before_training() -> None:
     data = _data()
     server = Server(
         model_factory=functools.partial(_mlp_with, threading.Lock()),
-        clients=make_clients(data, Client),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=make_clients(data, Client), train_data=data.train, test_data=data.test),
         strategy=FedAvg(),
         executor=ProcessExecutor(devices="cpu", workers=1),
-        num_rounds=1,
-        clients_per_round=2,
+        schedule=Schedule(num_rounds=1, clients_per_round=2),
     )
     with pytest.raises(
         TypeError,
@@ -308,13 +304,14 @@ def test_lambdas_and_local_classes_go_to_workers_by_value() -> None:
         data = _data()
         return Server(
             model_factory=lambda: MLP2NN((60,), 10, hidden=32),
-            clients=make_clients(data, functools.partial(LocalClient, epochs=1, batch_size=8)),
-            train_data=data.train,
-            test_data=data.test,
+            federation=Federation(
+                clients=make_clients(data, functools.partial(LocalClient, epochs=1, batch_size=8)),
+                train_data=data.train,
+                test_data=data.test,
+            ),
             strategy=FedAvg(),
             executor=executor,
-            num_rounds=2,
-            clients_per_round=3,
+            schedule=Schedule(num_rounds=2, clients_per_round=3),
             seed=1,
             logger=RunLogger(None, tensorboard=False, progress=False),
         )

@@ -27,6 +27,7 @@ from fedsim.executor.base import Workload  # noqa: E402
 from fedsim.executor.ray_executor import MISSING_RAY  # noqa: E402
 from fedsim.models import MLP2NN  # noqa: E402
 from fedsim.server.server import RoundFailedError  # noqa: E402
+from fedsim.server.settings import Evaluation, Federation, Schedule  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fault_clients  # noqa: E402
@@ -449,16 +450,13 @@ def _algorithm_run(strategy, executor):  # type: ignore[no-untyped-def]
     clients = make_clients(data, functools.partial(Client, epochs=2, batch_size=64))
     server = Server(
         model_factory=_BatchNormMLP,
-        clients=clients,
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=clients, train_data=data.train, test_data=data.test),
         strategy=strategy,
         executor=executor,
-        num_rounds=3,
-        clients_per_round=4,
+        schedule=Schedule(num_rounds=3, clients_per_round=4),
         seed=7,
         logger=RunLogger(None, progress=False),
-        client_eval=ClientEvaluation("all"),
+        evaluation=Evaluation(clients=ClientEvaluation("all")),
     )
     result = server.run()
     states = {cid: server.client_states.get(cid) for cid in server.client_states.clients()}

@@ -30,6 +30,7 @@ from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
 from fedsim.models.text import BagOfWords, CharLSTM, SentimentLSTM
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RunResult, Server
+from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import FedAvg
 
 SEQ_LEN, WORDS = 12, 40
@@ -104,13 +105,10 @@ def run(executor, model: str = "char_lstm", rounds: int = ROUNDS, spec: tuple | 
     client = functools.partial(Client, epochs=EPOCHS, batch_size=BATCH, optimizer=sgd)
     server = Server(
         model_factory=factory,
-        clients=make_clients(data, client),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=make_clients(data, client), train_data=data.train, test_data=data.test),
         strategy=FedAvg(),
         executor=executor,
-        num_rounds=rounds,
-        clients_per_round=PER_ROUND,
+        schedule=Schedule(num_rounds=rounds, clients_per_round=PER_ROUND),
         seed=7,
         logger=RunLogger(None, tensorboard=False, progress=False),
     )

@@ -24,6 +24,7 @@ from fedsim.executor.vmap import auto_chunk_size
 from fedsim.models import MLP2NN, LogisticRegression, McMahanCNN
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RunResult, Server
+from fedsim.server.settings import Federation, Schedule, Stages
 from fedsim.server.stragglers import Stragglers
 from fedsim.strategy import FedAvg, FedProx, LocalTraining, Scaffold
 
@@ -97,16 +98,17 @@ def run(
     kwargs = {"epochs": 2, "batch_size": 8} | ({"optimizer": optimizer} if optimizer else {})
     server = Server(
         model_factory=model_factory,
-        clients=make_clients(data, functools.partial(client_cls, **kwargs)),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(
+            clients=make_clients(data, functools.partial(client_cls, **kwargs)),
+            train_data=data.train,
+            test_data=data.test,
+        ),
         strategy=strategy or FedAvg(),
         executor=executor,
-        num_rounds=rounds,
-        clients_per_round=per_round,
+        schedule=Schedule(num_rounds=rounds, clients_per_round=per_round),
         seed=7,
-        stragglers=stragglers,
         logger=RunLogger(None, tensorboard=False, progress=False),
+        stages=Stages(stragglers=stragglers),
     )
     return server.run()
 

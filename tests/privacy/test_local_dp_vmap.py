@@ -24,6 +24,7 @@ from fedsim.models import MLP2NN  # noqa: E402
 from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.privacy.local import DPSGDClient  # noqa: E402
 from fedsim.server.server import Server  # noqa: E402
+from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import FedAvg, LocalTraining  # noqa: E402
 
 UNIT_ROUNDOFF = 2.0**-24  # float32
@@ -198,13 +199,10 @@ def run_small(executor, model_factory, local_client=DPSGDClient):  # noqa: ANN00
     )
     server = Server(
         model_factory=model_factory,
-        clients=clients,
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(clients=clients, train_data=data.train, test_data=data.test),
         strategy=FedAvg(),
         executor=executor,
-        num_rounds=2,
-        clients_per_round=5,
+        schedule=Schedule(num_rounds=2, clients_per_round=5),
         seed=7,
         logger=RunLogger(None, tensorboard=False, progress=False),
     )

@@ -21,6 +21,7 @@ from fedsim.executor import ProcessExecutor, RayExecutor, SerialExecutor, VmapEx
 from fedsim.models import LogisticRegression  # noqa: E402
 from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.server.server import ClientMisuseError, RunResult, Server  # noqa: E402
+from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import FedAvg, FedPer  # noqa: E402
 
 ROUNDS = 8
@@ -39,13 +40,14 @@ def build(
     data = _data()
     return Server(
         model_factory=functools.partial(LogisticRegression, input_shape=(60,), num_classes=10),
-        clients=make_clients(data, functools.partial(client_cls, epochs=1, batch_size=8, **client_kwargs)),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(
+            clients=make_clients(data, functools.partial(client_cls, epochs=1, batch_size=8, **client_kwargs)),
+            train_data=data.train,
+            test_data=data.test,
+        ),
         strategy=strategy or FedAvg(),
         executor=executor,
-        num_rounds=rounds,
-        clients_per_round=3,
+        schedule=Schedule(num_rounds=rounds, clients_per_round=3),
         seed=11,
         logger=RunLogger(None, tensorboard=False, progress=False),
     )

@@ -23,6 +23,7 @@ from fedsim.executor.vmap_optim import VmapUnsupportedError
 from fedsim.models import MLP2NN
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RunResult, Server
+from fedsim.server.settings import Evaluation, Federation, Schedule
 from fedsim.strategy import Ditto, FedRep, Strategy
 from fedsim.strategy.context import RunContext
 from fedsim.strategy.ditto import STATE_KEY as DITTO_KEY
@@ -139,16 +140,17 @@ def _run(strategy: Strategy, executor) -> tuple[RunResult, Server]:  # type: ign
     )
     server = Server(
         model_factory=functools.partial(MLP2NN, (60,), 10, hidden=16),
-        clients=make_clients(data, functools.partial(Client, batch_size=8)),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(
+            clients=make_clients(data, functools.partial(Client, batch_size=8)),
+            train_data=data.train,
+            test_data=data.test,
+        ),
         strategy=strategy,
         executor=executor,
-        num_rounds=3,
-        clients_per_round=4,
+        schedule=Schedule(num_rounds=3, clients_per_round=4),
         seed=1,
         logger=RunLogger(None, progress=False),
-        client_eval=ClientEvaluation("all"),
+        evaluation=Evaluation(clients=ClientEvaluation("all")),
     )
     return server.run(), server
 

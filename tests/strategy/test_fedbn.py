@@ -28,7 +28,8 @@ from fedsim.data.tensor_data import DataSplit, TensorData  # noqa: E402
 from fedsim.executor import ProcessExecutor, SerialExecutor  # noqa: E402
 from fedsim.models import CNNBatchNorm  # noqa: E402
 from fedsim.observe.run_logger import RunLogger  # noqa: E402
-from fedsim.server.server import Server  # noqa: E402
+from fedsim.server.server import Server
+from fedsim.server.settings import Federation, Schedule  # noqa: E402
 from fedsim.strategy.context import RunContext  # noqa: E402
 from fedsim.strategy.fedbn import STATE_KEY, FedBN, LocalNorms, norm_entries  # noqa: E402
 
@@ -199,14 +200,13 @@ def _run(executor: object) -> Server:
     data = federate(DataSplit(train, test), functools.partial(iid, num_clients=4), client_test_fraction=0.25, seed=0)
     server = Server(
         model_factory=functools.partial(CNNBatchNorm, input_shape=(1, 8, 8), num_classes=3, fc_units=8),
-        clients=make_clients(data, functools.partial(Client, epochs=1, batch_size=4)),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(
+            make_clients(data, functools.partial(Client, epochs=1, batch_size=4)), data.train, data.test
+        ),
         strategy=FedBN(),
-        executor=executor,
-        num_rounds=3,
-        clients_per_round=3,
-        seed=7,  # type: ignore[arg-type]
+        executor=executor,  # type: ignore[arg-type]
+        schedule=Schedule(num_rounds=3, clients_per_round=3),
+        seed=7,
         logger=RunLogger(None, tensorboard=False, progress=False),
     )
     server.run()

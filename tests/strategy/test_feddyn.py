@@ -22,6 +22,7 @@ from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
 from fedsim.models import LogisticRegression
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import Server
+from fedsim.server.settings import Checkpoints, Federation, Schedule
 from fedsim.strategy import FedAvg
 from fedsim.strategy.context import RunContext
 from fedsim.strategy.feddyn import ALPHA_KEY, SIZE_KEY, STATE_KEY, DynamicRegulariser, FedDyn
@@ -234,17 +235,17 @@ def _server(strategy, executor, rounds: int = 3, run_dir: Path | None = None) ->
     data = _data()
     return Server(
         model_factory=functools.partial(LogisticRegression, (60,), 10),
-        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(
+            clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
+            train_data=data.train,
+            test_data=data.test,
+        ),
         strategy=strategy,
         executor=executor,
-        num_rounds=rounds,
-        clients_per_round=4,
+        schedule=Schedule(num_rounds=rounds, clients_per_round=4),
         seed=5,
         logger=RunLogger(run_dir, tensorboard=False, progress=False),
-        checkpoint_dir=None if run_dir is None else run_dir / "checkpoints",
-        checkpoint_every=1 if run_dir else 0,
+        checkpoints=Checkpoints(run_dir / "checkpoints", every=1) if run_dir is not None else None,
     )
 
 

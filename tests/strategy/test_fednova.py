@@ -18,6 +18,7 @@ from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
 from fedsim.models import LogisticRegression
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RunResult, Server
+from fedsim.server.settings import Federation, Schedule, Stages
 from fedsim.server.stragglers import Stragglers
 from fedsim.strategy import FedAvg
 from fedsim.strategy.fednova import FedNova
@@ -95,16 +96,17 @@ def _run(strategy, executor, *, batch_size: int = 8, stragglers=None, rounds: in
     data = _data()
     server = Server(
         model_factory=functools.partial(LogisticRegression, (60,), 10),
-        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=batch_size)),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(
+            clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=batch_size)),
+            train_data=data.train,
+            test_data=data.test,
+        ),
         strategy=strategy,
         executor=executor,
-        num_rounds=rounds,
-        clients_per_round=4,
+        schedule=Schedule(num_rounds=rounds, clients_per_round=4),
         seed=5,
-        stragglers=stragglers,
         logger=RunLogger(None, tensorboard=False, progress=False),
+        stages=Stages(stragglers=stragglers),
     )
     return server.run()
 

@@ -16,6 +16,7 @@ from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.models import LogisticRegression
 from fedsim.server.server import Server
+from fedsim.server.settings import Federation, Schedule, Stages
 from fedsim.server.stragglers import Stragglers
 from fedsim.strategy import FedAvg, FedProx, ProximalTerm
 
@@ -143,15 +144,16 @@ def _server(strategy, executor, stragglers=None, clients=None) -> Server:  # typ
     )
     return Server(
         model_factory=functools.partial(LogisticRegression, (60,), 10),
-        clients=clients or make_clients(data, functools.partial(Client, epochs=3, batch_size=8)),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(
+            clients=clients or make_clients(data, functools.partial(Client, epochs=3, batch_size=8)),
+            train_data=data.train,
+            test_data=data.test,
+        ),
         strategy=strategy,
         executor=executor,
-        num_rounds=3,
-        clients_per_round=4,
+        schedule=Schedule(num_rounds=3, clients_per_round=4),
         seed=5,
-        stragglers=stragglers,
+        stages=Stages(stragglers=stragglers),
     )
 
 

@@ -22,6 +22,7 @@ from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor, VmapU
 from fedsim.models import LogisticRegression
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RunResult, Server
+from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import Strategy
 from fedsim.strategy.context import RunContext
 from fedsim.strategy.functional import weighted_average
@@ -186,13 +187,14 @@ def _run(strategy: Strategy, executor, *, rounds: int = 3) -> RunResult:  # type
     data = _data()
     server = Server(
         model_factory=functools.partial(LogisticRegression, (60,), 10),
-        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(
+            clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
+            train_data=data.train,
+            test_data=data.test,
+        ),
         strategy=strategy,
         executor=executor,
-        num_rounds=rounds,
-        clients_per_round=4,
+        schedule=Schedule(num_rounds=rounds, clients_per_round=4),
         seed=5,
         logger=RunLogger(None, tensorboard=False, progress=False),
     )

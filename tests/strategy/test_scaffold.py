@@ -18,6 +18,7 @@ from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.models import LogisticRegression
 from fedsim.server.server import Server
+from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import ControlCorrection, FedAvg, Scaffold
 from fedsim.strategy.context import RunContext
 from fedsim.strategy.scaffold import STATE_KEY, correction
@@ -146,15 +147,16 @@ def _run(strategy, executor, state_store: str = "memory") -> Server:  # type: ig
     )
     server = Server(
         model_factory=functools.partial(LogisticRegression, (60,), 10),
-        clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
-        train_data=data.train,
-        test_data=data.test,
+        federation=Federation(
+            clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
+            train_data=data.train,
+            test_data=data.test,
+            state_store=state_store,
+        ),
         strategy=strategy,
         executor=executor,
-        num_rounds=4,
-        clients_per_round=4,
+        schedule=Schedule(num_rounds=4, clients_per_round=4),
         seed=5,
-        state_store=state_store,
     )
     server.run()
     return server
