@@ -24,7 +24,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fedsim.core.checkpoint import read_verified, write_verified
+import torch
+
+from fedsim.core.checkpoint import CheckpointError, read_verified, write_verified
 from fedsim.core.state_values import copy_state
 
 KINDS = ("memory", "disk")
@@ -105,6 +107,27 @@ class ClientStateStore:
                 self._superseded.discard(client_id)
         return removed
 
+    def manifest(self, round_num: int) -> torch.Tensor:
+        """The version every client reads as of ``round_num``, as rows ``(client id, version)`` sorted by client (an
+        int64 tensor): what a checkpoint of that round needs of the store, kept in the checkpoint so that a resume
+        can tell a missing entry from a client that had none."""
+        rows = [(c, v) for c in sorted(self._versions) if (v := self._visible(c, round_num)) is not None]
+        return torch.tensor(rows, dtype=torch.int64).reshape(-1, 2)
+
+    def problem(self, manifest: torch.Tensor, round_num: int) -> str | None:
+        """Why this store cannot give back the states a checkpoint of ``round_num`` recorded in ``manifest``: the
+        first entry that is missing (the store would serve an older version, or none) or does not verify, in one
+        line naming its file; ``None`` when every entry is there and verifies. Reads every entry once."""
+        for client_id, version in manifest.tolist():
+            where = self._path(client_id, version) if self.directory is not None else f"client {client_id}"
+            if self._visible(client_id, round_num) != version:
+                return f"the state of client {client_id} written in round {version} ({where}) is missing"
+            try:
+                self._load(client_id, version)
+            except CheckpointError as error:
+                return str(error)
+        return None
+
     def num_entries(self) -> int:
         """Versions held (for tests and benchmarks)."""
         return sum(len(v) for v in self._versions.values())
@@ -169,6 +192,15 @@ class ClientStateStore:
             for folder in [p for p in self.directory.iterdir() if p.is_dir()]:
                 shutil.rmtree(folder, ignore_errors=True)
         self._versions, self._payloads, self._superseded, self.round = {}, {}, set(), 0
+
+
+def source_store(store: ClientStateStore, checkpoint: Path) -> ClientStateStore | None:
+    """The store that holds the client states a resume from ``checkpoint`` reads: ``store`` itself when the checkpoint
+    belongs to this run directory, else the run directory's own (None when it has none)."""
+    source = checkpoint.parent / "client_state"
+    if store.directory is not None and source.resolve() == store.directory.resolve():
+        return store
+    return ClientStateStore("disk", source) if source.is_dir() else None
 
 
 def restore_states(store: ClientStateStore, checkpoint: Path, round_num: int) -> bool:

@@ -293,7 +293,7 @@ class Server:
     def save_checkpoint(self, round_num: int, state: dict[str, Any] | None = None) -> Path:
         """Write the checkpoint of ``round_num``: ``state`` (an earlier :meth:`state_dict`), else the current state."""
         assert self.checkpoint_dir is not None
-        state = self.state_dict(round_num) if state is None else state
+        state = self._with_manifest(self.state_dict(round_num) if state is None else state)
         path = save_checkpoint(self.checkpoint_dir, round_num, state, keep=self.keep_checkpoints)
         log.info("round %d: checkpoint %s", round_num, path)
         return path
@@ -418,4 +418,9 @@ class Server:
     def _save_last_good(self, state: dict[str, Any] | None) -> None:
         """After an error: write the last completed round's checkpoint unless it is on disk already."""
         if state is not None and self.checkpoint_dir is not None:
-            save_if_missing(self.checkpoint_dir, state["round"], state, keep=self.keep_checkpoints)
+            save_if_missing(self.checkpoint_dir, state["round"], self._with_manifest(state), keep=self.keep_checkpoints)
+
+    def _with_manifest(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` with the client-state versions its round reads (what a resume checks before the first round);
+        listed when the checkpoint is written, not per round, since it grows with the clients that have a state."""
+        return state | {"client_state_manifest": self.client_states.manifest(state["client_state_round"])}

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from fedsim.client.state import restore_states
-from fedsim.core.checkpoint import CheckpointError, drop_checkpoints_after
+from fedsim.client.state import ClientStateStore, restore_states, source_store
+from fedsim.core.checkpoint import CheckpointError, drop_checkpoints_after, list_checkpoints, load_checkpoint
 from fedsim.core.seeding import init_seed
 from fedsim.server.resume_check import record_changes
 from fedsim.server.stragglers import Stragglers
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from fedsim.attacks.base import Attack
     from fedsim.attacks.stage import AttackStage
     from fedsim.client.base import Client
-    from fedsim.client.state import ClientStateStore
     from fedsim.comm.pipeline import Compression
     from fedsim.data.tensor_data import TensorData
     from fedsim.observe.run_logger import RunLogger
@@ -168,6 +167,38 @@ def restore_parts(
             raise CheckpointError(f"{path}: {error}; resume with the run's dp settings") from None
 
 
+def _states_problem(path: Path, state: dict[str, Any], store: ClientStateStore) -> str | None:
+    """Why the client states the checkpoint ``state`` (read from ``path``) recorded cannot all be read back; None when
+    they can, or when the checkpoint was written before checkpoints listed them."""
+    manifest = state.get("client_state_manifest")
+    if manifest is None:
+        return None
+    source = source_store(store, path)
+    if source is None:
+        return f"its client states ({path.parent / 'client_state'}) are missing" if len(manifest) else None
+    return source.problem(manifest, int(state.get("client_state_round", state["round"])))
+
+
+def check_client_states(path: Path, state: dict[str, Any], store: ClientStateStore) -> None:
+    """Refuse, in one line, a resume from ``path`` whose client states are not all there and intact (the resumed run
+    would otherwise train some clients from an older state, or none, and silently differ), naming the first bad
+    entry and the newest earlier checkpoint whose states are intact."""
+    problem = _states_problem(path, state, store)
+    if problem is None:
+        return
+    this_round = int(state["round"])
+    for earlier in reversed(list_checkpoints(path.parent)):
+        if int(earlier.stem.split("-")[1]) >= this_round:
+            continue
+        try:
+            earlier_state = load_checkpoint(earlier)
+        except CheckpointError:
+            continue
+        if "client_state_manifest" in earlier_state and _states_problem(earlier, earlier_state, store) is None:
+            raise CheckpointError(f"{path}: {problem}; resume from {earlier} instead (resume={earlier})")
+    raise CheckpointError(f"{path}: {problem}; no earlier checkpoint has its client states intact: start afresh")
+
+
 def continue_records(
     path: Path,
     state: dict[str, Any],
@@ -178,9 +209,11 @@ def continue_records(
     logger: RunLogger,
     early_stop: EarlyStop,
 ) -> None:
-    """After a resume from ``path`` of a run that has rounds left: record the allowed setting ``changes``, bring back
-    the clients' states of the checkpoint's round (removing checkpoints of the abandoned later rounds), and the
-    metrics history and early stopping up to it."""
+    """After a resume from ``path`` of a run that has rounds left: check that every client state the checkpoint
+    needs is there and intact, record the allowed setting ``changes``, bring back the clients' states of the
+    checkpoint's round (removing checkpoints of the abandoned later rounds), and the metrics history and early
+    stopping up to it."""
+    check_client_states(path, state, client_states)
     record_changes(logger.run_dir, path, int(state["round"]), changes)
     if restore_states(client_states, path, int(state.get("client_state_round", state["round"]))):
         for later in drop_checkpoints_after(path.parent, int(state["round"])):  # rounds the resume abandons
