@@ -187,3 +187,55 @@ def test_tracker_options_compose_and_a_missing_library_names_its_extra(monkeypat
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now raises ImportError
     with pytest.raises(MissingExtraError, match=r"pip install 'fedsim\[wandb\]'"):
         make_logger(compose(["tracker=wandb"]), None, tensorboard=False)
+
+
+def _closed_port() -> int:
+    """A port of this machine's loopback that nothing listens on (bound, then released, by this test)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _refused(tmp_path: Path, *overrides: str) -> str:
+    """``fedsim`` with ``overrides`` in a subprocess that must end on its own within a minute (a tracker that cannot
+    be reached used to retry for about 4 minutes): exit status 2 and one line, which is returned."""
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedsim",
+            *overrides,
+            "num_rounds=2",
+            "logger.progress=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "mlruns").exists()
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_an_unreachable_mlflow_server_stops_the_run_in_one_line_before_training(tmp_path: Path) -> None:
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    line = _refused(tmp_path, "tracker=mlflow", f"tracker.tracking_uri={uri}")
+    assert f"no MLflow server answers at tracker.tracking_uri={uri}" in line and "tracker=none" in line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["tracker=mlflow", "tracker.tracking_uri=bogus://x"], "cannot start a run at tracker.tracking_uri=bogus://x"),
+        (["tracker=wandb", "tracker.mode=bogus"], "cannot start a run (mode='bogus')"),
+    ],
+)
+def test_a_tracker_that_cannot_start_is_one_line(tmp_path: Path, overrides: list[str], expected: str) -> None:
+    assert expected in _refused(tmp_path, *overrides)

@@ -31,7 +31,7 @@ from fedsim.comm.pipeline import Compression
 from fedsim.core.checkpoint import check_writable, list_checkpoints
 from fedsim.core.seeding import partition_seed
 from fedsim.executor.base import Executor
-from fedsim.observe.trackers import make_logger
+from fedsim.observe.trackers import TrackedLogger, make_logger
 from fedsim.privacy.central import CentralDP
 from fedsim.server.early_stop import EarlyStop
 from fedsim.server.resume_check import computation_settings
@@ -183,6 +183,8 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
             server.resume(resume, allow_changes=list(cfg.resume_allow_changes or []))
         else:
             logger.log_config(to_yaml(cfg))
+        if isinstance(logger, TrackedLogger):
+            logger.start()  # a tracker that cannot start stops the run here, before any training
     return server
 
 

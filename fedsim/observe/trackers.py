@@ -29,6 +29,42 @@ def _require(module: str, extra: str) -> Any:
     return require(module, f"tracker={extra}", extra, package=module.split(".")[0])
 
 
+class TrackerError(ValueError):
+    """A tracker that cannot start (unreachable server, bad URI or mode): one line, before any training."""
+
+
+def _first_line(error: BaseException) -> str:
+    """The error in one line: its first line, or for a pydantic ``ValidationError`` (wandb's settings) every line
+    but the link, joined."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    if type(error).__name__ == "ValidationError":
+        lines = [" ".join(line for line in lines if not line.startswith("For further information"))]
+    return f"{type(error).__name__}: {lines[0]}"
+
+
+def _check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """For an ``http(s)://`` tracking URI, a :class:`TrackerError` when nothing answers there within ``timeout_s``
+    (MLflow's client would retry for minutes). Any HTTP answer, an error status included, means a server is there."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:
+        return  # a server answered
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise TrackerError(
+            f"tracker=mlflow: no MLflow server answers at tracker.tracking_uri={uri} within {timeout_s:g} s "
+            f"({reason}); start it, fix the URI, or run without a tracker (tracker=none)"
+        ) from None
+
+
 class Tracker:
     """Where a run's config, per-round scalars and summary also go. ``run_dir`` (``None`` for a run without
     one) is where a tracker keeps local files unless told otherwise."""
@@ -71,8 +107,14 @@ class MLflowTracker(Tracker):
         )
         if self.uri.startswith("file:"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        self.client = _require("mlflow.tracking", "mlflow").MlflowClient(self.uri)
-        run = self.client.create_run(self._experiment_id(), run_name=self.run_name or run_name)
+        _check_reachable(self.uri)
+        try:
+            self.client = _require("mlflow.tracking", "mlflow").MlflowClient(self.uri)
+            run = self.client.create_run(self._experiment_id(), run_name=self.run_name or run_name)
+        except Exception as error:  # noqa: BLE001 - MLflow raises many kinds; the run must stop in one line
+            raise TrackerError(
+                f"tracker=mlflow: cannot start a run at tracker.tracking_uri={self.uri} ({_first_line(error)})"
+            ) from None
         self.run_id = run.info.run_id
         # MLflow keeps at most 6000 characters of a parameter's value: longer ones end with "..."
         self._batch(
@@ -144,15 +186,20 @@ class WandbTracker(Tracker):
         where = self.dir or run_dir
         if where is not None:
             Path(where).mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(
-            project=self.project,
-            entity=self.entity,
-            mode=self.mode,
-            dir=None if where is None else str(where),
-            name=self.run_name or run_name,
-            config=config,
-            settings=wandb.Settings(**self.settings),
-        )
+        try:
+            self.run = wandb.init(
+                project=self.project,
+                entity=self.entity,
+                mode=self.mode,
+                dir=None if where is None else str(where),
+                name=self.run_name or run_name,
+                config=config,
+                settings=wandb.Settings(**self.settings),
+            )
+        except Exception as error:  # noqa: BLE001 - wandb raises pydantic's and its own errors
+            raise TrackerError(
+                f"tracker=wandb: cannot start a run (mode={self.mode!r}): {_first_line(error)}"
+            ) from None
 
     def log_round(self, round_num: int, scalars: dict[str, float]) -> None:
         self.run.log(scalars, step=round_num)
@@ -213,11 +260,17 @@ class TrackedLogger(RunLogger):
             elif self._state == "started":
                 atexit.register(self._finish, {"stop_reason": "no summary (killed?)"}, False)
 
+    def start(self) -> None:
+        """Start the trackers now (else at the first :meth:`log_config` or :meth:`log_round`): a tracker that cannot
+        start raises :class:`TrackerError` before any training. Starting twice does nothing."""
+        self._start()
+
     def _start(self) -> None:
         if self._state == "new":
-            self._state = "started"
-            for tracker in self.trackers:  # a tracker that cannot start stops the run before any work
+            self._state = "starting"  # a tracker that cannot start stops the run before any work; none is finished
+            for tracker in self.trackers:
                 tracker.start(self.run_name, self.config, self.run_dir)
+            self._state = "started"
 
     def _finish(self, summary: dict[str, Any], ok: bool) -> None:
         if self._state == "started":
