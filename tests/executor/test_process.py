@@ -323,7 +323,7 @@ def test_lambdas_and_local_classes_go_to_workers_by_value() -> None:
 
 SCRIPT = """
 import functools
-from fedsim import Client, FedAvg, Server, federate, make_clients
+from fedsim import Client, FedAvg, Federation, Schedule, Server, federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor
@@ -338,9 +338,9 @@ def main():
         synthetic(num_devices=4, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.2, seed=0
     )
     server = Server(model_factory=functools.partial(LogisticRegression, (60,), 10),
-                    clients=make_clients(data, MyClient),
-                    train_data=data.train, test_data=data.test, strategy=FedAvg(),
-                    executor=ProcessExecutor(devices="cpu", workers=2), num_rounds=2, clients_per_round=2)
+                    federation=Federation(make_clients(data, MyClient), data.train, data.test), strategy=FedAvg(),
+                    executor=ProcessExecutor(devices="cpu", workers=2),
+                    schedule=Schedule(num_rounds=2, clients_per_round=2))
     print("accuracy", server.run().history[-1]["eval/accuracy"])
 """
 

@@ -54,7 +54,7 @@ from fedsim.client.base import Client
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.observe.run_logger import RunLogger
-from fedsim.server.server import Server
+from fedsim.server import Federation, Schedule, Server
 from fedsim.strategy import FedAvg
 
 def run(executor):
@@ -63,8 +63,9 @@ def run(executor):
     data = TensorData(torch.randn(400, 8, generator=g), torch.randint(0, 3, (400,), generator=g), 3)
     # a large start message
     clients = [Client(i, np.arange(i % 400, i % 400 + 1) % 400, epochs=1, batch_size=1) for i in range(4000)]
-    return Server(model_factory=functools.partial(dies_on_import.linear, (8,), 3), clients=clients, train_data=data,
-                  test_data=None, strategy=FedAvg(), executor=executor, num_rounds=2, clients_per_round=4, seed=0,
+    return Server(model_factory=functools.partial(dies_on_import.linear, (8,), 3),
+                  federation=Federation(clients, data, None), strategy=FedAvg(), executor=executor,
+                  schedule=Schedule(num_rounds=2, clients_per_round=4), seed=0,
                   logger=RunLogger(None, tensorboard=False, progress=False)).run().params
 
 if __name__ == "__main__":
