@@ -253,6 +253,121 @@ def test_target_must_be_a_fraction(sweep: Path, capsys: pytest.CaptureFixture[st
     assert exit_info.value.code == 2 and "must be an accuracy in (0, 1]" in capsys.readouterr().err
 
 
+# ---------------------------------------------------------------- damaged metrics.jsonl: cut mid-line, foreign lines
+
+FINISHED = {"finished": True, "stop_reason": "completed"}
+
+
+@pytest.fixture
+def damaged(tmp_path: Path) -> Path:
+    """Config a: seed 0 intact; seed 1 cut in the middle of its round-3 line, though its summary.json says it
+    finished 3 rounds (the file was damaged afterwards). Config b: seed 0 with a line that is not JSON (line 3) and
+    a foreign JSON line (line 5) that, read as a record, would be round 9 at accuracy 0.99; seed 1 intact."""
+    a = ["strategy=a", "num_rounds=3"]
+    fake_run(tmp_path, "0_seed=0,strategy=a", [0.5, 0.7, 0.6], overrides=[*a, "seed=0"], summary=FINISHED)
+    cut = fake_run(tmp_path, "1_seed=1,strategy=a", [0.3, 0.5, 0.8], overrides=[*a, "seed=1"], summary=FINISHED)
+    lines = (cut / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (cut / "metrics.jsonl").write_text("".join(lines[:2]) + lines[2][:25])  # '{"round": 3, "train/loss"'
+    b = ["strategy=b", "num_rounds=3"]
+    foreign = fake_run(tmp_path, "2_seed=0,strategy=b", [0.4, 0.6, 0.7], overrides=[*b, "seed=0"], summary=FINISHED)
+    lines = (foreign / "metrics.jsonl").read_text().splitlines(keepends=True)
+    other = json.dumps({"round": 9, "eval/accuracy": 0.99, "source": "another tool"}) + "\n"
+    (foreign / "metrics.jsonl").write_text("".join([*lines[:2], "<<<<<<< HEAD\n", lines[2], other]))
+    fake_run(tmp_path, "3_seed=1,strategy=b", [0.2, 0.5, 0.9], overrides=[*b, "seed=1"], summary=FINISHED)
+    return tmp_path
+
+
+CUT_NOTE = (
+    "fedsim.report: 1_seed=1,strategy=a/metrics.jsonl is damaged: skipped 1 of 3 lines (line 3: cut short); "
+    "read the run from the other 2; not counted as finished: its last round (3) is not among them"
+)
+FOREIGN_NOTE = (
+    "fedsim.report: 2_seed=0,strategy=b/metrics.jsonl is damaged: skipped 2 of 5 lines (line 3: not JSON; "
+    "line 5: not a round record); read the run from the other 3"
+)
+
+
+def test_damaged_runs_are_read_from_their_usable_rows(damaged: Path) -> None:
+    runs = {r.path.name: r for r in report.load_runs(damaged)}
+    cut, foreign = runs["1_seed=1,strategy=a"], runs["2_seed=0,strategy=b"]
+    assert cut.skipped == ((3, "cut short"),) and cut.lines == 3
+    assert cut.curve == ((1, 0.3), (2, 0.5)) and cut.rounds == 2 and not cut.finished  # round 3, its last, is cut
+    assert foreign.skipped == ((3, "not JSON"), (5, "not a round record")) and foreign.lines == 5
+    assert foreign.curve == ((1, 0.4), (2, 0.6), (3, 0.7)) and foreign.rounds == 3 and foreign.finished
+    assert not runs["0_seed=0,strategy=a"].damaged and not runs["3_seed=1,strategy=b"].damaged
+    stats = stats_by_name(damaged)
+    a, b = stats["num_rounds=3,strategy=a"], stats["num_rounds=3,strategy=b"]
+    assert (a.finished, a.total, a.rounds) == (1, 2, (2, 3))
+    assert a.final[0] == pytest.approx(0.55) and a.final[1] == pytest.approx(math.sqrt(0.005))  # finals 0.6, 0.5
+    assert a.best[0] == pytest.approx(0.6) and a.best[1] == pytest.approx(math.sqrt(0.02))  # bests 0.7, 0.5
+    assert a.damaged == ("seed=1: 1 line skipped, not counted as finished",)
+    assert (b.finished, b.total, b.rounds) == (2, 2, (3, 3))
+    assert b.final[0] == pytest.approx(0.8) and b.final[1] == pytest.approx(math.sqrt(0.02))  # finals 0.7, 0.9
+    assert b.best[0] == pytest.approx(0.8)  # bests 0.7, 0.9: the foreign line's 0.99 is not read
+    assert b.damaged == ("seed=0: 2 lines skipped",)
+
+
+def test_damaged_file_named_in_one_note_and_marked_in_table_and_csv(
+    damaged: Path, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path_factory.mktemp("out")
+    assert report.main([str(damaged), "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if line.startswith("fedsim.report:")] == [CUT_NOTE, FOREIGN_NOTE]
+    assert "unfinished: 1_seed=1,strategy=a (2 rounds logged)" in lines
+    assert lines[1].split()[:4] == ["configuration", "seeds", "damaged", "rounds"]
+    assert re.match(r"strategy=a\s+1/2\s+1\s+2-3\s+0\.5500 ± 0\.0707\s+0\.6000 ± 0\.1414\s", lines[2])
+    assert re.match(r"strategy=b\s+2/2\s+1\s+3\s+0\.8000 ± 0\.1414\s+0\.8000 ± 0\.1414\s", lines[3])
+    with open(out / "report.csv") as csv_file:
+        rows = list(csv.DictReader(csv_file))
+    assert list(rows[0])[:5] == ["configuration", "seeds_finished", "seeds_total", "seeds_damaged", "damaged"]
+    assert [(r["seeds_finished"], r["seeds_total"], r["seeds_damaged"]) for r in rows] == [
+        ("1", "2", "1"),
+        ("2", "2", "1"),
+    ]
+    assert [r["damaged"] for r in rows] == [
+        "seed=1: 1 line skipped, not counted as finished",
+        "seed=0: 2 lines skipped",
+    ]
+    assert [float(r["final_accuracy_mean"]) for r in rows] == pytest.approx([0.55, 0.8])
+    assert "status" not in rows[0]  # no run failed
+
+
+def test_foreign_file_with_no_round_record(tmp_path: Path) -> None:
+    run_dir = tmp_path / "x"
+    run_dir.mkdir()
+    lines = [json.dumps({"step": i, "loss": 1.0}) for i in range(4)] + [json.dumps({"round": 1, "note": "x"})]
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n\n")  # and a blank line: passed over
+    (run,) = report.load_runs(tmp_path)
+    assert (run.rounds, run.curve, run.finished, run.lines) == (0, (), False, 5)
+    assert report.damaged_lines([run], tmp_path) == [
+        "fedsim.report: x/metrics.jsonl is damaged: skipped 5 of 5 lines (lines 1, 2, 3 and 2 more: not a round "
+        "record); no line is left to read the run from"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "is_record"),
+    [
+        ({"round": 1, "eval/accuracy": 0.5, "eval/loss": None, "client/num_sampled": 3}, True),
+        ({"round": 2, "clients": [{"client_id": 4, "worker": "serial", "epoch_losses": [0.1]}]}, True),
+        ({"round": 1.0}, False),
+        ({"round": True}, False),
+        ({"round": -1}, False),
+        ({"eval/accuracy": 0.5}, False),
+        ({"round": 1, "eval/accuracy": "0.5"}, False),
+        ({"round": 1, "flag": True}, False),
+        ({"round": 1, "clients": [{"id": 4}]}, False),
+        ({"round": 1, "clients": {"client_id": 4}}, False),
+        ([1, 2], False),
+    ],
+)
+def test_what_counts_as_a_round_record(line: Any, is_record: bool) -> None:
+    from fedsim.report.runs import is_round_record
+
+    assert is_round_record(line) is is_record
+
+
 # ---------------------------------------------------------------- realistic sweep: 11 overrides, 2 differ; a failed job
 
 SHARED = [

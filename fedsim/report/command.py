@@ -16,6 +16,21 @@ ways ``comm/mb_total``: runs without the latter two are left out of those plots,
 ``<name>.png`` (see :mod:`fedsim.report.plot`; needs matplotlib: ``pip install fedsim[plot]``). Reads files
 only; no Hydra, no torch. ``--grid ROWS COLS`` adds two-way tables (``grid.csv``, ``grid.md``; see
 :mod:`fedsim.report.grid`).
+
+A damaged ``metrics.jsonl`` (a run killed while writing it, or a foreign file in its place): a line is used only
+when it is a round record as fedsim writes it, a JSON object whose ``round`` is a non-negative integer and whose
+other fields are numbers or ``null``, but for ``clients``, a list of objects each with an integer ``client_id``
+(:func:`fedsim.report.runs.is_round_record`). Blank lines are passed over; every other line (the last one cut
+short, a line that is not JSON, JSON that is not a round record) is skipped, and the file is damaged. Each
+damaged file gets one note, ``fedsim.report: <run>/metrics.jsonl is damaged: skipped K of N lines (<which and
+why>); read the run from the other M``; the run is reported from its usable rows (final and best accuracy, rounds
+to target, every column) and marked in the table (``damaged``: the configuration's damaged seeds) and in
+``report.csv`` (``seeds_damaged``, and ``damaged``: ``seed=S: K lines skipped`` per damaged seed); these columns
+exist only when a run is damaged. A damaged run counts as a finished seed only when it would count undamaged
+(``summary.json`` says ``finished``; an older one without it, every configured round logged) and its last
+round (``summary.json``'s ``rounds``, else ``num_rounds`` of ``.hydra/config.yaml``) is among its usable rows;
+otherwise its note ends ``not counted as finished: ...`` and it is listed as unfinished. A run still being written
+can show its last line cut short: run the report again once it has ended.
 """
 
 from __future__ import annotations
@@ -38,6 +53,8 @@ __all__ = [
     "Run",
     "aggregate",
     "csv_rows",
+    "damage",
+    "damaged_lines",
     "format_table",
     "group_runs",
     "labels",
@@ -106,6 +123,7 @@ def aggregate(
         reached=len(hits),
         wall_time_s=statistics.fmean(r.wall_time_s for r in runs) if runs else None,
         failures=tuple(f"seed={r.seed}: {r.stop_reason}" for r in runs if r.failed),
+        damaged=tuple(f"seed={r.seed}: {damage(r)}" for r in runs if r.damaged),
         metrics={name: mean_std([r.finals[name] for r in runs if name in r.finals]) for name in metrics},
         clocked=sum(bool(r.sim_time) for r in runs),
         sim_to_target=mean_std(seconds),
@@ -143,6 +161,42 @@ def unfinished_lines(runs: Sequence[Run], root: Path) -> list[str]:
                 f"{'' if (r.path / 'summary.json').exists() else ', no summary.json'})"
             )
     return lines
+
+
+def damage(run: Run) -> str:
+    """``K lines skipped`` of a damaged run's ``metrics.jsonl`` (``, not counted as finished`` added when its
+    ``summary.json`` says finished but its last round is not among the usable rows)."""
+    skipped = len(run.skipped)
+    return f"{_count(skipped, 'line')} skipped" + (", not counted as finished" if run.uncounted else "")
+
+
+def damaged_lines(runs: Sequence[Run], root: Path) -> list[str]:
+    """One note per damaged ``metrics.jsonl``: ``fedsim.report: <run>/metrics.jsonl is damaged: skipped K of N
+    lines (line 4: not JSON; line 9: cut short); read the run from the other M`` (and ``; not counted as
+    finished: ...`` when its last round is not among them)."""
+    lines = []
+    for r in runs:
+        if not r.damaged:
+            continue
+        where = (r.path.relative_to(root) if r.path != root else r.path) / "metrics.jsonl"
+        kinds = dict.fromkeys(why for _, why in r.skipped)  # in the order they first occur
+        which = "; ".join(f"{_numbers([n for n, w in r.skipped if w == kind])}: {kind}" for kind in kinds)
+        kept = r.lines - len(r.skipped)
+        line = f"{PROG}: {where} is damaged: skipped {len(r.skipped)} of {_count(r.lines, 'line')} ({which}); " + (
+            f"read the run from the other {kept}" if kept else "no line is left to read the run from"
+        )
+        lines.append(line + (f"; not counted as finished: {r.uncounted}" if r.uncounted else ""))
+    return lines
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _numbers(numbers: Sequence[int], shown: int = 3) -> str:
+    """``line 4``, ``lines 4, 7``, ``lines 4, 7, 9 and 2 more``."""
+    more = f" and {len(numbers) - shown} more" if len(numbers) > shown else ""
+    return f"line{'' if len(numbers) == 1 else 's'} {', '.join(str(n) for n in numbers[:shown])}{more}"
 
 
 UNLOGGED = {  # per running total: why no run logged it, and why one run did not
@@ -240,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics = list(dict.fromkeys(args.metric))
     stats = [aggregate(config, members, args.target, metrics) for config, members in groups.items()]
     print(format_table(stats, args.target))
+    for line in damaged_lines(runs, root):
+        print(line)
     for line in unfinished_lines(runs, root):
         print(line)
     for name in metrics:

@@ -1,5 +1,8 @@
 """Reading a sweep's run directories back (for :mod:`fedsim.report`): ``metrics.jsonl``, ``summary.json``
-and Hydra's ``.hydra/`` files of every run, finished, unfinished or failed. Files only; no Hydra, no torch."""
+and Hydra's ``.hydra/`` files of every run, finished, unfinished or failed. Files only; no Hydra, no torch.
+
+A line of ``metrics.jsonl`` is used when it is a round record as fedsim writes it (:func:`is_round_record`); any
+other non-blank line is skipped and makes the file damaged (:func:`scan_metrics`, :attr:`Run.skipped`)."""
 
 from __future__ import annotations
 
@@ -40,11 +43,19 @@ class Run:
     series: dict[str, Series] = field(default_factory=dict, hash=False)
     sim_time: Series = ()
     comm_mb: Series = ()
+    skipped: tuple[tuple[int, str], ...] = ()  # (line number, why) of each line of metrics.jsonl left out
+    lines: int = 0  # non-blank lines of metrics.jsonl
+    uncounted: str | None = None  # why a damaged run that summary.json calls finished is not counted as finished
 
     @property
     def failed(self) -> bool:
         """Stopped by an error (``summary.json``'s ``stop_reason`` is ``"error: ..."``)."""
         return self.stop_reason is not None and self.stop_reason.startswith("error:")
+
+    @property
+    def damaged(self) -> bool:
+        """``metrics.jsonl`` holds lines that are not round records (see :func:`scan_metrics`)."""
+        return bool(self.skipped)
 
 
 RUN_FILES = ("metrics.jsonl", "summary.json")  # a directory holding either is a run (a job that failed
@@ -64,22 +75,70 @@ def _natural(text: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl``; a line still being written (or otherwise unreadable) is skipped,
-    a missing file has none."""
-    records: list[dict[str, Any]] = []
+CUT = "cut short"  # the file's last line, without its newline and not JSON: a write that did not end
+NOT_JSON = "not JSON"
+NOT_RECORD = "not a round record"  # JSON, but not what fedsim writes (see is_round_record)
+
+
+@dataclass(frozen=True)
+class MetricsFile:
+    """What :func:`scan_metrics` read: the round records in file order, ``(line number, why)`` of each line left
+    out (``why`` is :data:`CUT`, :data:`NOT_JSON` or :data:`NOT_RECORD`) and the number of non-blank lines."""
+
+    records: list[dict[str, Any]]
+    skipped: tuple[tuple[int, str], ...] = ()
+    lines: int = 0
+
+
+def is_round_record(record: Any) -> bool:
+    """A line as :class:`fedsim.observe.run_logger.RunLogger` writes it: a JSON object whose ``round`` is a
+    non-negative integer and whose other fields are numbers or ``null`` (a NaN or infinite value), but for
+    ``clients``, the round's client rows: a list of objects, each with an integer ``client_id``."""
+    if not isinstance(record, dict) or not _is_int(record.get("round")) or record["round"] < 0:
+        return False
+    for name, value in record.items():
+        if name == "clients":
+            if not isinstance(value, list) or not all(
+                isinstance(r, dict) and _is_int(r.get("client_id")) for r in value
+            ):
+                return False
+        elif name != "round" and value is not None and not _is_number(value):
+            return False
+    return True
+
+
+def scan_metrics(path: Path) -> MetricsFile:
+    """The round records of a ``metrics.jsonl`` (:func:`is_round_record`) and the lines left out: the last line
+    cut short (no newline at its end and not JSON: a run killed while writing, or still being written), a line
+    that is not JSON (or not UTF-8), a JSON line that is not a round record. Blank lines are passed over; a
+    missing file has no lines."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
-        return records
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+        return MetricsFile([])
+    records: list[dict[str, Any]] = []
+    skipped: list[tuple[int, str]] = []
+    lines = data.split(b"\n")  # after a final newline: b"", passed over as blank
+    count = 0
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
             continue
-        if isinstance(record, dict) and "round" in record:
+        count += 1
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError both are
+            skipped.append((number, CUT if number == len(lines) else NOT_JSON))
+            continue
+        if is_round_record(record):
             records.append(record)
-    return records
+        else:
+            skipped.append((number, NOT_RECORD))
+    return MetricsFile(records, tuple(skipped), count)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The round records of a ``metrics.jsonl`` (see :func:`scan_metrics`); a missing file has none."""
+    return scan_metrics(path).records
 
 
 def _read(path: Path, load: Callable[[str], Any]) -> Any:
@@ -117,7 +176,8 @@ def run_overrides(run_dir: Path, root: Path) -> list[str]:
 def load_run(run_dir: Path, root: Path, series: Sequence[str] = ()) -> Run:
     """Read one run directory (``metrics.jsonl`` and ``summary.json``, either may be missing, and ``.hydra/``);
     keep the per-round values of the scalars named in ``series``."""
-    records = read_metrics(run_dir / "metrics.jsonl")
+    scanned = scan_metrics(run_dir / "metrics.jsonl")
+    records = scanned.records
     config, seed = split_seed(run_overrides(run_dir, root))
     hydra_cfg = _read(run_dir / ".hydra" / "config.yaml", yaml.safe_load)
     hydra_cfg = hydra_cfg if isinstance(hydra_cfg, dict) else {}
@@ -127,6 +187,9 @@ def load_run(run_dir: Path, root: Path, series: Sequence[str] = ()) -> Run:
     summary = summary if isinstance(summary, dict) else None
     rounds = max((int(r["round"]) for r in records), default=0) or _int(summary.get("rounds") if summary else None)
     finished = _finished(summary, rounds, hydra_cfg.get("num_rounds"))
+    uncounted = (
+        _last_round_missing(summary, hydra_cfg.get("num_rounds"), records) if finished and scanned.skipped else None
+    )
     curve = tuple((int(r["round"]), float(r["eval/accuracy"])) for r in records if r.get("eval/accuracy") is not None)
     if summary is not None and summary.get("wall_time_s") is not None:
         wall = float(summary["wall_time_s"])
@@ -140,13 +203,16 @@ def load_run(run_dir: Path, root: Path, series: Sequence[str] = ()) -> Run:
         seed,
         rounds,
         curve,
-        finished,
+        finished and uncounted is None,
         wall,
         final_scalars(records),
         str(reason) if reason is not None else None,
         {name: scalar_series(records, name) for name in series},
         clock,
         sent,
+        scanned.skipped,
+        scanned.lines,
+        uncounted,
     )
 
 
@@ -176,7 +242,11 @@ def mb_to_target(run: Run, target: float) -> float | None:
 
 
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return value if _is_int(value) else 0
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def scalar_series(records: Sequence[dict[str, Any]], name: str) -> Series:
@@ -219,6 +289,21 @@ def _finished(summary: dict[str, Any] | None, rounds: int, num_rounds: Any) -> b
     if isinstance(summary.get("finished"), bool):
         return summary["finished"]
     return not isinstance(num_rounds, int) or rounds >= num_rounds
+
+
+def _last_round_missing(
+    summary: dict[str, Any] | None, num_rounds: Any, records: Sequence[dict[str, Any]]
+) -> str | None:
+    """For a damaged run that :func:`_finished` calls finished: why it is not counted as finished after all (its
+    last round, ``summary.json``'s ``rounds``, else the configured ``num_rounds``, is not among the round
+    records read), or ``None`` when that round is there."""
+    last = _int(summary.get("rounds")) if summary is not None else 0
+    last = last or _int(num_rounds)
+    if not last:
+        return "its last round is not known (summary.json gives no rounds, .hydra/config.yaml no num_rounds)"
+    if any(r["round"] == last for r in records):
+        return None
+    return f"its last round ({last}) is not among them"
 
 
 def load_runs(root: Path, series: Sequence[str] = ()) -> list[Run]:

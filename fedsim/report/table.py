@@ -1,6 +1,7 @@
 """The report's table and ``report.csv``: one row per configuration of a sweep (:class:`ConfigStats`, what
 :func:`fedsim.report.aggregate` makes of its seeds), mean ± std over the seeds, the to-target columns of the running
-totals (simulated seconds, megabytes) only where a configuration logged them."""
+totals (simulated seconds, megabytes) only where a configuration logged them, the ``failed`` and ``damaged``
+columns only where a run failed or read a damaged ``metrics.jsonl``."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class ConfigStats:
     metered: int = 0  # seeds that logged comm/mb_total (runs written before fedsim counted bytes did not)
     mb_to_target: tuple[float | None, float | None] = (None, None)  # MB sent both ways by the target: mean, std
     mb_reached: int = 0  # seeds whose comm/mb_total at the target round is known
+    damaged: tuple[str, ...] = ()  # "seed=1: 2 lines skipped" per run whose metrics.jsonl is damaged
 
 
 def _pm(pair: tuple[float | None, float | None], digits: int = 4) -> str:
@@ -79,8 +81,9 @@ def _total_columns(stats: Sequence[ConfigStats], target: float | None) -> list[s
 def table_rows(stats: Sequence[ConfigStats], target: float | None) -> list[list[str]]:
     """The printed table as cells, header first."""
     short, _ = labels([s.config for s in stats])
-    any_failed = any(s.failures for s in stats)
-    header = ["configuration", "seeds"] + (["failed"] if any_failed else []) + ["rounds", "final acc", "best acc"]
+    any_failed, any_damaged = any(s.failures for s in stats), any(s.damaged for s in stats)
+    header = ["configuration", "seeds"] + (["failed"] if any_failed else []) + (["damaged"] if any_damaged else [])
+    header += ["rounds", "final acc", "best acc"]
     header += [f"rounds to {target:g}"] if target is not None else []
     totals = _total_columns(stats, target)
     header += [f"{TOTALS[x][0]} to {target:g}" for x in totals]
@@ -89,6 +92,7 @@ def table_rows(stats: Sequence[ConfigStats], target: float | None) -> list[list[
     for s in stats:
         lo, hi = s.rounds
         row = [short[s.config], f"{s.finished}/{s.total}"] + ([f"{len(s.failures)}"] if any_failed else [])
+        row += [f"{len(s.damaged)}"] if any_damaged else []
         row += [f"{hi}" if lo == hi else f"{lo}-{hi}", _pm(s.final), _pm(s.best)]
         if target is not None:
             row.append(f"{s.to_target:g} ({s.reached}/{s.total})" if s.to_target is not None else f"- (0/{s.total})")
@@ -115,7 +119,7 @@ def format_table(stats: Sequence[ConfigStats], target: float | None = None) -> s
 def csv_rows(stats: Sequence[ConfigStats], target: float | None = None) -> list[dict[str, Any]]:
     """One flat dict per configuration: the columns of ``report.csv`` (empty where undefined)."""
     rows = []
-    any_failed = any(s.failures for s in stats)
+    any_failed, any_damaged = any(s.failures for s in stats), any(s.damaged for s in stats)
     for s in stats:
         row: dict[str, Any] = {
             "configuration": ",".join(s.config),
@@ -124,6 +128,8 @@ def csv_rows(stats: Sequence[ConfigStats], target: float | None = None) -> list[
         }
         if any_failed:  # as the target columns: only when there is something to say
             row.update(status=status(s), seeds_failed=len(s.failures), failures="; ".join(s.failures))
+        if any_damaged:  # a run whose metrics.jsonl had lines that are not round records
+            row.update(seeds_damaged=len(s.damaged), damaged="; ".join(s.damaged))
         row |= {
             "rounds_min": s.rounds[0],
             "rounds_max": s.rounds[1],
