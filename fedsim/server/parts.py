@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fedsim.attacks.stage import AttackStage
 from fedsim.client.base import Client
@@ -18,6 +18,14 @@ from fedsim.observe.run_logger import RunLogger
 from fedsim.privacy.local import LocalLedger
 from fedsim.server.exchange import Exchange
 from fedsim.strategy.base import Strategy
+
+
+class Stateful(Protocol):
+    """A part of the run with its own entry in the checkpoint (the clock, the exchange's byte ledger, ...)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -32,7 +32,7 @@ from fedsim.privacy.rounds import PrivateRounds
 from fedsim.server.buffered import BufferedLoop, consumed_ids
 from fedsim.server.exchange import Exchange, task_state
 from fedsim.server.metrics import async_row_extras, attack_metrics, row_extras, wire_metrics
-from fedsim.server.parts import RoundParts
+from fedsim.server.parts import RoundParts, Stateful
 from fedsim.server.round_metrics import client_row, train_metrics, with_strategy_values
 from fedsim.server.stragglers import Stragglers
 from fedsim.server.strategy_guard import checked_aggregate, checked_client_values, checked_scalars
@@ -73,14 +73,19 @@ class RoundRecord:
         return sorted(self.configs)
 
 
-class RoundStage(Protocol):
-    """One step of a round."""
+class RoundStage:
+    """One step of a round: :meth:`run` reads and extends the round's record; :meth:`checkpoint_parts` names the
+    stateful parts the stage owns, each with its entry in the checkpoint (none by default)."""
 
-    def run(self, record: RoundRecord) -> None: ...
+    def run(self, record: RoundRecord) -> None:
+        raise NotImplementedError
+
+    def checkpoint_parts(self) -> dict[str, Stateful]:
+        return {}
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(RoundStage):
     """Who trains and with which config: the strategy's sample (Poisson sampling under central DP), the config of
     each task (a straggler's fewer epochs), and with a simulated clock the round's schedule (who finishes by the
     deadline, who drops out)."""
@@ -93,6 +98,9 @@ class Plan:
     comm: Exchange
     clock: SyncClock | None
     privacy: PrivateRounds | None
+
+    def checkpoint_parts(self) -> dict[str, Stateful]:
+        return {"clock": self.clock} if self.clock is not None else {}
 
     def run(self, record: RoundRecord) -> None:
         round_num, rng = record.round_num, sampling_rng(self.seed, record.round_num)
@@ -118,7 +126,7 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class Dispatch:
+class Dispatch(RoundStage):
     """The round's tasks (each with its client's state and seed) through the exchange: the global weights encoded
     down, the executor's training, the attack's replacements, the updates decoded up."""
 
@@ -127,6 +135,9 @@ class Dispatch:
     client_states: ClientStateStore
     attack: AttackStage | None
     seed: int
+
+    def checkpoint_parts(self) -> dict[str, Stateful]:
+        return {"comm": self.comm}
 
     def run(self, record: RoundRecord) -> None:
         round_num = record.round_num
@@ -141,7 +152,7 @@ class Dispatch:
 
 
 @dataclass(frozen=True)
-class Receive:
+class Receive(RoundStage):
     """What may reach aggregation: the failure policy, every update checked against the global weights, and
     simulated stragglers' updates dropped unless the strategy keeps them."""
 
@@ -162,13 +173,16 @@ class Receive:
 
 
 @dataclass(frozen=True)
-class Aggregate:
+class Aggregate(RoundStage):
     """The next global weights: the strategy's aggregate of the kept updates (under central DP, of the one noisy mean
     update), with the strategy's own scalars and per-client values; the weights stay when nothing arrived."""
 
     strategy: Strategy
     logger: RunLogger
     privacy: PrivateRounds | None
+
+    def checkpoint_parts(self) -> dict[str, Stateful]:
+        return {"privacy": self.privacy} if self.privacy is not None else {}
 
     def run(self, record: RoundRecord) -> None:
         round_num, aggregated = record.round_num, record.kept
@@ -181,7 +195,7 @@ class Aggregate:
 
 
 @dataclass(frozen=True)
-class CommitStates:
+class CommitStates(RoundStage):
     """The accepted updates' new client states become the clients' states; versions that no kept checkpoint needs
     any more are collected."""
 
@@ -198,11 +212,14 @@ class CommitStates:
 
 
 @dataclass(frozen=True)
-class Measure:
+class Measure(RoundStage):
     """The round's client rows (logged) and metrics: training, the strategy's, bytes and DP-SGD's spent privacy, the
     attack's counts, and the clock's schedule."""
 
     parts: RoundParts
+
+    def checkpoint_parts(self) -> dict[str, Stateful]:
+        return {"local_dp": self.parts.local_dp} if self.parts.local_dp is not None else {}
 
     def run(self, record: RoundRecord) -> None:
         round_num, parts = record.round_num, self.parts
@@ -234,7 +251,7 @@ class Measure:
 
 
 @dataclass(frozen=True)
-class AdvanceClock:
+class AdvanceClock(RoundStage):
     """The simulated clock moves on by the round's duration."""
 
     clock: SyncClock
@@ -245,12 +262,15 @@ class AdvanceClock:
 
 
 @dataclass(frozen=True)
-class BufferedStep:
+class BufferedStep(RoundStage):
     """One server step of an asynchronous strategy (FedBuff): events on the clock until its buffer is full, then
     the strategy's step (:class:`fedsim.server.buffered.BufferedLoop`)."""
 
     loop: BufferedLoop
     parts: RoundParts
+
+    def checkpoint_parts(self) -> dict[str, Stateful]:
+        return {"clock": self.loop.clock, "async": self.loop, "comm": self.parts.comm}
 
     def run(self, record: RoundRecord) -> None:
         step = self.loop.step(self.parts, record.params, record.round_num)
@@ -261,10 +281,13 @@ class BufferedStep:
 
 
 @dataclass(frozen=True)
-class MeasureStep:
+class MeasureStep(RoundStage):
     """An asynchronous server step's client rows (each against the weights its client started from) and metrics."""
 
     parts: RoundParts
+
+    def checkpoint_parts(self) -> dict[str, Stateful]:
+        return {"local_dp": self.parts.local_dp} if self.parts.local_dp is not None else {}
 
     def run(self, record: RoundRecord) -> None:
         round_num, parts = record.round_num, self.parts
@@ -283,7 +306,7 @@ class MeasureStep:
 
 
 @dataclass(frozen=True)
-class Evaluate:
+class Evaluate(RoundStage):
     """Central evaluation (``eval/``, and an attack's backdoor success) and every-client evaluation when due, then the
     round's wall times and memory."""
 
@@ -303,6 +326,11 @@ class Evaluate:
         metrics["time/fit_s"] = record.fit_s
         metrics["time/round_s"] = time.perf_counter() - record.start_s
         metrics["system/rss_mb"] = process_rss_mb()
+
+
+def checkpoint_parts(stages: Sequence[RoundStage]) -> dict[str, Stateful]:
+    """Every stateful part the ``stages`` own, by its checkpoint entry."""
+    return {key: part for stage in stages for key, part in stage.checkpoint_parts().items()}
 
 
 def run_stages(stages: Sequence[RoundStage], record: RoundRecord) -> RoundRecord:

@@ -30,7 +30,7 @@ from fedsim.server.central_eval import DeviceEvaluator
 from fedsim.server.central_eval import eval_device as eval_device_named
 from fedsim.server.early_stop import EarlyStop
 from fedsim.server.federated_eval import evaluate_clients
-from fedsim.server.parts import RoundParts
+from fedsim.server.parts import RoundParts, Stateful
 from fedsim.server.resume_check import check_changes
 from fedsim.server.round import (
     AdvanceClock,
@@ -45,6 +45,7 @@ from fedsim.server.round import (
     Receive,
     RoundRecord,
     RoundStage,
+    checkpoint_parts,
     run_stages,
 )
 from fedsim.server.settings import Checkpoints, Evaluation, Federation, Schedule, Stages
@@ -269,7 +270,6 @@ class Server:
     def state_dict(self, round_num: int) -> dict[str, Any]:
         """Everything a resumed run needs after ``round_num``. Sampling, task seeds and stragglers are pure functions
         of (seed, round), so the round number stands for every random state."""
-        optional = {"clock": self.clock, "async": self.loop, "privacy": self.privacy, "local_dp": self.local_dp}
         return {
             "round": round_num,
             "params": self.params.clone(),
@@ -278,8 +278,7 @@ class Server:
             "client_state_round": self.client_states.round,  # its entries live in client_state/, versioned
             "fingerprint": self._fingerprint(),
             "settings": self.settings,  # what a resume may not change silently (fedsim.server.resume_check)
-            "comm": self.comm.state_dict(),
-            **{key: part.state_dict() for key, part in optional.items() if part is not None},
+            **{key: part.state_dict() for key, part in self._checkpoint_parts(round_num).items()},
         }
 
     def _fingerprint(self) -> dict[str, int]:
@@ -318,9 +317,7 @@ class Server:
                 f"{path}: its strategy state does not fit {type(self.strategy).__name__} ({type(error).__name__}: "
                 f"{error}); resume with the strategy the run was started with"
             ) from None
-        restore_parts(
-            path, state, clock=self.clock, loop=self.loop, comm=self.comm, local_dp=self.local_dp, privacy=self.privacy
-        )
+        restore_parts(path, state, self._checkpoint_parts(self.start_round))
         if self.finished:
             log.info("%s is of round %d: the run is finished, nothing to do", path, self.start_round - 1)
             return path  # nothing else is touched
@@ -345,6 +342,10 @@ class Server:
         finally:  # the weights the round got to, also when a later stage fails (as the round's own state)
             self.params = record.params
         return record.metrics
+
+    def _checkpoint_parts(self, round_num: int) -> dict[str, Stateful]:
+        """The stateful parts the round's stages own, by checkpoint entry (the clock, the byte ledger, ...)."""
+        return checkpoint_parts(self._stages(round_num))
 
     def _stages(self, round_num: int) -> list[RoundStage]:
         """The round's stages, built from the server's parts as they are now."""

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from fedsim.privacy.local import LocalLedger
     from fedsim.server.early_stop import EarlyStop
     from fedsim.server.exchange import Exchange
+    from fedsim.server.parts import Stateful
 
 log = logging.getLogger("fedsim")
 
@@ -128,42 +129,30 @@ def build_pipeline(
     return Pipeline(comm, local_dp, stage, train_data, clients)
 
 
-class Stateful(Protocol):
-    """A part of the run with its own entry in the checkpoint."""
+# what a checkpoint written without a part's entry means for a resume that has the part
+_MISSING = {
+    "clock": "was written without a simulated clock; resume it without one (clock=none)",
+    "privacy": "was written without differential privacy; resume it with dp=none",
+    "async": "was written by a synchronous run; resume it with the strategy it was started with",
+}
+_DEFAULT: dict[str, Callable[[], dict[str, Any]]] = {"local_dp": lambda: {"steps": {}}}  # DP-SGD's ledger: none spent
 
-    def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-def restore_parts(
-    path: Path,
-    state: dict[str, Any],
-    *,
-    clock: Stateful | None,
-    loop: Stateful | None,
-    comm: Stateful,
-    local_dp: Stateful | None,
-    privacy: Stateful | None,
-) -> None:
-    """Put the run's stateful parts back as the checkpoint at ``path`` (read as ``state``) recorded them; a part the
-    checkpoint was written without is refused in one line saying how to resume."""
-    if clock is not None:
-        if "clock" not in state:
-            raise CheckpointError(f"{path} was written without a simulated clock; resume it without one (clock=none)")
-        clock.load_state_dict(state["clock"])
-    if loop is not None:
-        loop.load_state_dict(state["async"])
-    if "comm" in state:  # checkpoints written before fedsim counted bytes start the totals at 0
-        comm.load_state_dict(state["comm"])
-    if local_dp is not None:
-        local_dp.load_state_dict(state.get("local_dp", {"steps": {}}))
-    if privacy is not None:
-        if "privacy" not in state:
-            raise CheckpointError(f"{path} was written without differential privacy; resume it with dp=none")
+def restore_parts(path: Path, state: dict[str, Any], parts: dict[str, Stateful]) -> None:
+    """Put the run's stateful ``parts`` (by checkpoint entry, as the round's stages own them) back as the checkpoint
+    at ``path`` (read as ``state``) recorded them. A part the checkpoint was written without is refused in one line
+    saying how to resume, except the byte ledger (``comm``, counted from 0 for checkpoints older than it) and
+    DP-SGD's ledger (empty)."""
+    for key, part in parts.items():
+        if key not in state and key in _MISSING:
+            raise CheckpointError(f"{path} {_MISSING[key]}")
+        if key not in state and key not in _DEFAULT:
+            continue  # checkpoints written before fedsim counted bytes start the totals at 0
         try:
-            privacy.load_state_dict(state["privacy"])
+            part.load_state_dict(state[key] if key in state else _DEFAULT[key]())
         except ValueError as error:
+            if key != "privacy":
+                raise
             raise CheckpointError(f"{path}: {error}; resume with the run's dp settings") from None
 
 
