@@ -580,6 +580,126 @@ def test_cli_trains_on_tiny_mnist_files(cli: dict[str, CliRun]) -> None:
     assert records[-1]["client/num_examples"] > 0
 
 
+# Issue #34: bad values of the groups and of the schema's numbers, each refused before any work in one line that
+# names the key as the user wrote it and the values it takes (exit status 2). "{files}" is the test's folder with a
+# tiny MNIST (28x28 images) and a binary file posing as a device trace.
+ISSUE_34 = {  # case -> (overrides, what the one line must contain)
+    "dp_delta_at_least_1_over_n": (["dp=central", "dp.delta=0.5"], ["dp.delta=0.5", "30 clients", "1/30"]),
+    "dp_clip_lr_negative": (["dp=adaptive", "dp.clip_lr=-1"], ["dp.clip_lr must be > 0"]),
+    "qsgd_bits_not_integer": (
+        ["compression.uplink=[{name: qsgd, bits: 4.5}]"],
+        ["compression.uplink[0]", "qsgd.bits must be an integer between 2 and 8"],
+    ),
+    "error_feedback_not_boolean": (
+        ["compression.error_feedback=no"],
+        ["compression.error_feedback must be true or false"],
+    ),
+    "trigger_larger_than_image": (
+        [
+            "attack=backdoor",
+            "attack.trigger_size=100",
+            "data=mnist",
+            "model=cnn",
+            "data.root={files}/mnist",
+            "partition=iid",
+            "partition.num_clients=4",
+            "clients_per_round=2",
+        ],
+        ["attack.trigger_size=100", "28×28", "between 1 and 28"],
+    ),
+    "topk_fraction_not_number": (
+        ["compression.uplink=[{name: topk, fraction: abc}]"],
+        ["compression.uplink[0]", "topk.fraction must be a number in (0, 1]"],
+    ),
+    "clock_period_h_zero": (["clock=sampled", "clock.period_h=0"], ["clock.period_h must be"]),
+    "trace_binary_file": (["clock=trace", "clock.path={files}/trace.bin"], ["trace.bin", "not UTF-8"]),
+    "seed_string": (["seed=abc"], ["seed must be an integer >= 0 (got abc)"]),
+    "seed_inf": (["seed=inf"], ["seed must be an integer >= 0 (got inf)"]),
+    "num_rounds_string": (["num_rounds=abc"], ["num_rounds must be an integer >= 1 (got abc)"]),
+    "num_rounds_fraction": (["num_rounds=1.5"], ["num_rounds must be an integer >= 1 (got 1.5)"]),
+    "clients_per_round_nan": (["clients_per_round=nan"], ["clients_per_round must be an integer >= 1 (got nan)"]),
+    "strategy_target_unknown": (["strategy._target_=fedsim.nope.Nope"], ["strategy._target_=fedsim.nope.Nope"]),
+}
+
+
+@pytest.mark.parametrize("case", list(ISSUE_34))
+def test_cli_refuses_bad_group_and_schema_values_in_one_line_before_any_work(case: str, tmp_path: Path) -> None:
+    files, run_dir = tmp_path / "files", tmp_path / "run"
+    vision_files.write_mnist(files / "mnist", n_train=32, n_test=16)
+    (files / "trace.bin").write_bytes(bytes([0x00, 0xB4, 0xFF, 0x0A]) * 16)
+    overrides, needed = ISSUE_34[case]
+    args = [o.replace("{files}", str(files)) for o in overrides]
+    rounds = [] if any(a.startswith("num_rounds=") for a in args) else ["num_rounds=1"]
+    proc = run_cli([*args, *rounds, "logger.progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    line = _one_error_line(proc.stderr)
+    assert all(text.replace("{files}", str(files)) in line for text in needed), line
+    assert "final test accuracy" not in proc.stdout
+    assert not run_dir.exists() or {p.name for p in run_dir.iterdir()} <= {".hydra", "run.log"}
+
+
+# Every key of the dp, compression, clock, attack, evaluate_clients and tracker groups, out of its range, through the
+# Python API: build_server raises the ValueError the command line prints as its one line.
+GROUP_KEYS = [  # (overrides, the key the line must name)
+    (["dp=central", "dp.noise_multiplier=0"], "dp.noise_multiplier"),
+    (["dp=central", "dp.clip_norm=-1"], "dp.clip_norm"),
+    (["dp=central", "dp.delta=0"], "dp.delta"),
+    (["dp=central", "dp.delta=0.04"], "dp.delta"),
+    (["dp=central", "dp.epsilon_max=0"], "dp.epsilon_max"),
+    (["dp=central", "dp.adaptive=no"], "dp.adaptive"),
+    (["dp=adaptive", "dp.target_quantile=1.5"], "dp.target_quantile"),
+    (["dp=adaptive", "dp.clip_lr=0"], "dp.clip_lr"),
+    (["dp=adaptive", "dp.count_noise=0"], "dp.count_noise"),
+    (["compression.uplink=topk"], "compression.uplink"),
+    (["compression.uplink=[{name: qsgd, bucket_size: 0.5}]"], "qsgd.bucket_size"),
+    (["compression.uplink=[{name: random_mask, fraction: 0}]"], "random_mask.fraction"),
+    (["compression.uplink=[{_target_: fedsim.comm.Nope}]"], "compression.uplink[0]._target_"),
+    (["compression.downlink=[5]"], "compression.downlink[0]"),
+    (["compression.error_feedback=1"], "compression.error_feedback"),
+    (["clock=sampled", "clock.deadline_s=0"], "clock.deadline_s"),
+    (["clock=sampled", "clock.over_selection=-1"], "clock.over_selection"),
+    (["clock=sampled", "clock.speed_median=0"], "clock.speed_median"),
+    (["clock=sampled", "clock.speed_sigma=-1"], "clock.speed_sigma"),
+    (["clock=sampled", "clock.upload_mbps=0"], "clock.upload_mbps"),
+    (["clock=sampled", "clock.upload_sigma=-1"], "clock.upload_sigma"),
+    (["clock=sampled", "clock.download_mbps=-3"], "clock.download_mbps"),
+    (["clock=sampled", "clock.download_sigma=nan"], "clock.download_sigma"),
+    (["clock=sampled", "clock.always_online=no"], "clock.always_online"),
+    (["clock=sampled", "clock.online_fraction_mean=1.5"], "clock.online_fraction_mean"),
+    (["clock=trace"], "clock.path"),
+    (["clock=trace", "clock.path=7"], "clock.path"),
+    (["attack=sign_flip", "attack.fraction=2"], "attack.fraction"),
+    (["attack=sign_flip", "attack.per_round=no"], "attack.per_round"),
+    (["attack=sign_flip", "attack.scale=abc"], "attack.scale"),
+    (["attack=gaussian", "attack.std=-1"], "attack.std"),
+    (["attack=scaling", "attack.boost=inf"], "attack.boost"),
+    (["attack=alie", "attack.z=nan"], "attack.z"),
+    (["attack=ipm", "attack.epsilon=0"], "attack.epsilon"),
+    (["attack=label_flip", "attack.source=1", "attack.target=99"], "attack.target"),
+    (["attack=backdoor", "attack.poison_fraction=0"], "attack.poison_fraction"),
+    (["attack=backdoor", "attack.trigger_size=2.5"], "attack.trigger_size"),
+    (["attack=backdoor", "attack.trigger_size=61"], "attack.trigger_size"),
+    (["attack=backdoor", "attack.trigger_value=nan"], "attack.trigger_value"),
+    (["evaluate_clients.who=bogus"], "evaluate_clients.who"),
+    (["evaluate_clients=cohort", "evaluate_clients.size=0"], "evaluate_clients.size"),
+    (["evaluate_clients=cohort", "evaluate_clients.size=31"], "evaluate_clients.size"),
+    (["evaluate_clients.every=0"], "evaluate_clients.every"),
+    (["tracker=mlflow", "tracker.experiment=[a]"], "tracker.experiment"),
+    (["tracker=mlflow", "tracker.run_name=2024"], "tracker.run_name"),
+    (["tracker=wandb", "tracker.settings=abc"], "tracker.settings"),
+    (["tracker=wandb", "tracker.mode=5"], "tracker.mode"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key"), GROUP_KEYS, ids=[" ".join(o) for o, _ in GROUP_KEYS])
+def test_every_group_key_out_of_range_is_one_line_naming_it(overrides: list[str], key: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with pytest.raises(ValueError) as caught:  # a ConfigError is one
+        build_server(compose(["num_rounds=1", *overrides]), run_dir)
+    assert key in str(caught.value) and "\n" not in str(caught.value)
+    assert not run_dir.exists() or not any(run_dir.iterdir())
+
+
 # --- (c) a user's strategy class from outside the package ---------------------------------------------------
 
 

@@ -32,7 +32,9 @@ class Attack(ABC):
     def __init__(self, *, fraction: float = 0.2, per_round: bool = False) -> None:
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
             raise ValueError(f"attack.fraction must be in [0, 1] (got {fraction!r})")
-        self.fraction, self.per_round = float(fraction), bool(per_round)
+        if not isinstance(per_round, bool):
+            raise ValueError(f"attack.per_round must be true or false (got {per_round!r})")
+        self.fraction, self.per_round = float(fraction), per_round
 
     def malicious(self, seed: int, round_num: int, num_clients: int) -> frozenset[int]:
         """The malicious clients of ``round_num``: a pure function of the seed (and the round with ``per_round``)."""

@@ -18,8 +18,10 @@ more; the set of malicious clients must therefore be fixed for the run (``per_ro
 from __future__ import annotations
 
 import copy
+import math
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
+from numbers import Integral
 from typing import Any, cast
 
 import numpy as np
@@ -29,6 +31,10 @@ from fedsim.attacks.base import Attack
 from fedsim.client.base import Client
 from fedsim.core.seeding import attack_seed
 from fedsim.data.tensor_data import TensorData
+
+
+def _is_integer(value: object) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 class DataAttack(Attack):
@@ -116,8 +122,10 @@ class Backdoor(DataAttack):
         super().__init__(**kwargs)
         if not 0 < poison_fraction <= 1:
             raise ValueError(f"attack.poison_fraction must be in (0, 1] (got {poison_fraction})")
-        if trigger_size < 1:
-            raise ValueError(f"attack.trigger_size must be >= 1 (got {trigger_size})")
+        if not _is_integer(trigger_size) or trigger_size < 1:
+            raise ValueError(f"attack.trigger_size must be an integer >= 1 (got {trigger_size!r})")
+        if trigger_value is not None and not math.isfinite(trigger_value):
+            raise ValueError(f"attack.trigger_value must be a finite number or null (got {trigger_value!r})")
         self.target, self.poison_fraction, self.trigger_size, self.trigger_value = (
             target,
             poison_fraction,
@@ -131,6 +139,13 @@ class Backdoor(DataAttack):
             raise ValueError(f"attack=backdoor needs float inputs (images or features), not {data.x.dtype} token ids")
         if not 0 <= self.target < data.num_classes:
             raise ValueError(f"attack.target={self.target} is not a class of the data (0..{data.num_classes - 1})")
+        stamped = tuple(data.x.shape[-2:]) if data.x.ndim >= 4 else tuple(data.x.shape[1:2])  # see trigger()
+        if stamped and self.trigger_size > min(stamped):
+            what = "×".join(map(str, stamped)) + (" images" if len(stamped) == 2 else " features")
+            raise ValueError(
+                f"attack.trigger_size={self.trigger_size} does not fit the data's {what}: it must be between 1 "
+                f"and {min(stamped)}"
+            )
         if self._value is None:
             self._value = float(data.x.max())  # the brightest value of the data: a visible pattern
 

@@ -1,18 +1,25 @@
 """Run-level configuration schema and validation (with run.py, the only module that knows Hydra).
 
-Hydra checks types against :class:`RunSchema`; :func:`validate` checks ranges and cross-field rules
-and raises :class:`ConfigError` with one line that names the field and what to do, before any work.
+Hydra checks types against :class:`RunSchema` (a wrong type is one line from :func:`schema_rule`, see
+:mod:`fedsim.cli.override_errors`); :func:`validate` checks ranges (:data:`RANGES`) and cross-field rules and
+raises :class:`ConfigError` with one line that names the field and what to do, before any work. Group sections are
+checked by the constructors they configure (:mod:`fedsim.cli.config_keys`, :mod:`fedsim.cli.config_numbers`, and
+the classes' own range checks, which name the config keys); the sections without a ``_target_`` (compression,
+evaluate_clients) and what fedsim/observe's trackers leave unchecked are checked here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from fedsim.cli.config_keys import check_keys
+from fedsim.cli.config_keys import check_keys, check_section
 from fedsim.cli.config_numbers import check_numbers
 from fedsim.cli.objective import METRIC_NAME, REDUCTIONS
 from fedsim.core.errors import ConfigError
@@ -86,6 +93,49 @@ class RunSchema:
     evaluate_clients: ClientEvalSchema = field(default_factory=lambda: ClientEvalSchema())
 
 
+RANGES: dict[str, str] = {  # the allowed values of each number of the schema, as "<key> must be <range>" says them
+    "seed": ">= 0",
+    "num_rounds": ">= 1",
+    "clients_per_round": ">= 1",
+    "eval_every": ">= 1",
+    "client_test_fraction": "in [0, 1)",
+    "min_success_fraction": "in (0, 1]",
+    "checkpoint_every": ">= 0 (0: only at the end)",
+    "keep_checkpoints": ">= 1",
+    "server_threads": ">= 1 or null",
+    "stragglers.fraction": "in [0, 1]",
+    "stragglers.epochs": ">= 1",
+    "early_stop.target_accuracy": "in (0, 1] or null",
+    "early_stop.patience": ">= 1 or null",
+    "evaluate_clients.size": ">= 1 (with evaluate_clients=cohort) or null",
+    "evaluate_clients.every": ">= 1 or null",
+}
+
+
+def schema_rule(key: str) -> str | None:
+    """What the schema field ``key`` (dotted, e.g. ``stragglers.fraction``) takes, as it follows "must be":
+    ``an integer >= 1``, ``a number in [0, 1]``, ``a string``; ``None`` for a key the schema does not type."""
+    schema: Any = RunSchema
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not is_dataclass(schema) or part not in {f.name for f in fields(schema)}:
+            return None
+        hint = typing.get_type_hints(schema)[part]
+        if i < len(parts) - 1:
+            schema = hint
+    optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+    if optional:
+        others = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = others[0] if len(others) == 1 else Any
+    kind = {int: "an integer", float: "a number", str: "a string", list: "a list"}.get(typing.get_origin(hint) or hint)
+    if kind is None:
+        return None
+    rule = RANGES.get(key)
+    if rule is not None:
+        return f"{kind} {rule}"
+    return f"{kind} or null" if optional else kind
+
+
 def register_schema() -> None:
     """Make ``fedsim_schema`` available to the defaults list of ``conf/config.yaml``."""
     ConfigStore.instance().store(name="fedsim_schema", node=RunSchema)
@@ -96,6 +146,11 @@ def _require(ok: bool, name: str, rule: str, value: object, hint: str = "") -> N
         raise ConfigError(f"{name} {rule} (got {value!r}){'; ' + hint if hint else ''}")
 
 
+def _in_range(ok: bool, key: str, value: object) -> None:
+    """:func:`_require` with the rule of :data:`RANGES`."""
+    _require(ok, key, f"must be {RANGES[key]}", value)
+
+
 def _number(section: DictConfig, key: str) -> float | None:
     value = section.get(key) if isinstance(section, DictConfig) else None
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -104,35 +159,52 @@ def _number(section: DictConfig, key: str) -> float | None:
 def validate(cfg: DictConfig) -> None:
     """Check keys, types, ranges and cross-field rules of a composed config; raise :class:`ConfigError` on the first
     problem."""
+    missing = _first_missing(OmegaConf.to_container(cfg, resolve=False), "")
+    if missing is not None:
+        raise ConfigError(f"{missing} has no value (??? in its option file); give it, e.g. {missing}=<value>")
     check_keys(cfg, RunSchema, ConfigError)
     check_numbers(cfg, ConfigError)
     _validate_run(cfg)
     _validate_client(cfg.client)
-    _require(0 <= cfg.stragglers.fraction <= 1, "stragglers.fraction", "must be in [0, 1]", cfg.stragglers.fraction)
-    _require(cfg.stragglers.epochs >= 1, "stragglers.epochs", "must be >= 1", cfg.stragglers.epochs)
+    _in_range(0 <= cfg.stragglers.fraction <= 1, "stragglers.fraction", cfg.stragglers.fraction)
+    _in_range(cfg.stragglers.epochs >= 1, "stragglers.epochs", cfg.stragglers.epochs)
     target, patience = cfg.early_stop.target_accuracy, cfg.early_stop.patience
-    _require(target is None or 0 < target <= 1, "early_stop.target_accuracy", "must be in (0, 1] or null", target)
-    _require(patience is None or patience >= 1, "early_stop.patience", "must be >= 1 or null", patience)
+    _in_range(target is None or 0 < target <= 1, "early_stop.target_accuracy", target)
+    _in_range(patience is None or patience >= 1, "early_stop.patience", patience)
     _validate_data_and_partition(cfg)
+    _validate_evaluate_clients(cfg.evaluate_clients)
+    _validate_compression(cfg.compression)
+    _validate_tracker(cfg.tracker)
+
+
+def _first_missing(node: Any, path: str) -> str | None:
+    """The dotted key of the first mandatory value (``???``) left unset in ``node`` (a plain container, its
+    interpolations unresolved: resolving one that reads a bad value would fail before that value is named)."""
+    if isinstance(node, dict):
+        items: list[tuple[str, Any]] = [(f"{path}.{key}" if path else str(key), v) for key, v in node.items()]
+    elif isinstance(node, list):
+        items = [(f"{path}[{i}]", v) for i, v in enumerate(node)]
+    else:
+        return path if node == "???" else None
+    for where, value in items:
+        found = _first_missing(value, where)
+        if found is not None:
+            return found
+    return None
 
 
 def _validate_run(cfg: DictConfig) -> None:
-    _require(cfg.seed >= 0, "seed", "must be >= 0", cfg.seed)
-    _require(cfg.num_rounds >= 1, "num_rounds", "must be >= 1", cfg.num_rounds)
-    _require(cfg.clients_per_round >= 1, "clients_per_round", "must be >= 1", cfg.clients_per_round)
-    _require(cfg.eval_every >= 1, "eval_every", "must be >= 1", cfg.eval_every)
+    _in_range(cfg.seed >= 0, "seed", cfg.seed)
+    _in_range(cfg.num_rounds >= 1, "num_rounds", cfg.num_rounds)
+    _in_range(cfg.clients_per_round >= 1, "clients_per_round", cfg.clients_per_round)
+    _in_range(cfg.eval_every >= 1, "eval_every", cfg.eval_every)
     _check_eval_device(cfg.eval_device)
-    _require(0 <= cfg.client_test_fraction < 1, "client_test_fraction", "must be in [0, 1)", cfg.client_test_fraction)
-    _require(0 < cfg.min_success_fraction <= 1, "min_success_fraction", "must be in (0, 1]", cfg.min_success_fraction)
-    _require(cfg.checkpoint_every >= 0, "checkpoint_every", "must be >= 0 (0: only at the end)", cfg.checkpoint_every)
-    _require(cfg.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1", cfg.keep_checkpoints)
+    _in_range(0 <= cfg.client_test_fraction < 1, "client_test_fraction", cfg.client_test_fraction)
+    _in_range(0 < cfg.min_success_fraction <= 1, "min_success_fraction", cfg.min_success_fraction)
+    _in_range(cfg.checkpoint_every >= 0, "checkpoint_every", cfg.checkpoint_every)
+    _in_range(cfg.keep_checkpoints >= 1, "keep_checkpoints", cfg.keep_checkpoints)
     _require(cfg.state_store in ("memory", "disk"), "state_store", "must be memory or disk", cfg.state_store)
-    _require(
-        cfg.server_threads is None or cfg.server_threads >= 1,
-        "server_threads",
-        "must be >= 1 or null",
-        cfg.server_threads,
-    )
+    _in_range(cfg.server_threads is None or cfg.server_threads >= 1, "server_threads", cfg.server_threads)
     _require(
         cfg.resume is None or isinstance(cfg.resume, (bool, str)),
         "resume",
@@ -204,6 +276,70 @@ def _validate_data_and_partition(cfg: DictConfig) -> None:
             f"must be <= the {int(num_clients)} clients",
             cfg.clients_per_round,
         )
+
+
+def _validate_evaluate_clients(section: DictConfig) -> None:
+    """The rules of :class:`~fedsim.client.evaluation.ClientEvaluation`, checked before the data is loaded."""
+    from fedsim.client.evaluation import ClientEvaluation
+
+    try:
+        ClientEvaluation(section.who, section.size, section.every)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def _validate_compression(section: DictConfig) -> None:
+    """``error_feedback`` a boolean (the command line reads ``compression.error_feedback=no`` as the string "no",
+    which ``bool()`` makes true); codecs given by ``_target_`` importable and given only the keys they take. The
+    codecs' own arguments are checked when they are built (fedsim/comm), naming their list entry."""
+    if not isinstance(section, DictConfig):
+        return
+    flag = section.get("error_feedback", False)
+    _require(isinstance(flag, bool), "compression.error_feedback", "must be true or false", flag)
+    for direction in ("uplink", "downlink"):
+        entries = section.get(direction)
+        for i, entry in enumerate(entries if OmegaConf.is_list(entries) else []):
+            if isinstance(entry, DictConfig) and "_target_" in entry:
+                check_section(entry, f"compression.{direction}[{i}]", ConfigError)
+
+
+TRACKER_TEXT = {  # the trackers' text settings (fedsim/observe/trackers.py): whether null is allowed
+    "tracking_uri": True,
+    "experiment": False,
+    "run_name": True,
+    "project": False,
+    "mode": False,
+    "dir": True,
+    "entity": True,
+}
+TRACKER_NAMES = ("experiment", "run_name", "project", "entity")  # names, which may be made of digits
+
+
+def _validate_tracker(section: DictConfig) -> None:
+    """The trackers' settings take text: a name, a URI, a folder, a mode. A number or a list there is a mistake
+    (quote a name made of digits); ``settings`` is a mapping of wandb.Settings fields. What the text means (a URI
+    that answers, a mode wandb knows) is checked when the tracker starts, before training."""
+    if not isinstance(section, DictConfig) or section.get("_target_") is None:
+        return
+    for key, nullable in TRACKER_TEXT.items():
+        if key not in section:
+            continue
+        value = section.get(key)
+        quote = key in TRACKER_NAMES and isinstance(value, (int, float)) and not isinstance(value, bool)
+        _require(
+            (isinstance(value, str) and value != "") or (nullable and value is None),
+            f"tracker.{key}",
+            f"must be a non-empty string{' or null' if nullable else ''}",
+            value,
+            f"quote a name made of digits: tracker.{key}=\"'{value}'\"" if quote else "",
+        )
+    settings = section.get("settings")
+    _require(
+        settings is None or isinstance(settings, Mapping),
+        "tracker.settings",
+        "must be a mapping of wandb.Settings fields, e.g. {console: 'off'}",
+        settings,
+    )
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -2,8 +2,9 @@
 
 Hydra refuses a key the configuration does not have (``num_round=3``) and suggests ``+num_round=3``, which
 adds it; fedsim would then ignore it (a run-level key) or fail deep inside a constructor (a group key). So
-after composition every run-level key must be a field of :class:`~fedsim.cli.config.RunSchema`, and every key
-of a group section a parameter of the ``_target_`` it configures (unless that takes ``**kwargs``).
+after composition every run-level key must be a field of :class:`~fedsim.cli.config.RunSchema`, every
+``_target_`` importable, and every key of a group section a parameter of the ``_target_`` it configures (unless
+that takes ``**kwargs``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import cast
 
 from omegaconf import DictConfig
 
-from fedsim.cli.config_numbers import GROUPS, parameters
+from fedsim.cli.config_numbers import GROUPS, parameters, target_problem
 
 
 def did_you_mean(key: str, known: Iterable[str], prefix: str = "") -> str:
@@ -38,11 +39,19 @@ def check_keys(cfg: DictConfig, schema: type, error: Callable[[str], Exception])
     for group in GROUPS:
         node = cfg.get(group)
         if isinstance(node, DictConfig):
-            _check_section(node, group, error)
+            check_section(node, group, error)
 
 
-def _check_section(node: DictConfig, path: str, error: Callable[[str], Exception]) -> None:
+def check_section(node: DictConfig, path: str, error: Callable[[str], Exception]) -> None:
+    """Raise ``error(line)`` for a ``_target_`` of the section ``path`` (or of a section inside it) that cannot be
+    imported, or a key that its ``_target_`` does not take."""
     target = node.get("_target_")
+    problem = target_problem(target)
+    if problem is not None:
+        raise error(
+            f"{path}._target_={target} cannot be imported ({problem}); check the spelling, or put the folder of "
+            "your own module on PYTHONPATH"
+        )
     accepted = parameters(target)
     open_ended = not accepted or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
     for key in node:
@@ -51,7 +60,7 @@ def _check_section(node: DictConfig, path: str, error: Callable[[str], Exception
             continue
         value = node.get(key)
         if isinstance(value, DictConfig) and "_target_" in value:
-            _check_section(value, f"{path}.{key}", error)
+            check_section(value, f"{path}.{key}", error)
         if not open_ended and key not in accepted:
             names = [name for name in accepted if not name.startswith("_")]
             raise error(

@@ -1,8 +1,9 @@
-"""Hydra's refusals of a command-line override, as one line with a "did you mean".
+"""Hydra's refusals of a command-line override, as one line with a "did you mean" or the values the key takes.
 
 Hydra answers ``num_round=3`` with four lines ending in the advice to write ``+num_round=3`` (which adds a
-key nothing reads), and ``strategy=fedadamm`` with the list of every option. fedsim says instead which key or
-option is unknown and the closest known one, and exits with status 2 (bad input)."""
+key nothing reads), ``strategy=fedadamm`` with the list of every option, and ``seed=abc`` with OmegaConf's five
+lines about ``object_type=RunSchema``. fedsim says instead which key or option is unknown and the closest known
+one, or what the key takes (``seed must be an integer >= 0 (got abc)``), and exits with status 2 (bad input)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig
+from omegaconf.errors import ValidationError
 
 from fedsim.cli.config_keys import did_you_mean
 
 _CANNOT_OVERRIDE = re.compile(r"Could not override '([^']+)'")
 _NO_OPTION = re.compile(r"Could not find '([^'/]+)/([^']+)'")
+_MERGING = re.compile(r"^Error merging override ([+~]*)([^=\s]+)=(.*)$")
 
 
 def override_error_line(error: BaseException, argv: Sequence[str] | None = None) -> str | None:
@@ -29,7 +32,21 @@ def override_error_line(error: BaseException, argv: Sequence[str] | None = None)
     unknown_option = _NO_OPTION.search(text)
     if unknown_option:
         return unknown_option_line(*unknown_option.groups())
+    merging = _MERGING.match(text)
+    if merging and isinstance(error.__cause__, ValidationError):  # the schema refused the value's type
+        return wrong_type_line(merging.group(2), merging.group(3), error.__cause__)
     return None
+
+
+def wrong_type_line(key: str, value: str, error: BaseException) -> str:
+    """``seed must be an integer >= 0 (got abc)``: what the schema field ``key`` takes (its type and range); for a
+    key the schema does not describe, the first line of OmegaConf's ``error``."""
+    from fedsim.cli.config import schema_rule
+
+    rule = schema_rule(key)
+    if rule is None:
+        return f"{key}={value}: {str(error).strip().splitlines()[0]}"
+    return f"{key} must be {rule} (got {value})"
 
 
 def unknown_key_line(key: str, argv: Sequence[str]) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,10 @@ class ClientEvaluation:
     every: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("size", "every"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)):
+                raise ValueError(f"evaluate_clients.{name} must be an integer >= 1 or null (got {value!r})")
         if self.who not in WHO:
             raise ValueError(f"evaluate_clients.who must be one of {', '.join(WHO)} (got {self.who!r})")
         if self.who == "cohort" and (self.size is None or self.size < 1):

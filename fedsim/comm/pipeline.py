@@ -105,6 +105,8 @@ class Compression:
                 f"compression.downlink: {self.downlink.sparsifiers[0]!r} would sparsify the global model's "
                 "weights themselves; only value codecs (fp16, bf16, qsgd) apply to the downlink"
             )
+        if not isinstance(error_feedback, bool):
+            raise ValueError(f"compression.error_feedback must be true or false (got {error_feedback!r})")
         if error_feedback and self.uplink.lossless:
             raise ValueError(
                 "compression.error_feedback=true needs a lossy compression.uplink (e.g. [topk]): "

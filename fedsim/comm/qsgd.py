@@ -11,20 +11,28 @@ width; the paper's Elias coding would be shorter) and one float32 norm per bucke
 from __future__ import annotations
 
 import math
+from numbers import Integral
+from typing import TypeGuard
 
 import torch
 
 from fedsim.comm.codecs import FLOAT32_BYTES, ValueCodec
 
 
+def _is_integer(value: object) -> TypeGuard[int]:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
 class QSGD(ValueCodec):
     """``bits`` per value (2 to 8, sign included) and a float32 norm per ``bucket_size`` values."""
 
     def __init__(self, bits: int = 8, bucket_size: int = 512) -> None:
-        if not 2 <= bits <= 8:
-            raise ValueError(f"qsgd.bits must be between 2 and 8 (got {bits}): a sign bit and at least one level bit")
-        if bucket_size < 1:
-            raise ValueError(f"qsgd.bucket_size must be >= 1 (got {bucket_size})")
+        if not _is_integer(bits) or not 2 <= bits <= 8:
+            raise ValueError(
+                f"qsgd.bits must be an integer between 2 and 8 (got {bits!r}): a sign bit and at least one level bit"
+            )
+        if not _is_integer(bucket_size) or bucket_size < 1:
+            raise ValueError(f"qsgd.bucket_size must be an integer >= 1 (got {bucket_size!r})")
         self.bits, self.bucket_size = bits, bucket_size
         self.levels = 2 ** (bits - 1) - 1
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+from numbers import Real
 
 import torch
 
@@ -27,8 +28,8 @@ def _kept(fraction: float, n: int) -> int:
 
 
 def _check_fraction(name: str, fraction: float) -> None:
-    if not 0 < fraction <= 1:
-        raise ValueError(f"{name}.fraction must be in (0, 1] (got {fraction})")
+    if isinstance(fraction, bool) or not isinstance(fraction, Real) or not 0 < fraction <= 1:
+        raise ValueError(f"{name}.fraction must be a number in (0, 1] (got {fraction!r})")
 
 
 class TopK(Sparsifier):

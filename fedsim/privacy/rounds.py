@@ -4,10 +4,18 @@ The server asks :class:`PrivateRounds` for the round's clients (Poisson sampling
 updates and gets back the one noisy mean update the strategy aggregates (even when no client took part: the noise
 is still added and the round still counts), and asks it after every round whether the next one would exceed
 ``dp.epsilon_max``, which stops the run cleanly before that round (checkpoint, ``stop_reason``).
+
+``dp.delta`` must be below 1/N for N clients, and is best far below it: a mechanism that publishes each client's
+data outright with probability δ (and nothing else) meets (0, δ)-DP at the client level and reveals δ·N clients'
+data on average, so with δ >= 1/N the ε reported means nothing (Dwork and Roth, "The Algorithmic Foundations of
+Differential Privacy", 2014, §2.3: δ of the order of 1/N is very dangerous). δ >= 1/N is refused; δ in
+[1/(10·N), 1/N) runs, with a warning.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +29,31 @@ from fedsim.privacy.sampling import poisson_sample
 from fedsim.strategy.base import Strategy
 
 MEAN_OF_UPDATES = ("FedAvg", "FedProx", "FedOpt")  # strategies whose server step is a function of the mean update
+log = logging.getLogger("fedsim")
+
+
+def check_delta(delta: float, num_clients: int) -> None:
+    """Refuse, in one line, a ``dp.delta`` of at least 1/``num_clients``; warn when it is above 1/(10·num_clients)
+    (see the module docstring)."""
+    suggestion = min(1e-5, 10.0 ** math.floor(math.log10(0.1 / num_clients)))
+    if delta >= 1 / num_clients:
+        raise ValueError(
+            f"dp.delta={delta:g} must be below 1/{num_clients} = {1 / num_clients:.3g}, one over the run's "
+            f"{num_clients} clients (with δ >= 1/n a mechanism may publish a client's data outright and ε means "
+            f"nothing); use e.g. dp.delta={suggestion:g}"
+        )
+    if delta >= 0.1 / num_clients:
+        log.warning(
+            "dp.delta=%g is close to 1/%d = %.3g (the run's %d clients): the guarantee allows revealing %.2g "
+            "clients' data outright on average (δ·n); keep it below 1/(10·n) = %.3g, e.g. dp.delta=%g",
+            delta,
+            num_clients,
+            1 / num_clients,
+            num_clients,
+            delta * num_clients,
+            0.1 / num_clients,
+            suggestion,
+        )
 
 
 def check_strategy(strategy: Strategy) -> None:
@@ -57,6 +90,7 @@ class PrivateRounds:
     """DP-FedAvg over a run: ``dp`` settings, N clients, ``clients_per_round`` expected per round."""
 
     def __init__(self, dp: CentralDP, *, num_clients: int, clients_per_round: int, seed: int) -> None:
+        check_delta(dp.delta, num_clients)
         self.dp, self.seed = dp, seed
         self.rate = clients_per_round / num_clients
         self.expected = float(clients_per_round)

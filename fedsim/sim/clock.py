@@ -36,12 +36,13 @@ sends its partial work as soon as its last whole epoch is done.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from fedsim.sim.profiles import BYTES_PER_S_PER_MBPS, DeviceProfiles, sampled_profiles, trace_profiles
+from fedsim.sim.profiles import BYTES_PER_S_PER_MBPS, DeviceProfiles, check_positive, sampled_profiles, trace_profiles
 
 BYTES_PER_PARAMETER = 4  # float32, what fedsim sends each way
 
@@ -283,7 +284,21 @@ def sampled_clock(
     online_fraction_mean: float = 0.25,
 ) -> SyncClock:
     """``clock=sampled``: profiles drawn per client from ``seed`` (:func:`fedsim.sim.profiles.sampled_profiles`;
-    speeds in examples/s, bandwidths in Mbit/s, medians and log-scale sigmas), then a :class:`SyncClock`."""
+    speeds in examples/s, bandwidths in Mbit/s, medians and log-scale sigmas), then a :class:`SyncClock`. Its
+    arguments are checked here, each refused in one line that names it as the config does (``clock.period_h``)."""
+    for name, value in (("speed_median", speed_median), ("upload_mbps", upload_mbps), ("download_mbps", download_mbps)):
+        check_positive(f"clock.{name}", value)
+    for name, value in (
+        ("speed_sigma", speed_sigma),
+        ("upload_sigma", upload_sigma),
+        ("download_sigma", download_sigma),
+    ):
+        check_positive(f"clock.{name}", value, allow_zero=True)
+    check_positive("clock.period_h", period_h, allow_inf=True)
+    if not 0 < check_positive("clock.online_fraction_mean", online_fraction_mean) <= 1:
+        raise ValueError(f"clock.online_fraction_mean must be in (0, 1] (got {online_fraction_mean!r})")
+    if not isinstance(always_online, bool):
+        raise ValueError(f"clock.always_online must be true or false (got {always_online!r})")
     profiles = sampled_profiles(
         num_clients,
         seed,
@@ -305,4 +320,6 @@ def trace_clock(
 ) -> SyncClock:
     """``clock=trace``: every client's profile from a CSV trace (:mod:`fedsim.sim.trace` has the format);
     ``seed`` is not used."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"clock.path must be the path of a CSV trace (got {path!r}); quote a name made of digits")
     return SyncClock(trace_profiles(path, num_clients), deadline_s=deadline_s, over_selection=over_selection)

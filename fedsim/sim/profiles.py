@@ -174,14 +174,17 @@ def _is_number(value: object, allow_inf: bool) -> TypeGuard[Real]:
     )
 
 
-def _check_positive(name: str, value: object, *, allow_zero: bool = False, allow_inf: bool = False) -> float:
+def check_positive(name: str, value: object, *, allow_zero: bool = False, allow_inf: bool = False) -> float:
+    """``value`` as a float, or a one-line ``ValueError`` "<name> must be a finite number > 0 (got ...)" (``>= 0``
+    with ``allow_zero``; ``(or inf)`` with ``allow_inf``). ``name`` is the setting as its caller calls it."""
     if not _is_number(value, allow_inf) or value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(
-            f"sampled_profiles: {name} must be a finite number {bound}"
-            f"{' (or inf)' if allow_inf else ''} (got {value!r})"
-        )
+        raise ValueError(f"{name} must be a finite number {bound}{' (or inf)' if allow_inf else ''} (got {value!r})")
     return float(value)
+
+
+def _check_positive(name: str, value: object, *, allow_zero: bool = False, allow_inf: bool = False) -> float:
+    return check_positive(f"sampled_profiles: {name}", value, allow_zero=allow_zero, allow_inf=allow_inf)
 
 
 def _client_draws(seed: int, client: int, beta: tuple[float, float] | None) -> np.ndarray:

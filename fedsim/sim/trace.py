@@ -62,8 +62,18 @@ def _data_lines(path: Path) -> list[tuple[int, str]]:
             f"device trace {path} not found; give the path of a CSV with the header {HEADER} "
             f"and one row per client (example: {EXAMPLE})"
         )
-    with path.open(encoding="utf-8-sig", newline="") as f:
-        lines = f.read().splitlines()
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            lines = f.read().splitlines()
+    except UnicodeDecodeError as error:  # a binary file, or text in another encoding
+        line = error.object[: error.start].count(b"\n") + 1
+        raise ValueError(
+            f"device trace {path} line {line}: byte 0x{error.object[error.start]:02x} is not UTF-8 text (a binary "
+            f"file, or another encoding?); give a CSV trace saved as UTF-8 (format: fedsim/sim/trace.py; example: "
+            f"{EXAMPLE})"
+        ) from None
+    except OSError as error:  # unreadable: permissions, a device that fails
+        raise ValueError(f"device trace {path} cannot be read: {error.strerror or error}") from None
     return [(n, text) for n, text in enumerate(lines, start=1) if text.strip() and not text.lstrip().startswith("#")]
 
 

@@ -3,6 +3,8 @@ clients train on, the success rate, and the same weights under process workers."
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -40,6 +42,34 @@ def test_the_backdoor_stamps_its_square_on_a_share_of_the_rows_and_relabels_them
     assert flat.tolist() == [[0, 0, 1, 1, 1], [0, 0, 1, 1, 1]]
     with pytest.raises(ValueError, match="^attack=backdoor needs float inputs"):
         Backdoor().check(TensorData(torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), 2))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "x", "message"),
+    [
+        (
+            {"trigger_size": 5},
+            torch.zeros(2, 1, 4, 6),
+            "attack.trigger_size=5 does not fit the data's 4×6 images: it must be between 1 and 4",
+        ),
+        (
+            {"trigger_size": 6},
+            torch.zeros(2, 5),
+            "attack.trigger_size=6 does not fit the data's 5 features: it must be between 1 and 5",
+        ),
+        ({"trigger_size": 2.5}, torch.zeros(2, 5), "attack.trigger_size must be an integer >= 1 (got 2.5)"),
+        (
+            {"trigger_value": math.inf},
+            torch.zeros(2, 5),
+            "attack.trigger_value must be a finite number or null (got inf)",
+        ),
+        ({"per_round": "no"}, torch.zeros(2, 5), "attack.per_round must be true or false (got 'no')"),
+    ],
+)
+def test_backdoor_settings_out_of_range_are_one_line(kwargs: dict, x: torch.Tensor, message: str) -> None:
+    with pytest.raises(ValueError) as caught:  # by the constructor, or by check() before the run (the data's shape)
+        Backdoor(**kwargs).check(TensorData(x, torch.zeros(len(x), dtype=torch.int64), 2))
+    assert str(caught.value) == message
 
 
 def test_malicious_clients_train_on_appended_poisoned_copies_and_the_others_are_untouched() -> None:

@@ -114,6 +114,23 @@ def test_chains_that_make_no_sense_are_refused_in_one_line(up, down, feedback, m
         Compression(uplink=up, downlink=down, error_feedback=feedback)
 
 
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: QSGD(bits=4.5), "qsgd.bits must be an integer between 2 and 8 (got 4.5)"),
+        (lambda: QSGD(bits=True), "qsgd.bits must be an integer between 2 and 8 (got True)"),
+        (lambda: QSGD(bucket_size=0.5), "qsgd.bucket_size must be an integer >= 1 (got 0.5)"),
+        (lambda: TopK(fraction="abc"), "topk.fraction must be a number in (0, 1] (got 'abc')"),
+        (lambda: RandomMask(fraction=math.nan), "random_mask.fraction must be a number in (0, 1] (got nan)"),
+        (lambda: Compression(error_feedback="no"), "compression.error_feedback must be true or false (got 'no')"),
+    ],
+)
+def test_codec_arguments_of_the_wrong_kind_are_refused_in_one_line(build, message) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError) as caught:
+        build()
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
 def _update(params: torch.Tensor, state: dict | None = None) -> ClientUpdate:
     return ClientUpdate(client_id=3, round_num=1, params=params, num_examples=5, state=state)
 

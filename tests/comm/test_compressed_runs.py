@@ -120,7 +120,7 @@ def test_the_clock_times_uploads_with_the_encoded_size() -> None:
         ),
         (
             ["compression=qsgd", "compression.uplink=[{name: qsgd, bits: 1}]"],
-            "compression.uplink[0]: qsgd.bits must be between 2 and 8",
+            "compression.uplink[0]: qsgd.bits must be an integer between 2 and 8",
         ),
         (
             ["compression.uplink=[{name: topk, k: 3}]"],

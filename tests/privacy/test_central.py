@@ -11,6 +11,7 @@ import torch
 
 from fedsim.core.seeding import dp_seed
 from fedsim.privacy.central import CentralDP
+from fedsim.privacy.rounds import PrivateRounds, check_delta
 from fedsim.privacy.sampling import poisson_sample
 
 
@@ -89,11 +90,27 @@ def test_poisson_sampling_takes_each_client_with_the_rate_independently() -> Non
         ({"noise_multiplier": 1.0, "clip_norm": -1.0}, "dp.clip_norm must be > 0"),
         ({"noise_multiplier": 1.0, "clip_norm": 1.0, "delta": 1.0}, "dp.delta must be in (0, 1)"),
         ({"noise_multiplier": 1.0, "clip_norm": 1.0, "epsilon_max": 0}, "dp.epsilon_max must be > 0 or null"),
+        ({"noise_multiplier": math.inf, "clip_norm": 1.0}, "dp.noise_multiplier must be a finite number > 0"),
+        ({"noise_multiplier": 1.0, "clip_norm": 1.0, "adaptive": "no"}, "dp.adaptive must be true or false"),
+        ({"noise_multiplier": 1.0, "clip_norm": 1.0, "clip_lr": -1}, "dp.clip_lr must be > 0 (got -1)"),
+        ({"noise_multiplier": 1.0, "clip_norm": 1.0, "count_noise": 0.0}, "dp.count_noise must be > 0 or null"),
     ],
 )
 def test_bad_settings_are_refused_in_one_line(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         CentralDP(**kwargs)
+
+
+def test_delta_must_be_far_below_one_over_the_number_of_clients(caplog: pytest.LogCaptureFixture) -> None:
+    # 50 clients: 1/n = 0.02 is refused, [1/(10n), 1/n) = [0.002, 0.02) runs with a warning, below that silently
+    dp = CentralDP(noise_multiplier=1.0, clip_norm=1.0, delta=0.02)
+    with pytest.raises(ValueError, match=r"^dp.delta=0.02 must be below 1/50 = 0.02, one over the run's 50 clients"):
+        PrivateRounds(dp, num_clients=50, clients_per_round=5, seed=0)
+    with caplog.at_level("WARNING", logger="fedsim"):
+        check_delta(0.002, 50)
+        check_delta(0.0019, 50)
+    assert [r.getMessage().split(" is close")[0] for r in caplog.records] == ["dp.delta=0.002"]
+    assert "1/50" in caplog.records[0].getMessage() and "\n" not in caplog.records[0].getMessage()
 
 
 def test_the_clients_weights_are_left_as_they_were_even_in_float64() -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedsim.cli.run import build_server, compose
-from fedsim.sim.clock import SyncClock, next_start_s, online_until
+from fedsim.sim.clock import SyncClock, next_start_s, online_until, sampled_clock
 from fedsim.sim.profiles import DeviceProfiles
 
 DAY = 86_400.0
@@ -127,6 +127,23 @@ def test_a_client_can_start_a_task_only_with_some_of_its_window_left() -> None:
         start = next_start_s(profiles, 0, float(t))
         assert start >= t and online_until(profiles, 0, start) > start
         assert start == t or start - t <= DAY - 6 * h + 1e-6
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"period_h": 0}, "clock.period_h must be a finite number > 0 (or inf) (got 0)"),
+        ({"speed_median": -1.0}, "clock.speed_median must be a finite number > 0 (got -1.0)"),
+        ({"upload_sigma": math.nan}, "clock.upload_sigma must be a finite number >= 0 (got nan)"),
+        ({"download_mbps": 0.0}, "clock.download_mbps must be a finite number > 0 (got 0.0)"),
+        ({"online_fraction_mean": 1.5}, "clock.online_fraction_mean must be in (0, 1] (got 1.5)"),
+        ({"always_online": "no"}, "clock.always_online must be true or false (got 'no')"),
+    ],
+)
+def test_sampled_clock_names_its_settings_as_the_config_does(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        sampled_clock(5, 0, **kwargs)
+    assert str(caught.value) == message
 
 
 def test_bad_clock_settings_are_refused_in_one_line() -> None:

@@ -325,6 +325,15 @@ def test_a_missing_trace_file_says_what_to_give(tmp_path: Path) -> None:
     assert str(path) in msg and HEADER in msg and "example_trace.csv" in msg
 
 
+def test_a_binary_trace_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_bytes(HEADER.encode() + b"\n0,100,2,20,22,8\n\xb4\x00\xff\n")
+    with pytest.raises(ValueError) as excinfo:
+        trace_profiles(path, 1)
+    msg = _one_line(excinfo)
+    assert msg.startswith(f"device trace {path} line 3: byte 0xb4 is not UTF-8 text")
+
+
 def test_trace_profiles_refuses_a_bad_client_count() -> None:
     with pytest.raises(ValueError) as excinfo:
         trace_profiles(EXAMPLE, 0)
