@@ -12,7 +12,8 @@ The ``.npz`` file holds ``x_train``, ``y_train``, ``x_test``, ``y_test`` and opt
 owner of every training row, for ``partition=natural``) and ``test_client_ids`` (the owner of every test row:
 then each client also tests on its own rows, as with LEAF). Features become float32 (int64 for integer
 arrays, which text models read as token ids); labels become int64 class indices. Float32 numpy features are
-used without a copy, so memory stays at the arrays' own size.
+used without a copy, so memory stays at the arrays' own size. A NaN or infinite feature or label is refused in one
+line naming the file, the array, its first such row and that row's owner (:mod:`fedsim.data.finite`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsim.data.finite import NonFiniteDataError
 from fedsim.data.tensor_data import DataSplit, split_from_arrays, split_from_pool
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -55,6 +57,9 @@ def npz(*, path: str | Path, num_classes: int | None = None) -> DataSplit:
             num_classes=num_classes,
             client_ids=arrays.get("client_ids"),
             test_client_ids=arrays.get("test_client_ids"),
+            source=where,
         )
+    except NonFiniteDataError:
+        raise  # names the file already
     except ValueError as err:
         raise ValueError(f"{err} (in {where})") from None

@@ -23,6 +23,8 @@ speaking role, ``x`` 80 characters, ``y`` the next character), the Hub copies of
   its rows are the test set; when they also carry the client column, every client tests on its own rows.
   Either way of per-client test rows gives the pooled layout of :class:`~fedsim.data.tensor_data.DataSplit`:
   training rows first, test rows last, ``local_test`` marking them, ``test`` a view of the tail.
+* A NaN or infinite feature is refused in one line naming the split and path, the column, the row (its index in
+  the split) and its client (:mod:`fedsim.data.finite`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch
 
 from fedsim.core.errors import DatasetNotFoundError
 from fedsim.core.extras import require
+from fedsim.data.finite import check_finite
 from fedsim.data.tensor_data import DataSplit, TensorData
 
 NEEDED_BY = "a Hugging Face dataset (data=hf, femnist_hf, shakespeare_hf)"
@@ -58,8 +61,11 @@ class _Columns:
     image_std: Any
     text_length: int | None
 
-    def read(self, ds: Any, rows: np.ndarray, where: str) -> tuple[torch.Tensor, np.ndarray, int | None]:
-        """Features, labels and the ``ClassLabel`` size of ``rows`` (in that order)."""
+    def read(
+        self, ds: Any, rows: np.ndarray, where: str, owners: np.ndarray | None, *, check: bool = True
+    ) -> tuple[torch.Tensor, np.ndarray, int | None]:
+        """Features, labels and the ``ClassLabel`` size of ``rows`` (in that order); unless ``check`` is false, the
+        features checked as :meth:`check` says."""
         from fedsim.data.hf_columns import read_features, read_labels  # needs pyarrow: after the datasets check
 
         x = read_features(
@@ -71,8 +77,15 @@ class _Columns:
             text_length=self.text_length,
             where=where,
         )
-        y, classes = read_labels(ds, self.label, rows, where)
+        if check:
+            self.check(x, where, owners, rows)
+        y, classes = read_labels(ds, self.label, rows, where)  # integer or character labels: always finite
         return x, y, classes
+
+    def check(self, x: torch.Tensor, where: str, owners: np.ndarray | None, rows: np.ndarray | None = None) -> None:
+        """Refuse a NaN or infinite feature, naming ``where``, the row (``rows[i]`` for row ``i`` of ``x``) and its
+        client (``owners[i]``)."""
+        check_finite(x, f"column {self.feature!r}", source=where, owners=owners, rows=rows)
 
 
 def hf(
@@ -123,8 +136,10 @@ def hf(
     if client_column in test.column_names:
         both = _concatenated(datasets, train, test, columns, where)
         here = f"splits {train_split!r}+{test_split!r} of {where}"
-        x, y, classes = columns.read(both, np.arange(len(both)), here)
         owners = _owners(both, client_column, here)
+        x, y, classes = columns.read(both, np.arange(len(both)), here, owners, check=False)
+        for name, part in ((train_split, slice(0, len(train))), (test_split, slice(len(train), None))):
+            columns.check(x[part], f"split {name!r} of {where}", owners[part])  # rows named within their split
         return _pooled(x, y, _num_classes(y, classes, num_classes, where), owners, len(train))
     return _separate(train, test, columns, num_classes, (train_split, test_split), where)
 
@@ -251,8 +266,9 @@ def _split_per_client(
             f"{test_fraction}); raise data.test_fraction or give a test split (data.test_split)"
         )
     rows = np.concatenate([np.flatnonzero(~in_test), np.flatnonzero(in_test)])
-    x, y, classes = columns.read(train, rows, where)
-    return _pooled(x, y, _num_classes(y, classes, num_classes, where), owners[rows], int((~in_test).sum()))
+    ordered = owners[rows]
+    x, y, classes = columns.read(train, rows, where, ordered)
+    return _pooled(x, y, _num_classes(y, classes, num_classes, where), ordered, int((~in_test).sum()))
 
 
 def _pooled(x: torch.Tensor, y: np.ndarray, classes: int, owners: np.ndarray, n_train: int) -> DataSplit:
@@ -276,8 +292,8 @@ def _separate(
 ) -> DataSplit:
     """Train split with owners, test split without (then the test set is only the server's)."""
     owners = _owners(train, columns.client, f"split {names[0]!r} of {where}")
-    x, y, classes = columns.read(train, np.arange(len(train)), f"split {names[0]!r} of {where}")
-    x_test, y_test, test_classes = columns.read(test, np.arange(len(test)), f"split {names[1]!r} of {where}")
+    x, y, classes = columns.read(train, np.arange(len(train)), f"split {names[0]!r} of {where}", owners)
+    x_test, y_test, test_classes = columns.read(test, np.arange(len(test)), f"split {names[1]!r} of {where}", None)
     declared = classes if test_classes is None else max(test_classes, classes or 0)
     total = _num_classes(np.concatenate([y, y_test]), declared, num_classes, where)
     return DataSplit(

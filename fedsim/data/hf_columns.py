@@ -101,6 +101,8 @@ def _channel_constants(values: Any, channels: int, name: str) -> torch.Tensor:
             f"data.{name} has {flat.size} values but the images have {channels} channel(s); "
             "give one number or one per channel"
         )
+    if not np.isfinite(flat).all():
+        raise ValueError(f"data.{name} must be finite numbers (got {flat.tolist()})")
     if name == "image_std" and (flat <= 0).any():
         raise ValueError(f"data.image_std must be > 0 (got {flat.tolist()})")
     return torch.from_numpy(flat.copy()).view(1, channels, 1, 1)

@@ -21,7 +21,8 @@ holds every row's user id (a numpy string array). Within each part the users com
 rows in file order. With ``partition=natural`` every user is one client that trains on its training rows and tests
 on its own test rows. Memory: the row counts come from each file's ``num_samples`` (read from the start of the file
 without parsing the rest), the output is allocated once and filled file by file, so the peak is the output plus one
-parsed file.
+parsed file. A NaN or infinite pixel or label (Python's JSON writes and reads ``NaN`` and ``Infinity``) is refused in
+one line naming the file, the user and the row (:mod:`fedsim.data.finite`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import torch
 
 from fedsim.core.errors import DatasetNotFoundError
 from fedsim.data import text
+from fedsim.data.finite import check_finite
 from fedsim.data.leaf_images import read_images
 from fedsim.data.tensor_data import DataSplit, TensorData
 
@@ -57,7 +59,19 @@ CELEBA_SOURCE = (
 FEMNIST_PIXELS, FEMNIST_CLASSES = 784, 62
 PARTS = ("train", "test")
 
-Convert = Callable[[list, list, int, str], None]
+
+@dataclass(frozen=True)
+class _Where:
+    """One user's examples in one file; reads ``<path>: user '<user>'`` in messages."""
+
+    path: str
+    user: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: user {self.user!r}"
+
+
+Convert = Callable[[list, list, int, _Where], None]
 """``convert(xs, ys, first_row, where)``: write one user's examples into the output from ``first_row`` on."""
 
 
@@ -85,7 +99,7 @@ class _Layout:
                         f"num_samples says {count}; the file is damaged: {_rerun(self.name)}"
                     )
                 if count:
-                    convert(xs, ys, start, f"{path}: user {user!r}")
+                    convert(xs, ys, start, _Where(path, user))
             del data, user_data  # free this file's parse before the next one is read
 
     def split(self, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> DataSplit:
@@ -225,9 +239,11 @@ def _examples(user_data: dict[str, Any], user: str, path: str, name: str) -> tup
     return entry["x"], entry["y"]
 
 
-def _labels(ys: list, num_classes: int, where: str, name: str) -> np.ndarray:
-    """Integer class labels in ``0..num_classes-1`` as int64."""
+def _labels(ys: list, num_classes: int, where: _Where, name: str) -> np.ndarray:
+    """Integer class labels in ``0..num_classes-1`` as int64 (a NaN or infinite one named as such)."""
     arr = np.asarray(ys)
+    if arr.ndim == 1:
+        check_finite(arr, "y", source=where.path, owners=where.user)
     if arr.ndim != 1 or (arr.size and (arr.dtype.kind not in "iuf" or not np.array_equal(arr, np.round(arr)))):
         raise ValueError(f"data={name}: {where} has labels that are not class numbers (y[0] = {ys[0]!r})")
     if arr.size and (arr.min() < 0 or arr.max() >= num_classes):
@@ -242,7 +258,7 @@ def femnist(*, root: str | Path, folder: str | Path | None = None) -> DataSplit:
     x = np.empty((len(layout.groups), FEMNIST_PIXELS), dtype=np.float32)
     y = np.empty(len(layout.groups), dtype=np.int64)
 
-    def convert(xs: list, ys: list, start: int, where: str) -> None:
+    def convert(xs: list, ys: list, start: int, where: _Where) -> None:
         for i, row in enumerate(xs):
             if not isinstance(row, list) or len(row) != FEMNIST_PIXELS:
                 size = len(row) if isinstance(row, list) else type(row).__name__
@@ -254,6 +270,7 @@ def femnist(*, root: str | Path, folder: str | Path | None = None) -> DataSplit:
             x[start : start + len(xs)] = xs
         except (TypeError, ValueError):
             raise ValueError(f"data=femnist: {where} has pixel values that are not numbers") from None
+        check_finite(x[start : start + len(xs)], "x", source=where.path, owners=where.user)  # JSON allows NaN
         y[start : start + len(ys)] = _labels(ys, FEMNIST_CLASSES, where, "femnist")
 
     layout.fill(convert)
@@ -270,7 +287,7 @@ def shakespeare(*, root: str | Path, folder: str | Path | None = None, seq_lengt
     x = np.empty((len(layout.groups), seq_length), dtype=np.int64)
     y = np.empty(len(layout.groups), dtype=np.int64)
 
-    def convert(xs: list, ys: list, start: int, where: str) -> None:
+    def convert(xs: list, ys: list, start: int, where: _Where) -> None:
         try:
             x[start : start + len(xs)] = text.encode_characters(xs, seq_length)
             y[start : start + len(ys)] = text.character_ids(ys)
@@ -304,7 +321,7 @@ def sent140(
     tweets = np.empty(len(layout.groups), dtype=object)
     y = np.empty(len(layout.groups), dtype=np.int64)
 
-    def convert(xs: list, ys: list, start: int, where: str) -> None:
+    def convert(xs: list, ys: list, start: int, where: _Where) -> None:
         for i, row in enumerate(xs):
             if not isinstance(row, list) or not row or not isinstance(row[-1], str):
                 raise ValueError(
@@ -349,7 +366,7 @@ def celeba(
     names = np.empty(len(layout.groups), dtype=object)
     y = np.empty(len(layout.groups), dtype=np.int64)
 
-    def convert(xs: list, ys: list, start: int, where: str) -> None:
+    def convert(xs: list, ys: list, start: int, where: _Where) -> None:
         for i, file_name in enumerate(xs):
             if not isinstance(file_name, str) or file_name not in present:
                 raise DatasetNotFoundError(

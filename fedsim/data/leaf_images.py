@@ -11,6 +11,7 @@ in chunks on a few threads (PIL's decoders release the GIL) straight into the pr
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,8 @@ def _channels(value: float | Sequence[float], name: str) -> torch.Tensor:
     values = [float(value)] * 3 if isinstance(value, (int, float)) else [float(v) for v in value]
     if len(values) != 3:
         raise ValueError(f"data: {name} must be one number or 3 (R, G, B), got {list(values)}")
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"data: {name} must be finite numbers, got {values}")
     if name.endswith("std") and min(values) <= 0:
         raise ValueError(f"data: {name} must be > 0, got {values}")
     return torch.tensor(values, dtype=torch.float32).view(1, 3, 1, 1)

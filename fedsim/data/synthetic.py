@@ -28,6 +28,7 @@ from typing import TypeGuard
 import numpy as np
 import torch
 
+from fedsim.data.finite import check_finite
 from fedsim.data.tensor_data import DataSplit, TensorData
 
 
@@ -158,6 +159,7 @@ def synthetic_with_models(
     train, test = [], []
     for k, (size, model) in enumerate(zip(sizes.tolist(), models, strict=True)):
         x = (model.v + rng.standard_normal((size, num_features)) * std).astype(np.float32)
+        check_finite(x, "x", owners=k, remedy=f"data.beta={beta} is too large for float32 features; lower it")
         y = model.labels(x)  # from the stored float32 x, so the labels are exactly reproducible
         ids = np.full(size, k, dtype=np.int64)
         cut = size - _num_test(size, test_fraction)

@@ -13,6 +13,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from fedsim.data.finite import check_finite
+
 ArrayLike = Any
 """A numpy array, a torch tensor or anything ``np.asarray`` takes."""
 
@@ -125,11 +127,16 @@ def _features(x: ArrayLike, name: str) -> torch.Tensor:
     return t.to(torch.int64)
 
 
-def _labels(y: ArrayLike, name: str) -> torch.Tensor:
-    """``y`` as a 1-D int64 tensor; refuses fractional or negative labels."""
+def _label_array(y: ArrayLike, name: str) -> np.ndarray:
+    """``y`` as a 1-D numpy array (no copy when it is one)."""
     arr = y.numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
     if arr.ndim != 1:
         raise ValueError(f"data: {name} must be 1-D, one class index per example (got shape {arr.shape})")
+    return arr
+
+
+def _labels(arr: np.ndarray, name: str) -> torch.Tensor:
+    """1-D labels as an int64 tensor; refuses fractional or negative labels."""
     if arr.dtype.kind == "f" and not np.array_equal(arr, np.round(arr)):
         raise ValueError(f"data: {name} must hold integer class indices (found fractional values)")
     if arr.dtype.kind not in "iuf" and arr.size:
@@ -173,14 +180,18 @@ def split_from_arrays(
     num_classes: int | None = None,
     client_ids: ArrayLike | None = None,
     test_client_ids: ArrayLike | None = None,
+    source: str | None = None,
 ) -> DataSplit:
     """A :class:`DataSplit` from arrays: ``client_ids`` names the owner of every training row (what
     ``partition=natural`` makes one client of); with ``test_client_ids`` as well, every owner also tests on
     its own test rows (:attr:`DataSplit.local_test`; the two parts are then copied into one pool, with the
-    centralized test set a view of its tail). ``num_classes`` defaults to the largest label + 1."""
+    centralized test set a view of its tail). ``num_classes`` defaults to the largest label + 1.
+
+    A NaN or infinite feature or label is refused in one line naming the array, its first such row, that row's
+    owner and ``source`` (where the arrays were read, e.g. a file); see :func:`fedsim.data.finite.check_finite`."""
     xs = _features(x_train, "x_train"), _features(x_test, "x_test")
-    ys = _labels(y_train, "y_train"), _labels(y_test, "y_test")
-    for x, y, part in zip(xs, ys, ("train", "test"), strict=True):
+    raw = _label_array(y_train, "y_train"), _label_array(y_test, "y_test")
+    for x, y, part in zip(xs, raw, ("train", "test"), strict=True):
         if x.shape[0] != y.shape[0]:
             raise ValueError(
                 f"data: x_{part} has {x.shape[0]} rows but y_{part} has {y.shape[0]}; give one label per row"
@@ -190,13 +201,17 @@ def split_from_arrays(
             f"data: x_train rows are {tuple(xs[0].shape[1:])} {xs[0].dtype} but x_test rows are "
             f"{tuple(xs[1].shape[1:])} {xs[1].dtype}; both must have the same shape and kind"
         )
-    classes = _num_classes(ys[0], ys[1], num_classes)
-    owners = _owners(client_ids, len(ys[0]), "client_ids")
-    test_owners = _owners(test_client_ids, len(ys[1]), "test_client_ids")
-    if test_owners is None:
-        return DataSplit(TensorData(xs[0], ys[0], classes, owners), TensorData(xs[1], ys[1], classes))
-    if owners is None:
+    owners = _owners(client_ids, len(raw[0]), "client_ids")
+    test_owners = _owners(test_client_ids, len(raw[1]), "test_client_ids")
+    if test_owners is not None and owners is None:
         raise ValueError("data: test_client_ids needs client_ids too (the owner of every training row)")
+    for x, y, part, who in zip(xs, raw, ("train", "test"), (owners, test_owners), strict=True):
+        check_finite(x, f"x_{part}", source=source, owners=who)
+        check_finite(y, f"y_{part}", source=source, owners=who)
+    ys = _labels(raw[0], "y_train"), _labels(raw[1], "y_test")
+    classes = _num_classes(ys[0], ys[1], num_classes)
+    if owners is None or test_owners is None:
+        return DataSplit(TensorData(xs[0], ys[0], classes, owners), TensorData(xs[1], ys[1], classes))
     return _pooled(xs, ys, classes, owners, test_owners)
 
 
@@ -223,17 +238,21 @@ def split_from_pool(
     """A :class:`DataSplit` from ONE pool of rows that each belong to an owner (``client_ids``) and are either in
     that owner's training or its test part (``test_mask`` true): :meth:`DataSplit.from_arrays` with
     ``test_client_ids`` without its copy. Float32 features are used as they are; the centralized test set is a view
-    when the test rows are the pool's last rows, else a copy of the test rows only."""
-    features, labels = _features(x, "x"), _labels(y, "y")
-    if features.shape[0] != labels.shape[0]:
-        raise ValueError(f"data: x has {features.shape[0]} rows but y has {labels.shape[0]}; give one label per row")
+    when the test rows are the pool's last rows, else a copy of the test rows only. NaN or infinite values are
+    refused as :meth:`DataSplit.from_arrays` says."""
+    features, raw = _features(x, "x"), _label_array(y, "y")
+    if features.shape[0] != raw.shape[0]:
+        raise ValueError(f"data: x has {features.shape[0]} rows but y has {raw.shape[0]}; give one label per row")
     # both required: _owners gives None only for None
-    owners = cast(np.ndarray, _owners(client_ids, len(labels), "client_ids"))
-    mask = cast(np.ndarray, _owners(test_mask, len(labels), "test_mask"))
+    owners = cast(np.ndarray, _owners(client_ids, len(raw), "client_ids"))
+    mask = cast(np.ndarray, _owners(test_mask, len(raw), "test_mask"))
     if mask.dtype != np.bool_:
         raise ValueError(
             f"data: test_mask must be boolean (true: the row is in its owner's test part), got {mask.dtype}"
         )
+    check_finite(features, "x", owners=owners)
+    check_finite(raw, "y", owners=owners)
+    labels = _labels(raw, "y")
     classes = _num_classes(labels, labels[:0], num_classes)
     test_rows = np.flatnonzero(mask)
     if test_rows.size and test_rows[0] == len(mask) - test_rows.size:  # the tail: a view

@@ -21,7 +21,8 @@ that trains on its training rows and tests on its own test rows.
   (so client ``i`` of ``partition=natural`` is the ``i``-th writer id).
 
 Memory: the rows of every writer are counted first, then read straight into the preallocated tensors
-(``h5py``'s ``read_direct``), so the peak stays near the size of the raw arrays. Needs ``h5py``
+(``h5py``'s ``read_direct``), so the peak stays near the size of the raw arrays. A NaN or infinite pixel is refused
+in one line naming the file, the writer and its row (:mod:`fedsim.data.finite`). Needs ``h5py``
 (``pip install 'fedsim[tff]'``).
 """
 
@@ -38,6 +39,7 @@ import torch
 
 from fedsim.core.errors import DatasetNotFoundError
 from fedsim.core.extras import require
+from fedsim.data.finite import check_finite
 from fedsim.data.tensor_data import DataSplit, TensorData
 
 TFF_SOURCES = {
@@ -122,6 +124,7 @@ def _writers(f: Any, path: str) -> list[tuple[str, int]]:
 
 def _fill(
     f: Any,
+    path: str,
     writers: list[tuple[str, int]],
     start: int,
     code: dict[str, int],
@@ -129,15 +132,36 @@ def _fill(
     labels: np.ndarray,
     groups: np.ndarray,
 ) -> None:
-    """Read every writer's rows straight into ``images`` / ``labels`` (views of the pool) from row ``start`` on."""
+    """Read every writer's rows straight into ``images`` / ``labels`` (views of the pool) from row ``start`` on;
+    a NaN or infinite (float) label is refused naming ``path``, the writer and its row."""
     examples = f["examples"]
     for cid, rows in writers:
         if rows:
             end = start + rows
             examples[f"{cid}/pixels"].read_direct(images[start:end])  # contiguous rows: no selection to build
-            examples[f"{cid}/label"].read_direct(labels[start:end])
+            label = examples[f"{cid}/label"]
+            if label.dtype.kind == "f":  # read as int64, a NaN would become an arbitrary number
+                check_finite(label[()], "label", source=path, owners=cid)
+            label.read_direct(labels[start:end])
             groups[start:end] = code[cid]
             start = end
+
+
+def _check_pixels(x: torch.Tensor, path: str, writers: list[tuple[str, int]]) -> None:
+    """Refuse a NaN or infinite pixel of one file's rows ``x`` (its writers' rows in order) in one line naming
+    ``path``, the writer and the row in that writer's ``pixels``; one test of the whole file's rows."""
+    starts = np.cumsum([0] + [rows for _, rows in writers])
+
+    def writer(row: int) -> int:
+        return int(np.searchsorted(starts, row, side="right")) - 1
+
+    check_finite(
+        x,
+        "pixels",
+        source=path,
+        owners=lambda row: writers[writer(row)][0],
+        rows=lambda row: row - int(starts[writer(row)]),
+    )
 
 
 def _check_labels(
@@ -185,7 +209,8 @@ def femnist_tff(*, root: str | Path, only_digits: bool = False) -> DataSplit:
         images = x.numpy().reshape(-1, *IMAGE_SHAPE)  # a view: read_direct writes into x
         for f, (path, writers), start in zip(files, parts, (0, sizes[0]), strict=True):
             with _reading(path, only_digits):
-                _fill(f, writers, start, code, images, y.numpy(), groups)
+                _fill(f, path, writers, start, code, images, y.numpy(), groups)
+            _check_pixels(x[start : start + sum(rows for _, rows in writers)], path, writers)
     _check_labels(y.numpy(), num_classes, parts, only_digits)
     n = sizes[0]
     mask = np.zeros(len(y), dtype=bool)

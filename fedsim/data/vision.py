@@ -36,6 +36,7 @@ dataset, the directory looked in and how to get the files; torchvision's traceba
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,10 +113,30 @@ def _download_failed(src: _Source, err: BaseException) -> DatasetNotFoundError:
     )
 
 
+def _damaged(src: _Source, err: BaseException) -> DatasetNotFoundError:
+    """The one-line error for a pickle that torchvision could not read (CIFAR's files: truncated by an interrupted
+    download or copy), naming the first of ``src.files`` that does not unpickle (only read again to find it)."""
+    where = src.folder
+    for name in src.files:
+        path = os.path.join(src.folder, name)
+        try:
+            with open(path, "rb") as handle:
+                pickle.load(handle, encoding="latin1")  # as torchvision reads them
+        except Exception:  # any failure: this is the damaged file
+            where = path
+            break
+    return DatasetNotFoundError(
+        f"data={src.name}: cannot read {where} ({type(err).__name__}: {_one_line(err)}); the file is truncated or "
+        f"damaged: delete it and download it again ({_DOWNLOAD_HINT}), or copy {src.what} there"
+    )
+
+
 def _open(src: _Source, train: bool, download: bool) -> datasets.VisionDataset:
     """Build the torchvision dataset, turning its failures into :class:`DatasetNotFoundError`."""
     try:
         return src.make(train, download)
+    except (pickle.UnpicklingError, EOFError) as err:  # a truncated pickle: "pickle data was truncated"
+        raise _damaged(src, err) from None
     except OSError as err:  # network failures while downloading (URLError is an OSError)
         if not download:
             raise

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cli_runner import run_cli
 from torch import nn
 
 from fedsim.cli.run import build_server, compose
@@ -224,3 +225,103 @@ def test_from_pool_keeps_the_pool_without_a_copy_and_each_owners_test_rows() -> 
     )
     with pytest.raises(ValueError, match="test_mask must be boolean"):
         DataSplit.from_pool(x, y, client_ids=owners, test_mask=tail.astype(int))
+
+
+def _nan_message(source: str, name: str, value: str, row: int, client: str) -> str:
+    where = f"{source}: " if source else ""
+    return f"data: {where}{name} has a non-finite value ({value}) at row {row} (client {client}); fix or drop that row"
+
+
+@pytest.mark.parametrize(
+    ("key", "dtype", "value", "shown"),
+    [
+        ("x_train", np.float32, np.nan, "nan"),
+        ("x_test", np.float32, -np.inf, "-inf"),
+        ("x_train", np.float64, 1e39, "inf"),  # finite in float64, infinite as the float32 features
+        ("y_train", np.float64, np.nan, "nan"),  # before: "must hold integer class indices (found fractional values)"
+    ],
+)
+def test_a_non_finite_value_in_an_npz_is_refused_naming_file_array_row_and_client(
+    tmp_path: Path, key: str, dtype: type, value: float, shown: str
+) -> None:
+    a = _arrays()
+    a[key] = a[key].astype(dtype)
+    row = 61 if key != "x_test" else 23
+    if key.startswith("x"):
+        a[key][row, 3] = value
+    else:
+        a[key][row] = value
+    path = tmp_path / "mine.npz"
+    np.savez(path, **a)
+    with pytest.raises(ValueError) as info:
+        npz(path=path)
+    owner = a["client_ids" if key != "x_test" else "test_client_ids"][row]
+    assert str(info.value) == _nan_message(str(path), key, shown, row, repr(str(owner)))
+
+
+def test_a_finite_npz_loads_bitwise_as_before(tmp_path: Path) -> None:
+    """Features used as they are (no copy, no conversion), and extreme finite values pass: their sum overflows
+    float32, so the quick test fails and the row search must find every value finite."""
+    a = _arrays()
+    for key in ("x_train", "x_test"):
+        x = a[key]
+        x[:, 0] = np.finfo(np.float32).max
+        x[1::2, 1] = -np.finfo(np.float32).max
+        x[:, 2] = np.finfo(np.float32).smallest_subnormal
+        x[::3, 3] = -0.0
+    assert not np.isfinite(torch.from_numpy(a["x_train"]).sum().item())
+    path = tmp_path / "mine.npz"
+    np.savez(path, **a)
+    split = npz(path=path)
+    with np.load(path) as stored:
+        pool = np.concatenate([stored["x_train"], stored["x_test"]])
+    assert split.train.x.dtype == torch.float32 and split.train.x.numpy().tobytes() == pool.tobytes()
+    assert split.train.y.tolist() == a["y_train"].tolist() + a["y_test"].tolist()
+    assert split.train.groups.tolist() == a["client_ids"].tolist() + a["test_client_ids"].tolist()
+    plain = DataSplit.from_arrays(a["x_train"], a["y_train"], a["x_test"], a["y_test"], client_ids=a["client_ids"])
+    assert plain.train.x.data_ptr() == a["x_train"].ctypes.data  # checked in place: no copy
+
+
+def test_from_arrays_and_from_pool_refuse_a_non_finite_value_naming_array_row_and_client() -> None:
+    a = _arrays()
+    a["x_test"][11, 2] = np.inf
+    with pytest.raises(ValueError) as info:
+        DataSplit.from_arrays(
+            *(a[k] for k in ("x_train", "y_train", "x_test", "y_test")),
+            client_ids=a["client_ids"],
+            test_client_ids=a["test_client_ids"],
+        )
+    assert str(info.value) == _nan_message("", "x_test", "inf", 11, "'w5'")
+    labels = a["y_train"].astype(np.float64)
+    labels[40] = np.nan  # before: "must hold integer class indices (found fractional values)"
+    with pytest.raises(ValueError) as info:
+        DataSplit.from_arrays(torch.from_numpy(a["x_train"]), labels, a["x_train"][:3], [0, 1, 2])
+    assert str(info.value) == "data: y_train has a non-finite value (nan) at row 40; fix or drop that row"
+    x = torch.zeros(40, 3, dtype=torch.float64)
+    x[33, 0] = float("nan")
+    with pytest.raises(ValueError) as info:
+        DataSplit.from_pool(x, np.arange(40) % 4, client_ids=np.arange(40) % 5, test_mask=np.arange(40) >= 30)
+    assert str(info.value) == _nan_message("", "x", "nan", 33, "3")
+    tokens = DataSplit.from_arrays(np.ones((4, 7), dtype=np.int32), [0, 1, 0, 1], np.ones((2, 7), np.int32), [1, 0])
+    assert tokens.train.x.dtype == torch.int64  # integer features are never searched for NaN
+
+
+def test_the_npz_option_stops_in_one_line_before_training(tmp_path: Path) -> None:
+    a = _arrays()
+    a["x_train"][7, 1] = np.nan
+    path = tmp_path / "bad.npz"
+    np.savez(path, **a)
+    result = run_cli(
+        [
+            "data=npz",
+            f"data.path={path}",
+            "partition=natural",
+            "model=mlp",
+            "num_rounds=1",
+            "logger.progress=false",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ]
+    )
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == ["fedsim: error: " + _nan_message(str(path), "x_train", "nan", 7, "'w1'")]

@@ -100,6 +100,20 @@ def test_a_missing_file_is_named(tmp_path: Path, verify: bool) -> None:
         cifar100(root=tmp_path, verify_checksums=verify)
 
 
+@pytest.mark.parametrize("name", ["train", "test", "meta"])
+def test_a_truncated_pickle_is_named_with_what_to_do(tmp_path: Path, name: str) -> None:
+    tff_files.write_cifar100(tmp_path, n_train=10, n_test=10)
+    path = tmp_path / "cifar-100-python" / name
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # an interrupted download or copy; before: UnpicklingError, no file named
+    with pytest.raises(DatasetNotFoundError) as info:
+        cifar100(root=tmp_path, verify_checksums=False)
+    message = str(info.value)
+    assert "\n" not in message and info.value.__suppress_context__
+    assert message.startswith(f"data=cifar100: cannot read {path} (UnpicklingError: pickle data was truncated); ")
+    assert "delete it and download it again (rerun with data.download=true" in message
+
+
 def test_failed_download_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_network(*args: object, **kwargs: object) -> None:
         raise URLError("[Errno -2] Name or service not known")

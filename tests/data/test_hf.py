@@ -198,6 +198,28 @@ def test_string_columns_become_leaf_character_ids(datasets: Any, tmp_path: Path)
     assert Counter(split.train.groups[split.local_test].tolist()) == {f"THE_PLAY_ROLE_{i}": 1 for i in range(3)}
 
 
+@pytest.mark.parametrize(("bad_split", "row", "value"), [("train", 17, "nan"), ("test", 4, "-inf")])
+def test_a_non_finite_feature_is_refused_naming_split_column_row_and_client(
+    datasets: Any, tmp_path: Path, bad_split: str, row: int, value: str
+) -> None:
+    parts = {"train": hf_files.numeric_dataset(30), "test": hf_files.numeric_dataset(12, first_row=30)}
+    part = parts[bad_split]
+    features = np.array(part["features"], dtype=np.float32)
+    features[row, 5] = float(value)
+    columns = {"features": features.tolist(), "label": part["label"], "user": part["user"]}
+    parts[bad_split] = datasets.Dataset.from_dict(columns, features=part.features)
+    datasets.DatasetDict(parts).save_to_disk(str(tmp_path / "copy"))
+    options = {"path": tmp_path / "copy", "client_column": "user", "feature_column": "features"}
+    # without test_split every user's rows are shuffled into its train and test part: the row named is the split's own
+    for test_split in (None, "test") if bad_split == "train" else ("test",):
+        with pytest.raises(ValueError) as info:
+            _load(**options, label_column="label", test_split=test_split)
+        assert str(info.value) == (
+            f"data: split {bad_split!r} of {tmp_path / 'copy'}: column 'features' has a non-finite value ({value}) "
+            f"at row {row} (client {row % 3}); fix or drop that row"
+        )
+
+
 WRITERS = {
     "femnist_hf": hf_files.write_femnist_hf,
     "shakespeare_hf": hf_files.write_shakespeare_hf,
@@ -304,6 +326,7 @@ def _mixed_sizes(tmp_path: Path) -> dict[str, Any]:
         (lambda p: {"test_fraction": 1.0}, ValueError, r"data.test_fraction must be in \(0, 1\) \(got 1.0\)"),
         (lambda p: {"num_classes": 10}, ValueError, r"a label is \d+ but num_classes is 10"),
         (lambda p: {"image_std": [0.5, 0.5]}, ValueError, r"data.image_std has 2 values but the images have 1"),
+        (lambda p: {"image_mean": float("nan")}, ValueError, r"data.image_mean must be finite numbers \(got \[nan\]\)"),
         (_odd_columns, ValueError, r"feature column 'flag' is Value\('bool'\), which fedsim cannot read as features"),
         (_ragged, ValueError, r"column 'v': rows hold arrays of different lengths .*; every row needs the same shape"),
         (_mixed_sizes, ValueError, r"row \d is (30x28|28x28) but row \d is (28x28|30x28); resize the images"),

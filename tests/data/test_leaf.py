@@ -243,6 +243,27 @@ def test_damaged_files_are_one_line_errors_naming_file_and_user(
     _one_line(info, f"data=femnist: {path}", expected)
 
 
+@pytest.mark.parametrize(("field", "value", "shown"), [("x", "nan", "nan"), ("x", "-inf", "-inf"), ("y", "inf", "inf")])
+def test_a_non_finite_pixel_or_label_is_refused_naming_file_user_and_row(
+    tmp_path: Path, field: str, value: str, shown: str
+) -> None:
+    leaf_files.write_leaf(tmp_path, "femnist", 24, 4)
+    path = leaf_files.leaf_folder(tmp_path, "femnist") / TRAIN0
+    data = json.loads(path.read_text())
+    user = data["users"][1]
+    entry = data["user_data"][user]
+    if field == "x":
+        entry["x"][4][300] = float(value)
+    else:
+        entry["y"][4] = float(value)
+    path.write_text(json.dumps(data))  # Python's json writes NaN, Infinity, -Infinity (and reads them back)
+    with pytest.raises(ValueError) as info:
+        leaf.femnist(root=tmp_path)
+    assert str(info.value) == (
+        f"data: {path}: {field} has a non-finite value ({shown}) at row 4 (client {user!r}); fix or drop that row"
+    )
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage"])
 def test_unparsable_json_names_the_file(tmp_path: Path, damage: str) -> None:
     leaf_files.write_leaf(tmp_path, "femnist", 12, 4)
@@ -285,6 +306,13 @@ def test_text_and_image_rows_of_the_wrong_kind_are_named(tmp_path: Path) -> None
     with pytest.raises(ValueError) as info:
         leaf.sent140(root=tmp_path)
     _one_line(info, f"{path}: user 'tweeter003_21', row 1", "[tweet id, date, query, user, text]")
+
+
+def test_celeba_normalisation_constants_must_be_finite() -> None:
+    from fedsim.data.leaf_images import read_images
+
+    with pytest.raises(ValueError, match=r"data: image_std must be finite numbers, got \[0.5, inf, 0.5\]"):
+        read_images([], 16, mean=0.5, std=[0.5, float("inf"), 0.5], source="nowhere")
 
 
 def test_missing_celeba_images_are_named(tmp_path: Path) -> None:

@@ -161,3 +161,12 @@ def test_bad_parameters_raise_one_line_error_naming_field(kwargs, field):
 def test_alpha_beta_zero_is_allowed():
     split = synthetic(alpha=0.0, beta=0.0)
     assert len(split.train) > 0
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+def test_a_beta_too_large_for_float32_features_is_refused_in_one_line():
+    with pytest.raises(ValueError) as info:
+        synthetic(beta=1e40, num_devices=3, seed=0)
+    message = str(info.value)
+    assert "\n" not in message and "has a non-finite value (" in message
+    assert message.endswith("data.beta=1e+40 is too large for float32 features; lower it")

@@ -167,6 +167,30 @@ def test_wrong_layout_is_a_one_line_value_error(tmp_path: Path, edit: str, expec
     _one_line_error(info, str(path), expected)
 
 
+@pytest.mark.parametrize("dataset", ["pixels", "label"])
+def test_a_non_finite_pixel_or_label_is_refused_naming_file_writer_and_row(tmp_path: Path, dataset: str) -> None:
+    tff_files.write_femnist_tff(tmp_path, 30, 30)
+    path = tmp_path / "fed_emnist_test.h5"
+    with h5py.File(path, "a") as f:
+        cid = sorted(f["examples"])[1]
+        writer = f["examples"][cid]
+        values = writer[dataset][()].astype(np.float32)
+        row = len(values) - 1 if dataset == "pixels" else 3  # pixels: the writer's last row, next to the next writer's
+        if dataset == "pixels":
+            values[row, 10, 12] = np.nan
+            writer["pixels"][...] = values
+        else:  # a float label dataset: read into int64 as it is, its inf would become an arbitrary number
+            values[row] = np.inf
+            del writer["label"]
+            writer["label"] = values
+    with pytest.raises(ValueError) as info:
+        femnist_tff(root=tmp_path)
+    shown = "nan" if dataset == "pixels" else "inf"
+    assert str(info.value) == (
+        f"data: {path}: {dataset} has a non-finite value ({shown}) at row {row} (client {cid!r}); fix or drop that row"
+    )
+
+
 def test_conf_option_loads_the_files(tmp_path: Path) -> None:
     overrides = tff_files.write_femnist_tff(tmp_path, 60, 20)
     split = instantiate(compose(["data=femnist_tff", *overrides]).data)
