@@ -64,7 +64,7 @@ def test_a_missing_extra_stops_the_run_in_one_line_before_any_work(case: str, ru
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"fedsim: error: {needed_by}"), lines[0]
-    assert f"pip install 'fedsim[{extra}]'" in lines[0]
+    assert f"pip install 'fedsim-torch[{extra}]'" in lines[0]
     assert not (run_dir / "metrics.jsonl").exists() and not list(run_dir.glob("checkpoints/*"))
 
 
@@ -76,7 +76,8 @@ def test_require_names_the_feature_the_package_and_the_extra() -> None:
         == missing_text("executor=nothing", "no-such-package", "nothing")
         == (
             "executor=nothing needs the no-such-package package: "
-            "pip install 'fedsim[nothing]' (or pip install no-such-package)"
+            "pip install 'fedsim-torch[nothing]' (in a source checkout: pip install -e '.[nothing]'; "
+            "or pip install no-such-package)"
         )
     )
     assert isinstance(caught.value, ConfigError) and isinstance(caught.value, ImportError)

@@ -234,7 +234,10 @@ def test_without_matplotlib_says_so_and_still_writes_csv(
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     assert report.main([str(sweep)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fedsim.report:")]
-    assert lines == ["fedsim.report: matplotlib is not installed (pip install 'fedsim[plot]'); skipped accuracy.png"]
+    assert lines == [
+        "fedsim.report: matplotlib is not installed (pip install 'fedsim-torch[plot]', in a source checkout "
+        "pip install -e '.[plot]', or pip install matplotlib); skipped accuracy.png"
+    ]
     assert (sweep / "report.csv").exists() and not (sweep / "accuracy.png").exists()
 
 

@@ -21,8 +21,9 @@ class MissingExtraError(ConfigError, ImportError):
 
 def require(module: str, needed_by: str, extra: str, *, package: str | None = None) -> ModuleType:
     """Import ``module``, or raise :class:`MissingExtraError`: "``needed_by`` needs ``package``:
-    pip install 'fedsim[extra]' (or pip install ``package``)". ``package``: the name pip knows it by
-    (default ``module``)."""
+    pip install 'fedsim-torch[extra]' (in a source checkout: pip install -e '.[extra]'; or pip install ``package``)".
+    fedsim's distribution is ``fedsim-torch`` (``fedsim`` on the package index is an unrelated project).
+    ``package``: the name pip knows it by (default ``module``)."""
     try:
         return importlib.import_module(module)
     except ImportError as error:
@@ -33,4 +34,7 @@ def require(module: str, needed_by: str, extra: str, *, package: str | None = No
 
 def missing_text(needed_by: str, package: str, extra: str) -> str:
     """The one line :func:`require` raises for a package that is not installed."""
-    return f"{needed_by} needs the {package} package: pip install 'fedsim[{extra}]' (or pip install {package})"
+    return (
+        f"{needed_by} needs the {package} package: pip install 'fedsim-torch[{extra}]' (in a source checkout: "
+        f"pip install -e '.[{extra}]'; or pip install {package})"
+    )

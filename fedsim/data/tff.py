@@ -23,7 +23,7 @@ that trains on its training rows and tests on its own test rows.
 Memory: the rows of every writer are counted first, then read straight into the preallocated tensors
 (``h5py``'s ``read_direct``), so the peak stays near the size of the raw arrays. A NaN or infinite pixel is refused
 in one line naming the file, the writer and its row (:mod:`fedsim.data.finite`). Needs ``h5py``
-(``pip install 'fedsim[tff]'``).
+(``pip install 'fedsim-torch[tff]'``).
 """
 
 from __future__ import annotations

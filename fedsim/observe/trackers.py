@@ -1,8 +1,9 @@
 """Experiment trackers: a run's config, per-round scalars and summary also sent to MLflow or Weights & Biases.
 
 A :class:`TrackedLogger` is a :class:`~fedsim.observe.run_logger.RunLogger` that also forwards to its trackers.
-Both libraries are optional extras (``pip install 'fedsim[mlflow]'`` / ``'fedsim[wandb]'``), imported only when
-a tracker is made; the command line picks one with ``tracker=mlflow|wandb`` (docs/trackers.md)."""
+Both libraries are optional extras (``pip install 'fedsim-torch[mlflow]'`` / ``'fedsim-torch[wandb]'``; in a
+source checkout ``pip install -e '.[mlflow]'``), imported only when a tracker is made; the command line picks one
+with ``tracker=mlflow|wandb`` (docs/trackers.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ log = logging.getLogger("fedsim")
 
 def _require(module: str, extra: str) -> Any:
     """Import ``module`` or raise :class:`~fedsim.core.extras.MissingExtraError` naming
-    ``pip install 'fedsim[extra]'``."""
+    ``pip install 'fedsim-torch[extra]'``."""
     return require(module, f"tracker={extra}", extra, package=module.split(".")[0])
 
 

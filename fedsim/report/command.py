@@ -13,7 +13,7 @@ test accuracy mean ± std over seeds, rounds to reach ``--target`` and, for runs
 seeds that logged it. ``--plot NAME`` (repeatable; default ``eval/accuracy``, drawn as ``accuracy.png``) plots a
 scalar against ``--x`` (the round, the wall time, the simulated time ``sim/time_s`` or the megabytes sent both
 ways ``comm/mb_total``: runs without the latter two are left out of those plots, each named in a note) into
-``<name>.png`` (see :mod:`fedsim.report.plot`; needs matplotlib: ``pip install fedsim[plot]``). Reads files
+``<name>.png`` (see :mod:`fedsim.report.plot`; needs matplotlib: ``pip install fedsim-torch[plot]``). Reads files
 only; no Hydra, no torch. ``--grid ROWS COLS`` adds two-way tables (``grid.csv``, ``grid.md``; see
 :mod:`fedsim.report.grid`).
 
@@ -318,7 +318,10 @@ def write_plots(
     """One PNG per name in ``plots``; says in one line why one was not drawn. The paths written."""
     names = [png_name(metric) for metric in plots]
     if not have_matplotlib():
-        print(f"{PROG}: matplotlib is not installed (pip install 'fedsim[plot]'); skipped {', '.join(names)}")
+        print(
+            f"{PROG}: matplotlib is not installed (pip install 'fedsim-torch[plot]', in a source checkout "
+            f"pip install -e '.[plot]', or pip install matplotlib); skipped {', '.join(names)}"
+        )
         return []
     written = []
     for metric, name in zip(plots, names, strict=True):

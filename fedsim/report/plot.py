@@ -2,7 +2,7 @@
 
 A configuration is named by the overrides that differ between configurations; the overrides they all share
 go in a wrapped footnote under the plot. The legend sits right of the axes (the saved image grows to hold
-it), so it never covers a curve. matplotlib is imported only when drawing (``pip install fedsim[plot]``).
+it), so it never covers a curve. matplotlib is imported only when drawing (``pip install fedsim-torch[plot]``).
 """
 
 from __future__ import annotations

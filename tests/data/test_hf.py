@@ -72,7 +72,7 @@ def test_without_datasets_the_option_says_how_to_install_it() -> None:
     assert kind == "MissingExtraError True"
     assert message == (
         "a Hugging Face dataset (data=hf, femnist_hf, shakespeare_hf) needs the datasets package: "
-        "pip install 'fedsim[hf]' (or pip install datasets)"
+        "pip install 'fedsim-torch[hf]' (in a source checkout: pip install -e '.[hf]'; or pip install datasets)"
     )
 
 

@@ -99,7 +99,7 @@ def test_without_h5py_says_how_to_install(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "h5py", None)  # what `import h5py` meets when it is not installed
     with pytest.raises(ImportError) as info:
         femnist_tff(root=tmp_path)
-    _one_line_error(info, "pip install 'fedsim[tff]'", "pip install h5py")
+    _one_line_error(info, "pip install 'fedsim-torch[tff]'", "pip install h5py")
 
 
 @pytest.mark.parametrize(

@@ -362,7 +362,8 @@ def test_missing_ray_gives_one_clear_line() -> None:
     assert (
         done.stdout.strip()
         == MISSING_RAY
-        == "executor=ray needs the ray package: pip install 'fedsim[ray]' (or pip install ray)"
+        == "executor=ray needs the ray package: pip install 'fedsim-torch[ray]' (in a source checkout: "
+        "pip install -e '.[ray]'; or pip install ray)"
     )
 
 
