@@ -185,7 +185,7 @@ def test_tracker_options_compose_and_a_missing_library_names_its_extra(monkeypat
     wandb = make_logger(compose(["tracker=wandb", "+tracker.settings.console=off"]), None, tensorboard=False)
     assert wandb.trackers[0].mode == "offline" and wandb.trackers[0].settings == {"console": "off"}
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb now raises ImportError
-    with pytest.raises(MissingExtraError, match=r"pip install 'fedsim\[wandb\]'"):
+    with pytest.raises(MissingExtraError, match=r"pip install 'fedsim-torch\[wandb\]'"):
         make_logger(compose(["tracker=wandb"]), None, tensorboard=False)
 
 
