@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -16,6 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_non_editable_install_finds_its_configs(tmp_path: Path) -> None:
     prefix = tmp_path / "prefix"
+    # from a copy: a non-editable install builds in <source>/build, which must not be the checkout's (its files
+    # would outlive the test, and a later build would pack stale modules)
+    source = tmp_path / "source"
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", "outputs"),
+    )
     # --ignore-installed: without it pip first uninstalls the fedsim this interpreter already has (the
     # editable install of the checkout), breaking the environment the rest of the suite runs in
     install = subprocess.run(
@@ -31,7 +40,7 @@ def test_non_editable_install_finds_its_configs(tmp_path: Path) -> None:
             "--disable-pip-version-check",
             "--prefix",
             str(prefix),
-            str(ROOT),
+            str(source),
         ],
         capture_output=True,
         text=True,

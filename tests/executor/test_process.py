@@ -179,6 +179,7 @@ def test_sigkilled_worker_is_replaced_and_result_unchanged(tmp_path: Path) -> No
     assert_all_gone(pids)
 
 
+@pytest.mark.slow
 def test_a_killed_forkserver_takes_its_workers_along_and_they_are_replaced(tmp_path: Path) -> None:
     """Workers are forked from the forkserver and die with it (Linux's parent-death signal: no worker may outlive
     the run, and the forkserver exits with it). Killed mid-run, it is restarted, the workers are replaced and

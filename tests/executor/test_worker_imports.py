@@ -8,12 +8,15 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 MAIN_PROCESS_ONLY = ("hydra", "omegaconf", "fedsim.cli.config", "fedsim.cli.run", "fedsim.cli.command")
 EXTRAS = ("ray", "dp_accounting", "datasets", "h5py", "mlflow", "wandb", "matplotlib")
 
 PROBE = "import json, sys; import fedsim.executor.preload; print(json.dumps(sorted(sys.modules)))"
 
 
+@pytest.mark.slow
 def test_the_worker_preload_imports_neither_hydra_nor_any_extra() -> None:
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
