@@ -105,3 +105,17 @@ def test_the_import_paths_researchers_use_still_resolve(module: str, names: list
         value = getattr(imported, name)
         home = importlib.import_module(value.__module__)
         assert getattr(home, value.__name__) is value, (module, name)
+
+
+def test_the_old_keyword_arguments_of_server_are_one_line_naming_their_group() -> None:
+    from fedsim.server import Server
+
+    with pytest.raises(TypeError) as info:
+        Server(model_factory=None, clients=[], num_rounds=3, checkpoint_dir="x", compression=None)
+    message = str(info.value)
+    assert "\n" not in message and "clients -> federation=Federation(...)" in message
+    assert (
+        "num_rounds -> schedule=Schedule(...)" in message
+        and "checkpoint_dir -> checkpoints=Checkpoints(dir=...)" in message
+    )
+    assert "compression -> stages=Stages(...)" in message

@@ -73,6 +73,22 @@ class RunResult:
     stop_reason: str = "completed"
 
 
+# the keyword arguments Server took before they were grouped, and where each went (a one-line TypeError names it)
+MOVED = {
+    **dict.fromkeys(("clients", "train_data", "test_data", "state_store"), "federation=Federation(...)"),
+    **dict.fromkeys(
+        ("num_rounds", "clients_per_round", "min_success_fraction", "early_stop", "threads"), "schedule=Schedule(...)"
+    ),
+    "eval_every": "evaluation=Evaluation(every=...)",
+    "eval_device": "evaluation=Evaluation(device=...)",
+    "client_eval": "evaluation=Evaluation(clients=...)",
+    "checkpoint_dir": "checkpoints=Checkpoints(dir=...)",
+    "checkpoint_every": "checkpoints=Checkpoints(every=...)",
+    "keep_checkpoints": "checkpoints=Checkpoints(keep=...)",
+    **dict.fromkeys(("stragglers", "clock", "compression", "privacy", "attack"), "stages=Stages(...)"),
+}
+
+
 class Server:
     """Runs ``schedule.num_rounds`` rounds of federated training (:mod:`fedsim.server.round`).
 
@@ -84,6 +100,17 @@ class Server:
     (``None``: kept in memory only). The groups are described in :mod:`fedsim.server.settings`. Every setting is
     checked here, before any training, with one line naming it.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Server:
+        """Refuse, in one line naming where each went, the keyword arguments of the ungrouped constructor."""
+        moved = [name for name in kwargs if name in MOVED]
+        if moved:
+            where = "; ".join(f"{name} -> {MOVED[name]}" for name in moved)
+            raise TypeError(
+                f"Server no longer takes {', '.join(moved)}: they moved into groups ({where}; "
+                "from fedsim.server.settings, also importable from fedsim; docs/python-api.md)"
+            )
+        return super().__new__(cls)
 
     def __init__(
         self,
