@@ -48,7 +48,7 @@ from fedsim.server.round import (
     checkpoint_parts,
     run_stages,
 )
-from fedsim.server.settings import Checkpoints, Evaluation, Federation, Schedule, Stages
+from fedsim.server.settings import MOVED, Checkpoints, Evaluation, Federation, Schedule, Stages
 from fedsim.server.setup import build_pipeline, check_model_fits_data, continue_records, restore_parts
 from fedsim.server.setup import check_settings as _check_settings
 from fedsim.server.setup import initial_model as _initial_model
@@ -71,22 +71,6 @@ class RunResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     stopped_early: bool = False
     stop_reason: str = "completed"
-
-
-# the keyword arguments Server took before they were grouped, and where each went (a one-line TypeError names it)
-MOVED = {
-    **dict.fromkeys(("clients", "train_data", "test_data", "state_store"), "federation=Federation(...)"),
-    **dict.fromkeys(
-        ("num_rounds", "clients_per_round", "min_success_fraction", "early_stop", "threads"), "schedule=Schedule(...)"
-    ),
-    "eval_every": "evaluation=Evaluation(every=...)",
-    "eval_device": "evaluation=Evaluation(device=...)",
-    "client_eval": "evaluation=Evaluation(clients=...)",
-    "checkpoint_dir": "checkpoints=Checkpoints(dir=...)",
-    "checkpoint_every": "checkpoints=Checkpoints(every=...)",
-    "keep_checkpoints": "checkpoints=Checkpoints(keep=...)",
-    **dict.fromkeys(("stragglers", "clock", "compression", "privacy", "attack"), "stages=Stages(...)"),
-}
 
 
 class Server:

@@ -84,3 +84,19 @@ class Stages:
     compression: Compression | None = None
     privacy: CentralDP | None = None
     attack: Attack | None = None
+
+
+# the keyword arguments Server took before they were grouped, and where each went (a one-line TypeError names it)
+MOVED = {
+    **dict.fromkeys(("clients", "train_data", "test_data", "state_store"), "federation=Federation(...)"),
+    **dict.fromkeys(
+        ("num_rounds", "clients_per_round", "min_success_fraction", "early_stop", "threads"), "schedule=Schedule(...)"
+    ),
+    "eval_every": "evaluation=Evaluation(every=...)",
+    "eval_device": "evaluation=Evaluation(device=...)",
+    "client_eval": "evaluation=Evaluation(clients=...)",
+    "checkpoint_dir": "checkpoints=Checkpoints(dir=...)",
+    "checkpoint_every": "checkpoints=Checkpoints(every=...)",
+    "keep_checkpoints": "checkpoints=Checkpoints(keep=...)",
+    **dict.fromkeys(("stragglers", "clock", "compression", "privacy", "attack"), "stages=Stages(...)"),
+}
