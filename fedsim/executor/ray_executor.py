@@ -13,7 +13,9 @@ reported as out of memory. A replacement starts in the background: the round goe
 that are ready, so a cluster that lost a node finishes the round on the survivors (the replacement
 joins when the cluster has room for it). An actor killed while starting is started again, at most
 ``MAX_FAILED_STARTS`` times in a row; one whose constructor fails (it would again) stops the run at once.
-Every actor logs to its own file in the run directory, tagged with round and client.
+Every actor logs to its own file in the run directory, tagged with round and client. With
+``reuse_actors`` the actors that are idle and healthy at the end of a run stay up, empty, for the next run in
+the same process (a sweep, a loop in a notebook), which loads its workload into them (``ray_warm.py``).
 
 Ray is optional: this module imports it only when a :class:`RayExecutor` is created.
 """
@@ -34,6 +36,7 @@ import torch
 from fedsim.core.errors import WorkerStartupError
 from fedsim.core.extras import missing_text, require
 from fedsim.core.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
+from fedsim.executor import ray_warm
 from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
 from fedsim.executor.placement import physical_cores
 from fedsim.executor.ray_actor import RayWorker, to_array, to_tensor
@@ -61,6 +64,7 @@ class _Slot:
     failed_starts: int = 0  # in a row, for this slot
     waiting_said: bool = False  # the "waits for room on the cluster" line was logged for this start
     queue: deque[tuple[FitTask | EvalTask, Any]] = field(default_factory=deque)  # (task, ObjectRef)
+    reused: bool = False  # the actor is a warm one from an earlier run, loading this run's workload
     started_at: float = 0.0  # when the oldest task in the queue started (about)
 
 
@@ -72,6 +76,13 @@ class RayExecutor(Executor):
     ``cores // threads`` on CPU or ``GPUs / num_gpus_per_worker``. Every actor asks Ray for ``threads``
     CPUs and ``num_gpus_per_worker`` GPUs (e.g. 0.5: two actors share a GPU). ``runtime_env`` is passed
     to ``ray.init`` (e.g. ``{"working_dir": "."}`` to ship your client classes to a cluster).
+
+    ``reuse_actors``: at the end of the run keep the idle, healthy actors (and the Ray this executor started) for
+    the next ``RayExecutor`` with the same ``threads`` and ``num_gpus_per_worker`` in this process, which loads its
+    workload into them instead of starting new ones (seconds per actor). Kept actors hold their CPUs and GPUs until
+    the next run takes or kills them, :func:`~fedsim.executor.ray_warm.release_warm_actors`, ``ray.shutdown()`` or
+    the end of the process; and a module they imported is not imported again, so restart the process after editing
+    your client's module.
     """
 
     def __init__(
@@ -85,6 +96,7 @@ class RayExecutor(Executor):
         max_retries: int = 2,
         start_timeout_s: float = 300.0,
         runtime_env: dict[str, Any] | None = None,
+        reuse_actors: bool = False,
     ) -> None:
         self._ray = _import_ray()
         for name, value in (("workers", workers), ("threads", threads)):
@@ -99,6 +111,7 @@ class RayExecutor(Executor):
         self.address, self.workers, self.threads = address, workers, threads
         self.num_gpus_per_worker, self.runtime_env = num_gpus_per_worker, runtime_env
         self.client_timeout_s, self.max_retries, self.start_timeout_s = client_timeout_s, max_retries, start_timeout_s
+        self.reuse_actors = reuse_actors
         self._owns_ray = False
         self._slots: list[_Slot] = []
         self._workload_ref: Any = None
@@ -115,7 +128,12 @@ class RayExecutor(Executor):
                 num_cpus=self.threads, num_gpus=self.num_gpus_per_worker, max_restarts=0, max_task_retries=0
             )
             self._workload_ref, self._log_dir = ray.put(workload), workload.log_dir
-            self._slots = [self._launch(_Slot(index, None, f"r{index}")) for index in range(self.workers)]
+            warm = ray_warm.take(ray, self.threads, self.num_gpus_per_worker, self.workers if self.reuse_actors else 0)
+            self._slots = [_Slot(index, None, f"r{index}") for index in range(self.workers)]
+            for slot, actor in zip(self._slots, warm, strict=False):
+                self._reload(slot, actor)
+            for slot in self._slots[len(warm) :]:
+                self._launch(slot)
             while any(slot.starting is not None for slot in self._slots):
                 self._wait({}, deque(), {}, all_needed=True)
         except BaseException:
@@ -146,15 +164,23 @@ class RayExecutor(Executor):
             return max(1, int(resources.get("GPU", 0) / self.num_gpus_per_worker))
         return max(1, int(resources.get("CPU", 1)) // self.threads)
 
-    def _launch(self, slot: _Slot) -> _Slot:
-        """Start a fresh actor ``r<index>`` in ``slot`` without waiting for it; it logs to
-        ``<run dir>/workers/ray-worker-<index>.log`` (on its own node)."""
-        log_path = self._log_dir / "workers" / f"ray-worker-{slot.index}.log" if self._log_dir is not None else None
+    def _log_path(self, slot: _Slot) -> Path | None:
+        """``<run dir>/workers/ray-worker-<index>.log`` (on the actor's own node)."""
+        return self._log_dir / "workers" / f"ray-worker-{slot.index}.log" if self._log_dir is not None else None
+
+    def _launch(self, slot: _Slot) -> None:
+        """Start a fresh actor ``r<index>`` in ``slot`` without waiting for it."""
         slot.actor = self._actor_cls.remote(
-            slot.name, self._workload_ref, self.threads, self.num_gpus_per_worker > 0, log_path
+            slot.name, self._workload_ref, self.threads, self.num_gpus_per_worker > 0, self._log_path(slot)
         )
         slot.starting, slot.launched_at, slot.waiting_said = slot.actor.ready.remote(), time.monotonic(), False
-        return slot
+        slot.reused = False
+
+    def _reload(self, slot: _Slot, actor: Any) -> None:
+        """Give a warm actor of an earlier run this run's workload, without waiting for it."""
+        slot.actor, slot.reused = actor, True
+        slot.starting = actor.load.remote(slot.name, self._workload_ref, self._log_path(slot))
+        slot.launched_at, slot.waiting_said = time.monotonic(), False
 
     def _started(self, slot: _Slot) -> None:
         """``slot``'s actor answered ``ready()``: it may train, or it failed to start. A start killed from outside
@@ -164,6 +190,10 @@ class RayExecutor(Executor):
         try:
             details = ray.get(slot.starting)
         except ray.exceptions.RayError as error:
+            if slot.reused and isinstance(error, ray.exceptions.RayActorError):  # killed while it waited
+                log.debug("warm Ray worker %s was gone; starting a new one", slot.name)
+                self._launch(slot)
+                return
             slot.failed_starts += 1
             reason, retryable = start_failure(ray, slot.name, error)
             if not retryable:
@@ -292,11 +322,18 @@ class RayExecutor(Executor):
         retry_or_fail(task, reason, slot.name, self.max_retries, attempts, pending, results)
 
     def close(self) -> None:
-        """Kill every actor; shut Ray down only if this executor started it. Safe to call twice."""
+        """Kill every actor, or with ``reuse_actors`` keep the idle, healthy ones for the next run; shut Ray down only
+        if this executor started it and keeps no actors. Safe to call twice."""
         ray = self._ray
+        idle = [s for s in self._slots if s.starting is None and not s.queue] if self.reuse_actors else []
         for slot in self._slots:
-            kill_quietly(ray, slot.actor)
+            if slot in idle:
+                slot.actor.release.remote()
+            else:
+                kill_quietly(ray, slot.actor)
+        if idle and ray.is_initialized():
+            ray_warm.keep(ray, self.threads, self.num_gpus_per_worker, [slot.actor for slot in idle])
         self._slots, self._workload_ref, self._actor_cls = [], None, None
-        if self._owns_ray and ray.is_initialized():
+        if self._owns_ray and not idle and ray.is_initialized():
             ray.shutdown()
         self._owns_ray = False

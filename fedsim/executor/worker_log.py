@@ -1,6 +1,6 @@
 """Per-worker log files, shared by the process workers and the Ray actors.
 
-A worker calls :func:`redirect_output` once: from then on its prints and log records go to its own
+A worker calls :func:`redirect_output` when a run starts: from then on its prints and log records go to its own
 file (``<run dir>/workers/...``), every line tagged with the round and client of the task it is
 training (``[round R client C]``, or ``[idle]`` between tasks), so nothing interleaves on the console.
 Without a run directory only warnings and failures reach the console.
@@ -52,13 +52,21 @@ class _TaggedStream:
         return False
 
 
+_open_file: list[tuple[TextIO, TextIO, TextIO]] = []  # the file the last call opened, and the streams it replaced
+
+
 def redirect_output(name: str, log_path: Path | None) -> logging.Logger:
     """Route this process's prints and log records into ``log_path`` (appended), tagged with round and
-    client; ``None`` keeps the console but lets only warnings and failures through. Returns the worker's logger."""
+    client; ``None`` goes back to the console but lets only warnings and failures through. Returns the worker's
+    logger. A second call (a Ray actor reused by the next run) closes the file of the first."""
     handler: logging.Handler
+    while _open_file:  # an earlier call's file: close it, put its process's streams back
+        stream, sys.stdout, sys.stderr = _open_file.pop()
+        stream.close()
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         stream = open(log_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - this process's output from now on
+        _open_file.append((stream, sys.stdout, sys.stderr))
         sys.stdout = sys.stderr = _TaggedStream(stream)
         handler = logging.StreamHandler(stream)
     else:  # no run directory: only warnings and failures reach the console

@@ -62,7 +62,7 @@ def test_the_same_rejection_under_serial_process_and_ray(
     assert len(serial_reasons) == 2 and all(f"client {VICTIM}: {expected}" in r for r in serial_reasons), serial_reasons
     process_reasons, process = _run(ProcessExecutor(devices="cpu", workers=2, max_retries=0), kind, caplog)
     cloudpickle.register_pickle_by_value(fault_clients)  # Ray workers do not share this test's sys.path
-    ray_reasons, on_ray = _run(RayExecutor(workers=2, max_retries=0), kind, caplog)
+    ray_reasons, on_ray = _run(RayExecutor(workers=2, max_retries=0, reuse_actors=True), kind, caplog)
     assert process_reasons == serial_reasons == ray_reasons
     for history in (process, on_ray):
         assert [r["client/num_rejected"] for r in history] == [1.0, 1.0]

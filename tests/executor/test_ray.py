@@ -35,6 +35,8 @@ from test_process import PER_ROUND, ROUNDS, _data, _first_sampled_client, run, s
 
 cloudpickle.register_pickle_by_value(fault_clients)  # Ray workers do not share this test's sys.path
 pytestmark = pytest.mark.slow  # every test here starts Ray actors (a few seconds each)
+# two actors, kept for the next test's run (RayExecutor(reuse_actors=True)) unless the subject is an actor's start
+ON_RAY = ["executor=ray", "executor.workers=2", "executor.reuse_actors=true"]
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +60,7 @@ def test_char_lstm_bitwise_equal_to_serial() -> None:
     """The McMahan et al. character LSTM on Shakespeare-like token rows (test_text_executors.py's federation)."""
     import test_text_executors as text
 
-    result = text.run(RayExecutor(workers=1))
+    result = text.run(RayExecutor(workers=1, reuse_actors=True))
     assert torch.equal(result.params, text.serial_reference("char_lstm").params)
 
 
@@ -70,7 +72,7 @@ def test_simulated_clock_gives_serial_metrics_and_times() -> None:
     from fedsim.cli.run import build_server, compose
 
     reference = build_server(compose(clocked.CLOCKED)).run()
-    result = build_server(compose([*clocked.CLOCKED, "executor=ray", "executor.workers=2"])).run()
+    result = build_server(compose([*clocked.CLOCKED, *ON_RAY])).run()
     assert clocked._sim(result.history) == clocked._sim(reference.history)
     assert torch.equal(result.params, reference.params)
 
@@ -97,7 +99,7 @@ def test_fedbuff_gives_serial_metrics_and_times(module: str, settings: str) -> N
 
     overrides = getattr(buffered, settings)
     reference = build_server(compose(overrides)).run()
-    result = build_server(compose([*overrides, "executor=ray", "executor.workers=2"])).run()
+    result = build_server(compose([*overrides, *ON_RAY])).run()
     assert buffered._sim(result.history) == buffered._sim(reference.history)
     assert torch.equal(result.params, reference.params)
 
@@ -111,7 +113,7 @@ def test_compression_gives_serial_weights_and_metrics() -> None:
     from fedsim.cli.run import build_server, compose
 
     reference = build_server(compose(compressed.STACKED)).run()
-    result = build_server(compose([*compressed.STACKED, "executor=ray", "executor.workers=2"])).run()
+    result = build_server(compose([*compressed.STACKED, *ON_RAY])).run()
     assert compressed._measured_free(result.history) == compressed._measured_free(reference.history)
     assert torch.equal(result.params, reference.params)
 
@@ -125,7 +127,7 @@ def test_central_dp_gives_serial_weights_metrics_and_epsilon() -> None:
     from fedsim.cli.run import build_server, compose
 
     reference = build_server(compose(private.ADAPTIVE)).run()
-    result = build_server(compose([*private.ADAPTIVE, "executor=ray", "executor.workers=2"])).run()
+    result = build_server(compose([*private.ADAPTIVE, *ON_RAY])).run()
     assert private._measured_free(result.history) == private._measured_free(reference.history)
     assert torch.equal(result.params, reference.params)
 
@@ -139,7 +141,7 @@ def test_local_dp_sgd_gives_serial_weights() -> None:
     from fedsim.cli.run import build_server, compose
 
     reference = build_server(compose(local.SHORT)).run()
-    result = build_server(compose([*local.SHORT, "executor=ray", "executor.workers=2"])).run()
+    result = build_server(compose([*local.SHORT, *ON_RAY])).run()
     assert torch.equal(result.params, reference.params)
 
 
@@ -154,7 +156,7 @@ def test_attacks_give_serial_weights(attack: str) -> None:
 
     settings = attacked.ALIE if attack == "alie" else poisoned.BACKDOOR
     reference = build_server(compose(settings)).run()
-    result = build_server(compose([*settings, "executor=ray", "executor.workers=2"])).run()
+    result = build_server(compose([*settings, *ON_RAY])).run()
     assert attacked._measured_free(result.history) == attacked._measured_free(reference.history)
     assert torch.equal(result.params, reference.params)
 
@@ -172,7 +174,7 @@ def test_new_robust_rules_give_serial_weights(rule: str) -> None:
 
     settings = {"fltrust": test_fltrust.ATTACKED, "bulyan": test_bulyan.ATTACKED, "zeno": test_zeno.ATTACKED}[rule]
     reference = build_server(compose(settings)).run()
-    result = build_server(compose([*settings, "executor=ray", "executor.workers=2"])).run()
+    result = build_server(compose([*settings, *ON_RAY])).run()
     assert torch.equal(result.params, reference.params)
     assert [r["attack/malicious_selected"] for r in result.history] == [
         r["attack/malicious_selected"] for r in reference.history
@@ -181,8 +183,13 @@ def test_new_robust_rules_give_serial_weights(rule: str) -> None:
 
 def test_raising_client_is_reported_with_traceback_and_policy_applies() -> None:
     with pytest.raises(RoundFailedError, match=r"client \d+ fails on purpose"):
-        run(RayExecutor(workers=2), fault_clients.RaisingClient, bad_ids=tuple(range(8)))
-    result = run(RayExecutor(workers=2), fault_clients.RaisingClient, min_success_fraction=0.5, bad_ids=(1, 3, 5))
+        run(RayExecutor(workers=2, reuse_actors=True), fault_clients.RaisingClient, bad_ids=tuple(range(8)))
+    result = run(
+        RayExecutor(workers=2, reuse_actors=True),
+        fault_clients.RaisingClient,
+        min_success_fraction=0.5,
+        bad_ids=(1, 3, 5),
+    )
     assert sum(len(r["clients"]) for r in result.history) < ROUNDS * PER_ROUND, "a bad client was sampled"
     assert all(c["client_id"] not in (1, 3, 5) for r in result.history for c in r["clients"])
 
@@ -192,7 +199,7 @@ def test_failure_carries_the_traceback() -> None:
     clients = make_clients(data, functools.partial(fault_clients.RaisingClient, bad_ids=(1,), epochs=1, batch_size=8))
     factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)
     params = torch.cat([p.detach().flatten() for p in factory().parameters()])
-    with RayExecutor(workers=1) as executor:
+    with RayExecutor(workers=1, reuse_actors=True) as executor:
         executor.start(Workload(factory, clients, data.train))
         results = executor.fit(params, [FitTask(1, 1, 11), FitTask(0, 1, 10)])
     assert [r.client_id for r in results] == [0, 1]
@@ -204,7 +211,10 @@ def test_failure_carries_the_traceback() -> None:
 def test_sigkilled_actor_is_replaced_and_result_unchanged(tmp_path: Path) -> None:
     marker = tmp_path / "killed"
     result = run(
-        RayExecutor(workers=2), fault_clients.KillOnceClient, victim=_first_sampled_client(), marker=str(marker)
+        RayExecutor(workers=2, reuse_actors=True),
+        fault_clients.KillOnceClient,
+        victim=_first_sampled_client(),
+        marker=str(marker),
     )
     assert marker.exists(), "the victim never ran"
     assert not Path(f"/proc/{int(marker.read_text())}").exists()
@@ -212,7 +222,7 @@ def test_sigkilled_actor_is_replaced_and_result_unchanged(tmp_path: Path) -> Non
 
 
 def test_sigkilled_actor_without_retries_says_possibly_out_of_memory(tmp_path: Path) -> None:
-    executor = RayExecutor(workers=1, max_retries=0)
+    executor = RayExecutor(workers=1, max_retries=0, reuse_actors=True)
     with pytest.raises(RoundFailedError, match=r"Ray worker r0 was killed or crashed \(possibly out of memory"):
         run(executor, fault_clients.KillOnceClient, victim=_first_sampled_client(), marker=str(tmp_path / "killed"))
 
@@ -227,7 +237,7 @@ def test_tasks_queued_behind_a_dying_client_are_not_charged_a_retry(tmp_path: Pa
     factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)
     params = torch.cat([p.detach().flatten() for p in factory().parameters()])
     tasks = [FitTask(0, 1, 10), FitTask(1, 1, 11)]
-    with RayExecutor(workers=1, max_retries=0) as executor:
+    with RayExecutor(workers=1, max_retries=0, reuse_actors=True) as executor:
         executor.start(Workload(factory, make_clients(data, kill), data.train))
         dead, trained = executor.fit(params, tasks)
     assert isinstance(dead, ClientFailure) and "killed or crashed" in dead.error and dead.attempts == 1
@@ -241,20 +251,20 @@ def test_tasks_queued_behind_a_dying_client_are_not_charged_a_retry(tmp_path: Pa
 
 def test_client_that_hangs_once_is_timed_out_retried_and_result_unchanged(tmp_path: Path) -> None:
     marker = tmp_path / "hung"
-    executor = RayExecutor(workers=2, client_timeout_s=3)
+    executor = RayExecutor(workers=2, client_timeout_s=3, reuse_actors=True)
     result = run(executor, fault_clients.HangClient, victim=_first_sampled_client(), marker=str(marker))
     assert marker.exists(), "the victim never ran"
     assert torch.equal(result.params, serial_reference())
 
 
 def test_always_hanging_client_times_out_after_bounded_retries(tmp_path: Path) -> None:
-    executor = RayExecutor(workers=1, client_timeout_s=1, max_retries=1)
+    executor = RayExecutor(workers=1, client_timeout_s=1, max_retries=1, reuse_actors=True)
     with pytest.raises(RoundFailedError, match=r"1 of 4 clients failed .*timed out"):
         run(executor, fault_clients.HangClient, victim=_first_sampled_client(), marker=str(tmp_path / "m"), always=True)
 
 
 def test_actor_logs_are_tagged_and_prints_stay_out_of_ray_output(tmp_path: Path) -> None:
-    run(RayExecutor(workers=2), fault_clients.PrintingClient, run_dir=tmp_path)
+    run(RayExecutor(workers=2, reuse_actors=True), fault_clients.PrintingClient, run_dir=tmp_path)
     files = sorted((tmp_path / "workers").glob("ray-worker-*.log"))
     assert [f.name for f in files] == ["ray-worker-0.log", "ray-worker-1.log"]
     logs = "".join(f.read_text() for f in files)
@@ -482,7 +492,7 @@ def _algorithms():  # type: ignore[no-untyped-def]
 def test_new_algorithms_with_every_client_evaluation_equal_serial(name: str) -> None:
     make = _algorithms()[name]
     params, states, evaluated = _algorithm_run(make(), SerialExecutor())
-    ray_params, ray_states, ray_evaluated = _algorithm_run(make(), RayExecutor(workers=2))
+    ray_params, ray_states, ray_evaluated = _algorithm_run(make(), RayExecutor(workers=2, reuse_actors=True))
     assert torch.equal(params, ray_params) and _same_states(states, ray_states) and evaluated == ray_evaluated
     assert evaluated[-1]["eval_global/clients"] == 8
 

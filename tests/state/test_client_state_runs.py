@@ -91,9 +91,9 @@ def test_ray_gives_the_serial_counts_bitwise(serial_counts: RunResult, local_ray
     from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(stateful_clients)  # Ray workers do not share this test's sys.path
-    result = build(RayExecutor(workers=2)).run()
+    result = build(RayExecutor(workers=2, reuse_actors=True)).run()
     with pytest.raises(ClientMisuseError, match=r"SelfCountingClient changed self\.count"):
-        build(RayExecutor(workers=2), stateful_clients.SelfCountingClient, rounds=2).run()
+        build(RayExecutor(workers=2, reuse_actors=True), stateful_clients.SelfCountingClient, rounds=2).run()
     assert rows(result) == rows(serial_counts)
     assert torch.equal(result.params, serial_counts.params)
 
