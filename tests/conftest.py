@@ -39,6 +39,19 @@ RAY_FILES = frozenset(
         "tests/state/test_client_state_runs.py",
     }
 )
+# the files that took longest outside the Ray unit (--durations, 2026-12-05), longest first: handed out first
+LONGEST_FILES = (
+    "tests/test_checkpoint.py",
+    "tests/test_config.py",
+    "tests/executor/test_process.py",
+    "tests/executor/test_worker_kill_loop.py",
+    "tests/test_multirun_leaks.py",
+    "tests/test_sweep.py",
+    "tests/test_trackers.py",
+    "tests/test_sweepers.py",
+    "tests/strategy/test_configs.py",
+    "tests/state/test_client_state_resume.py",
+)
 _unmarked_durations: dict[str, float] = {}
 
 
@@ -87,7 +100,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadfile`` with the files of :data:`RAY_FILES` as one unit of work (one worker, one Ray at a time),
-    handed out first. It overrides two methods of pytest-xdist's ``LoadFileScheduling`` (3.x)."""
+    handed out first, then the :data:`LONGEST_FILES`. It overrides two methods of pytest-xdist's
+    ``LoadFileScheduling`` (3.x)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -98,8 +112,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return "ray" if scope in RAY_FILES else scope
 
         def _assign_work_unit(self, node: Any) -> None:
-            if "ray" in self.workqueue:  # the longest unit first, the many short files fill the other worker
-                self.workqueue.move_to_end("ray", last=False)
+            # the longest units first, so that the run does not end waiting on one long file; the many short files
+            # fill the gaps
+            for scope in reversed(("ray", *LONGEST_FILES)):
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
 
     return RayFilesTogether(config, log)
