@@ -5,15 +5,16 @@ The data: ``--rows`` (1,000,000) training rows of ``--features`` float32 feature
 finite, so the check passes and only its cost is seen), int64 labels 0..9 and owners (1,000 clients), plus
 ``--rows // 10`` test rows, in one uncompressed ``.npz`` (``np.savez``) written once under ``--tmpdir``.
 
-Timed: ``fedsim.data.arrays.npz(path=...)``, the real reader (``np.load`` reads every array, then
-``split_from_arrays`` checks ``x_train``, ``y_train``, ``x_test`` and ``y_test``), ``with`` the check and
-``without`` it (``check_finite`` replaced by a no-op in ``fedsim.data.tensor_data`` for that call), in turns: with,
-without, without, with, ... so that a slower or faster stretch of a shared machine falls on both. Each pair's ratio is
-(with) / (without); the median over the pairs is reported, with the median seconds.
+Timed: ``fedsim.data.arrays.npz(path=...)``, the real reader, three ways (``_loading``): ``with`` the check as it
+is (``read_npz`` tests the float32 arrays piece by piece on a second thread while it reads them,
+``fedsim.data.npz_read``; ``split_from_arrays`` checks the rest); ``np.load``, the reader before issue #34 (``np.load``
+of every array, no check); ``untested``, today's reader without any test (``read_npz``'s tester and ``check_finite``
+replaced by no-ops). In rounds of one load of each kind, the order rotating every round, so that a slower or faster
+stretch of a shared machine falls on all three. Reported: the median seconds of each kind, and the median (min..max)
+over the rounds of (with) / (np.load) and of (with) / (untested): what the check costs against loading without it
+as fedsim did, and against the same reader without the test.
 
-On a shared machine two loads' times differ by more than the check costs, so ``with`` also times its check from the
-inside: the seconds spent in ``check_finite`` during the load, as a share of that same load's seconds (``check
-share``, median over the repeats), which no other job's stretch can fall between. The file was just written, so it is
+The file was just written, so it is
 read from the page cache (the check's worst case); with ``--cold`` its pages are dropped from the page cache before
 every load (``posix_fadvise(DONTNEED)`` on this file only, after an ``fsync``), so each load reads the disk, as the
 first load of a dataset does.
@@ -36,15 +37,14 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedsim.data import tensor_data
+from fedsim.data import arrays, npz_read, tensor_data
 from fedsim.data.arrays import npz
-from fedsim.data.finite import check_finite
 
 CLIENTS = 1000
 CHUNK_ROWS = 100_000
@@ -68,29 +68,40 @@ def _no_check(*args: Any, **kwargs: Any) -> None:
     """The check removed: loading as before issue #34."""
 
 
-class _Timed:
-    """``check_finite`` with the seconds spent in it added up."""
+def _np_load(path: str | Path) -> tuple[dict[str, np.ndarray], frozenset[str]]:
+    """The npz reader before issue #34: ``np.load`` of every array, none tested."""
+    with np.load(path, allow_pickle=False) as archive:
+        return {key: archive[key] for key in archive.files}, frozenset()
 
-    def __init__(self) -> None:
-        self.seconds = 0.0
 
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
-        start = time.perf_counter()
-        try:
-            check_finite(*args, **kwargs)
-        finally:
-            self.seconds += time.perf_counter() - start
+class _Untested:
+    """``read_npz``'s tester replaced: every piece accepted at once, on no thread."""
+
+    def test(self, piece: np.ndarray) -> None:
+        pass
+
+    def result(self) -> bool:
+        return False
 
 
 @contextlib.contextmanager
-def _check_replaced(check: Callable[..., None]) -> Iterator[None]:
-    """``check`` instead of ``check_finite`` where the npz reader calls it (``split_from_arrays``)."""
-    saved = tensor_data.check_finite
-    tensor_data.check_finite = check
+def _loading(kind: str) -> Iterator[None]:
+    """``with``: the reader as it is. ``np.load``: as before issue #34 (``np.load``, ``check_finite`` a no-op).
+    ``untested``: ``read_npz`` without its test, ``check_finite`` a no-op (the reader's own cost, without the test)."""
+    saved = tensor_data.check_finite, arrays.read_npz, npz_read._Tester
+    if kind != "with":
+        tensor_data.check_finite = _no_check
+    if kind == "np.load":
+        arrays.read_npz = _np_load
+    if kind == "untested":
+        npz_read._Tester = _Untested  # type: ignore[misc, assignment]
     try:
         yield
     finally:
-        tensor_data.check_finite = saved
+        tensor_data.check_finite, arrays.read_npz, npz_read._Tester = saved  # type: ignore[misc]
+
+
+KINDS = ("with", "np.load", "untested")
 
 
 def _drop_from_page_cache(path: Path) -> None:
@@ -104,23 +115,18 @@ def _drop_from_page_cache(path: Path) -> None:
 
 
 def _measure(path: Path, repeats: int, cold: bool) -> dict[str, list[float]]:
-    """Seconds of ``repeats`` loads with the check and as many without (alternated), and each checked load's share
-    spent in the check."""
-    out: dict[str, list[float]] = {"with": [], "without": [], "share": []}
-    for i in range(2 * repeats):
-        with_check = i % 4 in (0, 3)  # with, without, without, with, ...
-        timed = _Timed()
-        gc.collect()
-        if cold:
-            _drop_from_page_cache(path)
-        with _check_replaced(timed if with_check else _no_check):
-            start = time.perf_counter()
-            split = npz(path=path)
-            seconds = time.perf_counter() - start
-        out["with" if with_check else "without"].append(seconds)
-        if with_check:
-            out["share"].append(timed.seconds / seconds)
-        del split
+    """Seconds of ``repeats`` loads of each kind, in rounds of one load each, the order rotating every round."""
+    out: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    for i in range(repeats):
+        for kind in KINDS[i % 3 :] + KINDS[: i % 3]:
+            gc.collect()
+            if cold:
+                _drop_from_page_cache(path)
+            with _loading(kind):
+                start = time.perf_counter()
+                split = npz(path=path)
+                out[kind].append(time.perf_counter() - start)
+            del split
     return out
 
 
@@ -134,20 +140,23 @@ def main() -> None:
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bench_finite_", dir=args.tmpdir))
     print(
-        f"{'rows x features':>18} {'file GB':>8} {'load s: without':>16} {'with':>7} "
-        f"{'median ratio with/without':>26} {'(min..max)':>13} {'check share':>12}"
+        f"{'rows x features':>18} {'file GB':>8} {'np.load s':>10} {'untested s':>11} {'with s':>7} "
+        f"{'with / np.load':>22} {'with / untested':>22}"
     )
     try:
         for features in (int(f) for f in args.features.split(",")):
             path = folder / f"rows{args.rows}_features{features}.npz"
             _write(path, args.rows, features)
             seconds = _measure(path, args.repeats, args.cold)
-            ratios = [w / wo for w, wo in zip(seconds["with"], seconds["without"], strict=True)]
+            medians = {kind: statistics.median(values) for kind, values in seconds.items()}
+            ratios = {
+                base: [w / b for w, b in zip(seconds["with"], seconds[base], strict=True)]
+                for base in ("np.load", "untested")
+            }
+            shown = {base: f"{statistics.median(r):.3f} ({min(r):.2f}..{max(r):.2f})" for base, r in ratios.items()}
             print(
-                f"{f'{args.rows:,} x {features}':>18} {path.stat().st_size / 1e9:>8.2f} "
-                f"{statistics.median(seconds['without']):>16.3f} {statistics.median(seconds['with']):>7.3f} "
-                f"{statistics.median(ratios):>26.3f} {f'{min(ratios):.2f}..{max(ratios):.2f}':>13} "
-                f"{statistics.median(seconds['share']):>12.1%}",
+                f"{f'{args.rows:,} x {features}':>18} {path.stat().st_size / 1e9:>8.2f} {medians['np.load']:>10.3f} "
+                f"{medians['untested']:>11.3f} {medians['with']:>7.3f} {shown['np.load']:>22} {shown['untested']:>22}",
                 flush=True,
             )
             path.unlink()

@@ -22,9 +22,8 @@ import os
 import zipfile
 from pathlib import Path
 
-import numpy as np
-
 from fedsim.data.finite import NonFiniteDataError
+from fedsim.data.npz_read import read_npz
 from fedsim.data.tensor_data import DataSplit, split_from_arrays, split_from_pool
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -41,8 +40,7 @@ def npz(*, path: str | Path, num_classes: int | None = None) -> DataSplit:
             f"np.savez(path, {', '.join(k + '=...' for k in NPZ_KEYS)})"
         )
     try:
-        with np.load(where, allow_pickle=False) as archive:
-            arrays = {key: archive[key] for key in archive.files}
+        arrays, finite = read_npz(where)  # float32 arrays tested for NaN/inf while read (fedsim.data.npz_read)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise ValueError(f"data=npz: cannot read {where} as an .npz file ({type(err).__name__}: {err})") from None
     missing = [key for key in NPZ_KEYS if key not in arrays]
@@ -58,6 +56,7 @@ def npz(*, path: str | Path, num_classes: int | None = None) -> DataSplit:
             client_ids=arrays.get("client_ids"),
             test_client_ids=arrays.get("test_client_ids"),
             source=where,
+            finite=finite,
         )
     except NonFiniteDataError:
         raise  # names the file already

@@ -7,6 +7,7 @@ memory and handed to worker processes once per run.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -181,6 +182,7 @@ def split_from_arrays(
     client_ids: ArrayLike | None = None,
     test_client_ids: ArrayLike | None = None,
     source: str | None = None,
+    finite: Collection[str] = (),
 ) -> DataSplit:
     """A :class:`DataSplit` from arrays: ``client_ids`` names the owner of every training row (what
     ``partition=natural`` makes one client of); with ``test_client_ids`` as well, every owner also tests on
@@ -188,7 +190,9 @@ def split_from_arrays(
     centralized test set a view of its tail). ``num_classes`` defaults to the largest label + 1.
 
     A NaN or infinite feature or label is refused in one line naming the array, its first such row, that row's
-    owner and ``source`` (where the arrays were read, e.g. a file); see :func:`fedsim.data.finite.check_finite`."""
+    owner and ``source`` (where the arrays were read, e.g. a file); see :func:`fedsim.data.finite.check_finite`.
+    ``finite`` names the float32 numpy arrays (``x_train`` ...) that the caller already found finite, which are not
+    read again (the ``.npz`` reader tests them while it reads them)."""
     xs = _features(x_train, "x_train"), _features(x_test, "x_test")
     raw = _label_array(y_train, "y_train"), _label_array(y_test, "y_test")
     for x, y, part in zip(xs, raw, ("train", "test"), strict=True):
@@ -205,14 +209,22 @@ def split_from_arrays(
     test_owners = _owners(test_client_ids, len(raw[1]), "test_client_ids")
     if test_owners is not None and owners is None:
         raise ValueError("data: test_client_ids needs client_ids too (the owner of every training row)")
+    given = {"x_train": x_train, "x_test": x_test}
     for x, y, part, who in zip(xs, raw, ("train", "test"), (owners, test_owners), strict=True):
-        check_finite(x, f"x_{part}", source=source, owners=who)
+        if not _already_finite(given[f"x_{part}"], f"x_{part}", finite):
+            check_finite(x, f"x_{part}", source=source, owners=who)
         check_finite(y, f"y_{part}", source=source, owners=who)
     ys = _labels(raw[0], "y_train"), _labels(raw[1], "y_test")
     classes = _num_classes(ys[0], ys[1], num_classes)
     if owners is None or test_owners is None:
         return DataSplit(TensorData(xs[0], ys[0], classes, owners), TensorData(xs[1], ys[1], classes))
     return _pooled(xs, ys, classes, owners, test_owners)
+
+
+def _already_finite(given: ArrayLike, name: str, finite: Collection[str]) -> bool:
+    """``name`` was found finite by the caller, and is the float32 numpy array used as it is (a conversion to float32
+    could make a finite value infinite)."""
+    return name in finite and isinstance(given, np.ndarray) and given.dtype == np.float32
 
 
 def _pooled(
