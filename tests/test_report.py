@@ -210,7 +210,10 @@ def test_main_prints_table_writes_csv_and_png(
     assert re.search(r"strategy=b\s+1/2\s+2-3\s+", text)
     with open(out / "report.csv") as csv_file:
         rows = list(csv.DictReader(csv_file))
-    assert [r["configuration"] for r in rows] == ["num_rounds=3,strategy=a", "num_rounds=3,strategy=b"]
+    assert [r["configuration"] for r in rows] == [
+        "strategy=a,num_rounds=3",
+        "strategy=b,num_rounds=3",
+    ]  # differing first
     a = rows[0]
     assert (a["seeds_finished"], a["seeds_total"], a["seeds_reached_target"], a["target"]) == ("2", "2", "2", "0.6")
     assert float(a["final_accuracy_mean"]) == pytest.approx(0.7)

@@ -165,8 +165,8 @@ def test_report_csv_has_one_row_per_configuration(real: dict[str, Any]) -> None:
         reader = csv.DictReader(f)
         rows = list(reader)
     assert reader.fieldnames == CSV_COLUMNS
-    assert [r["configuration"] for r in rows] == [
-        ",".join(sorted([*FIXED, f"partition.alpha={a}", f"strategy={s}"])) for s, a in CONFIGS
+    assert [r["configuration"] for r in rows] == [  # the settings that differ first, then the shared ones
+        ",".join([f"partition.alpha={a}", f"strategy={s}", *sorted(FIXED)]) for s, a in CONFIGS
     ]
     for row, (strategy, alpha) in zip(rows, CONFIGS, strict=True):
         assert (row["seeds_finished"], row["seeds_total"], row["rounds_min"], row["rounds_max"]) == ("2", "2", "2", "2")

@@ -1,5 +1,6 @@
-"""Compare the runs of a sweep: ``python -m fedsim.report <sweep dir> [--target 0.6] [--out DIR] [--metric NAME]
-[--plot NAME] [--x round|wall_time|sim_time|comm_mb] [--grid ROWS COLS]``.
+"""Compare the runs of a sweep: ``python -m fedsim.report <sweep dir> [--target 0.6] [--out DIR]
+[--metric NAME[:AGG]] [--plot NAME] [--x round|wall_time|sim_time|comm_mb|epsilon] [--epsilon-budget B]
+[--grid ROWS COLS] [--facet KEY]``.
 
 Every directory under the sweep dir that holds a ``metrics.jsonl`` or a ``summary.json`` is a run: finished,
 unfinished, or failed (``summary.json``'s ``stop_reason`` is ``"error: ..."``; listed with its reason). Runs are
@@ -16,6 +17,12 @@ ways ``comm/mb_total``: runs without the latter two are left out of those plots,
 ``<name>.png`` (see :mod:`fedsim.report.plot`; needs matplotlib: ``pip install fedsim-torch[plot]``). Reads files
 only; no Hydra, no torch. ``--grid ROWS COLS`` adds two-way tables (``grid.csv``, ``grid.md``; see
 :mod:`fedsim.report.grid`).
+``--metric NAME:AGG`` reduces the scalar over the rounds instead (AGG: last, the default, mean, sum, max, min;
+:func:`~fedsim.report.runs.metric_value`). ``--x epsilon`` plots against the privacy budget spent (``dp/epsilon``);
+``--epsilon-budget B`` adds the accuracy of the last evaluated round within ε ≤ B, mean ± std over seeds
+(:func:`~fedsim.report.runs.accuracy_within`). ``--facet KEY`` draws one panel per value of the override KEY
+(:func:`~fedsim.report.plot.draw_facets`). The table names a configuration by the overrides that differ and
+prints those every configuration shares once, above it; ``report.csv`` lists the differing ones first.
 
 A damaged ``metrics.jsonl`` (a run killed while writing it, or a foreign file in its place): a line is used only
 when it is a round record as fedsim writes it, a JSON object whose ``round`` is a non-negative integer and whose
@@ -42,19 +49,45 @@ import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from fedsim.report.grid import grid_problem, report_grids
-from fedsim.report.plot import ACCURACY, ROUND_TIME, X_AXES, have_matplotlib, labels, mean_curve, plot_metric, png_name
-from fedsim.report.runs import CUMULATIVE, Run, along, at_target, load_runs, mb_to_target, seconds_to_target, split_seed
+from fedsim.report.plot import (
+    ACCURACY,
+    ROUND_TIME,
+    X_AXES,
+    facet_key,
+    have_matplotlib,
+    labels,
+    mean_curve,
+    plot_metric,
+    png_name,
+)
+from fedsim.report.runs import (
+    AGGREGATES,
+    CUMULATIVE,
+    Run,
+    accuracy_within,
+    along,
+    at_target,
+    load_runs,
+    mb_to_target,
+    metric_value,
+    seconds_to_target,
+    split_metric,
+    split_seed,
+)
 from fedsim.report.table import ConfigStats, csv_rows, format_table, status, table_rows, write_csv
 
 __all__ = [
     "ConfigStats",
     "Run",
+    "accuracy_within",
     "aggregate",
     "csv_rows",
     "damage",
     "damaged_lines",
+    "facet_problem",
     "format_table",
     "group_runs",
     "labels",
@@ -63,6 +96,7 @@ __all__ = [
     "mb_to_target",
     "mean_curve",
     "mean_std",
+    "metric_value",
     "plot_accuracy",
     "plot_metric",
     "rounds_to_target",
@@ -105,10 +139,17 @@ def rounds_to_target(curve: Sequence[tuple[int, float]], target: float) -> int |
 
 
 def aggregate(
-    config: tuple[str, ...], runs: Sequence[Run], target: float | None = None, metrics: Sequence[str] = ()
+    config: tuple[str, ...],
+    runs: Sequence[Run],
+    target: float | None = None,
+    metrics: Sequence[str] = (),
+    budget: float | None = None,
 ) -> ConfigStats:
     """Summarise one configuration over its seeds. Unfinished runs count with what they have logged.
-    Each of ``metrics`` gets the mean ± std of its final value over the seeds that logged it."""
+    Each of ``metrics`` (``NAME`` or ``NAME:AGG``, see :func:`~fedsim.report.runs.metric_value`) gets the mean ±
+    std of its value over the seeds that logged it; with ``budget``, the accuracy within that ε
+    (:func:`~fedsim.report.runs.accuracy_within`) too, over the seeds that had a round within it."""
+    within = [v for v in (accuracy_within(r, budget) for r in runs) if v is not None] if budget is not None else []
     evaluated = [r for r in runs if r.curve]
     hits = [n for n in (rounds_to_target(r.curve, target) for r in runs) if n is not None] if target is not None else []
     seconds, megabytes = (_totals_at_target(runs, target, x) for x in ("sim_time", "comm_mb"))
@@ -124,14 +165,22 @@ def aggregate(
         wall_time_s=statistics.fmean(r.wall_time_s for r in runs) if runs else None,
         failures=tuple(f"seed={r.seed}: {r.stop_reason}" for r in runs if r.failed),
         damaged=tuple(f"seed={r.seed}: {damage(r)}" for r in runs if r.damaged),
-        metrics={name: mean_std([r.finals[name] for r in runs if name in r.finals]) for name in metrics},
+        metrics={name: mean_std(_values(runs, name)) for name in metrics},
         clocked=sum(bool(r.sim_time) for r in runs),
         sim_to_target=mean_std(seconds),
         sim_reached=len(seconds),
         metered=sum(bool(r.comm_mb) for r in runs),
         mb_to_target=mean_std(megabytes),
         mb_reached=len(megabytes),
+        private=sum(bool(r.epsilon) for r in runs),
+        within_budget=mean_std(within),
+        within_reached=len(within),
     )
+
+
+def _values(runs: Sequence[Run], spec: str) -> list[float]:
+    """The value of ``--metric`` ``spec`` of each run that logged it."""
+    return [v for v in (metric_value(r, spec) for r in runs) if v is not None]
 
 
 def _totals_at_target(runs: Sequence[Run], target: float | None, x: str) -> list[float]:
@@ -202,12 +251,14 @@ def _numbers(numbers: Sequence[int], shown: int = 3) -> str:
 UNLOGGED = {  # per running total: why no run logged it, and why one run did not
     "sim_time": ("run with clock=sampled or clock=trace", "no clock"),
     "comm_mb": ("runs written before fedsim counted bytes", "written before fedsim counted bytes"),
+    "epsilon": ("run with differential privacy, dp=central or dp=adaptive", "no DP"),
 }
 
 
 def unplotted_lines(runs: Sequence[Run], root: Path, x: str) -> list[str]:
-    """For ``--x sim_time`` or ``--x comm_mb``: one line per run that logged rounds but not the running total
-    (``sim/time_s``, ``comm/mb_total``; left out of the plots); a single line when no run did."""
+    """For ``--x sim_time``, ``--x comm_mb`` or ``--x epsilon``: one line per run that logged rounds but not the
+    running total (``sim/time_s``, ``comm/mb_total``, ``dp/epsilon``; left out of the plots); a single line when no
+    run did."""
     name, (hint, why) = CUMULATIVE[x], UNLOGGED[x]
     if not any(along(r, x) for r in runs):
         return [f"{PROG}: no run logged {name} ({hint}); nothing to plot against {x}"]
@@ -237,18 +288,53 @@ def _metric(text: str) -> str:
     return text
 
 
+def _metric_column(text: str) -> str:
+    """``NAME`` or ``NAME:AGG``; ``NAME:last`` is ``NAME`` (the column of today's ``--metric NAME``)."""
+    name, agg = split_metric(text)
+    _metric(name)
+    if agg not in AGGREGATES:
+        raise argparse.ArgumentTypeError(f"{text!r}: AGG must be one of {', '.join(AGGREGATES)} (got {agg!r})")
+    return name if agg == "last" else f"{name}:{agg}"
+
+
+def _budget(text: str) -> float:
+    value = float(text)
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a privacy budget ε > 0, got {text}")
+    return value
+
+
+def facet_problem(runs: Sequence[Run], key: str) -> str | None:
+    """Why ``--facet KEY`` cannot split ``runs`` (one line), or ``None`` when it can."""
+    key = key.lstrip("+~")
+    if key == "seed":
+        return f"{PROG}: --facet cannot use seed: a curve is the mean over the seeds"
+    known = sorted({facet_key(o) for r in runs for o in r.config})
+    if key not in known:
+        return f"{PROG}: --facet: no run overrides {key} (the runs' keys: {', '.join(known) or 'none'})"
+    return None
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (``python -m fedsim.report: error: argument --metric: ...``), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
+    parser = _Parser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path, help="a Hydra multirun dir (or any dir holding run dirs)")
     parser.add_argument("--target", type=_fraction, default=None, help="report rounds to reach this test accuracy")
     parser.add_argument("--out", type=Path, default=None, help="where report.csv and the plots go (default: sweep_dir)")
     parser.add_argument(
         "--metric",
-        type=_metric,
+        type=_metric_column,
         action="append",
         default=[],
-        metavar="NAME",
-        help="add a column (this scalar's final value, mean ± std over seeds) and its plot, NAME.png (repeatable)",
+        metavar="NAME[:AGG]",
+        help="add a column (this scalar's last value, or with AGG its mean, sum, max or min over the rounds; mean ± "
+        "std over seeds) and its plot, NAME.png (repeatable)",
     )
     parser.add_argument(
         "--plot",
@@ -265,7 +351,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="round",
         help=f"the plots' x axis: the round (default), wall_time (the running sum of {ROUND_TIME}), "
         f"sim_time ({CUMULATIVE['sim_time']}, the simulated clock: clock=sampled|trace) or "
-        f"comm_mb ({CUMULATIVE['comm_mb']}, megabytes sent both ways)",
+        f"comm_mb ({CUMULATIVE['comm_mb']}, megabytes sent both ways) or epsilon ({CUMULATIVE['epsilon']}, "
+        "the privacy budget spent)",
+    )
+    parser.add_argument(
+        "--epsilon-budget",
+        type=_budget,
+        default=None,
+        metavar="B",
+        help="add a column: eval/accuracy of the last evaluated round with dp/epsilon <= B, mean ± std over seeds",
+    )
+    parser.add_argument(
+        "--facet",
+        default=None,
+        metavar="KEY",
+        help="one panel per value of the override KEY in every plot (e.g. strategy)",
     )
     parser.add_argument(
         "--grid",
@@ -282,40 +382,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the table, write ``report.csv`` and ``accuracy.png``; exit status 2 when there are no runs."""
     args = parse_args(argv)
     root: Path = args.sweep_dir
-    plots = list(dict.fromkeys([*(args.plot or [ACCURACY]), *args.metric]))  # every --metric is plotted too
+    # every --metric is plotted too, per round (NAME of NAME:AGG)
+    plots = list(dict.fromkeys([*(args.plot or [ACCURACY]), *(split_metric(m)[0] for m in args.metric)]))
     runs = load_runs(root, series=plots + ([ROUND_TIME] if args.x == "wall_time" else []))
     if not runs:
         print(f"{PROG}: no runs (metrics.jsonl or summary.json) under {root}", file=sys.stderr)
         return 2
-    if args.grid and (problem := grid_problem(runs, args.grid)):
+    problem = (grid_problem(runs, args.grid) if args.grid else None) or (
+        facet_problem(runs, args.facet) if args.facet else None
+    )
+    if problem:
         print(problem, file=sys.stderr)
         return 2
     groups = group_runs(runs)
     metrics = list(dict.fromkeys(args.metric))
-    stats = [aggregate(config, members, args.target, metrics) for config, members in groups.items()]
-    print(format_table(stats, args.target))
+    budget = args.epsilon_budget
+    stats = [aggregate(config, members, args.target, metrics, budget) for config, members in groups.items()]
+    print(format_table(stats, args.target, budget))
     for line in damaged_lines(runs, root):
         print(line)
     for line in unfinished_lines(runs, root):
         print(line)
     for name in metrics:
-        if not any(name in r.finals for r in runs):
-            print(f"{PROG}: no run logged {name}")
+        if not any(split_metric(name)[0] in r.finals for r in runs):
+            print(f"{PROG}: no run logged {split_metric(name)[0]}")
+    if budget is not None and not any(r.epsilon for r in runs):
+        print(f"{PROG}: no run logged {CUMULATIVE['epsilon']} ({UNLOGGED['epsilon'][0]}); no accuracy within ε")
     for line in unplotted_lines(runs, root, args.x) if args.x in CUMULATIVE else []:
         print(line)
     out: Path = args.out if args.out is not None else root
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(csv_rows(stats, args.target), out / "report.csv")
+    write_csv(csv_rows(stats, args.target, budget), out / "report.csv")
     grids = report_grids(runs, args.grid, metrics, out) if args.grid else []
-    written = [out / "report.csv", *grids] + write_plots(groups, out, plots, args.x, args.target)
+    written = [out / "report.csv", *grids] + write_plots(groups, out, plots, args.x, args.target, args.facet)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
 
 def write_plots(
-    groups: dict[tuple[str, ...], list[Run]], out: Path, plots: Sequence[str], x: str, target: float | None
+    groups: dict[tuple[str, ...], list[Run]],
+    out: Path,
+    plots: Sequence[str],
+    x: str,
+    target: float | None,
+    facet: str | None = None,
 ) -> list[Path]:
-    """One PNG per name in ``plots``; says in one line why one was not drawn. The paths written."""
+    """One PNG per name in ``plots`` (one panel per value of the override ``facet`` if given); says in one line
+    why one was not drawn. The paths written."""
     names = [png_name(metric) for metric in plots]
     if not have_matplotlib():
         print(
@@ -325,7 +438,7 @@ def write_plots(
         return []
     written = []
     for metric, name in zip(plots, names, strict=True):
-        if plot_metric(groups, out / name, metric, x, target):
+        if plot_metric(groups, out / name, metric, x, target, facet and facet.lstrip("+~")):
             written.append(out / name)
         else:
             needed = {"wall_time": f" with {ROUND_TIME}", **{k: f" with {v}" for k, v in CUMULATIVE.items()}}.get(x, "")

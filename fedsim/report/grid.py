@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsim.report.runs import Run
+from fedsim.report.runs import Run, metric_value, split_metric
 
 PROG = "fedsim.report"
 ACCURACY = "eval/accuracy"
@@ -105,10 +105,11 @@ def split_runs(runs: Sequence[Run], keys: Sequence[str]) -> dict[tuple[str, ...]
 
 def final_value(run: Run, metric: str) -> float | None:
     """The run's last logged value of ``metric``: for ``eval/accuracy`` the last evaluated round's (as the main
-    table's "final acc"), for any other scalar its value in the last round that logged it; ``None`` if never."""
+    table's "final acc"), for any other scalar its value in the last round that logged it, for ``NAME:AGG`` NAME's
+    values over the rounds reduced by AGG (:func:`~fedsim.report.runs.metric_value`); ``None`` if never."""
     if metric == ACCURACY:
         return run.curve[-1][1] if run.curve else None
-    return run.finals.get(metric)
+    return metric_value(run, metric)
 
 
 def build_grid(runs: Sequence[Run], keys: Sequence[str], metric: str, split: tuple[str, ...] = ()) -> Grid:
@@ -175,7 +176,8 @@ def cell_text(grid: Grid, cell: Cell) -> str:
 def title(grid: Grid) -> str:
     """``final eval/accuracy, mean ± std over seeds`` and the grid's splitting overrides."""
     where = f" [{' '.join(grid.split)}]" if grid.split else ""
-    return f"final {grid.metric}, mean ± std over seeds{where}"
+    what = "final " if split_metric(grid.metric)[1] == "last" else ""
+    return f"{what}{grid.metric}, mean ± std over seeds{where}"
 
 
 def table_cells(grid: Grid) -> list[list[str]]:

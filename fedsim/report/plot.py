@@ -14,9 +14,9 @@ import statistics
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from fedsim.report.runs import COMM_MB, CUMULATIVE, SIM_TIME, Run, along
+from fedsim.report.runs import COMM_MB, CUMULATIVE, EPSILON, SIM_TIME, Run, along
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -28,6 +28,7 @@ X_AXES = {
     "wall_time": "wall time, s (mean over seeds)",  # --x choices and their axis labels
     "sim_time": f"simulated time, s ({SIM_TIME})",
     "comm_mb": f"communication, MB both ways ({COMM_MB})",
+    "epsilon": f"privacy budget spent, ε ({EPSILON})",
 }
 ROUND_TIME = "time/round_s"  # summed into the wall_time axis
 MAX_VALUE = 24  # legend values longer than this are cut in the middle
@@ -171,10 +172,17 @@ def _seeds(runs: Sequence[Run]) -> str:
 
 
 def draw(
-    groups: Mapping[Config, Sequence[Run]], metric: str = ACCURACY, x: str = "round", target: float | None = None
+    groups: Mapping[Config, Sequence[Run]],
+    metric: str = ACCURACY,
+    x: str = "round",
+    target: float | None = None,
+    facet: str | None = None,
 ) -> Figure | None:
     """The figure of ``metric`` against ``x``: per configuration the mean over seeds as a line and the min–max
-    as a band; ``None`` when no run logged ``metric``. Needs matplotlib."""
+    as a band; ``None`` when no run logged ``metric``. With ``facet`` (an override key), one panel per value
+    of it instead (:func:`draw_facets`). Needs matplotlib."""
+    if facet is not None:
+        return draw_facets(groups, facet, metric, x, target)
     from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
     from matplotlib.ticker import MaxNLocator
 
@@ -227,6 +235,113 @@ def draw(
     return fig
 
 
+DEFAULT = "(default)"  # the facet value of a configuration that did not give the key
+PANEL_COLUMNS = 3  # facet panels per row
+PANEL_SIZE = (4.2, 3.2)  # inches per panel
+
+
+def facet_key(override: str) -> str:
+    """An override's key as ``--facet`` names it: without Hydra's ``+``, ``++`` or ``~`` prefix."""
+    return override.partition("=")[0].lstrip("+~")
+
+
+def facet_value(config: Config, key: str) -> str:
+    """The configuration's value of the override ``key``; :data:`DEFAULT` when it does not give it."""
+    return next((o.partition("=")[2] for o in config if facet_key(o) == key), DEFAULT)
+
+
+def remaining(config: Config, key: str) -> Config:
+    """The configuration's overrides without ``key``: what tells its curves apart within a panel."""
+    return tuple(o for o in config if facet_key(o) != key)
+
+
+def panels(configs: Sequence[Config], key: str) -> dict[str, list[Config]]:
+    """The configurations by their value of ``key``, values in the order they first occur."""
+    out: dict[str, list[Config]] = {}
+    for config in configs:
+        out.setdefault(facet_value(config, key), []).append(config)
+    return out
+
+
+def draw_facets(
+    groups: Mapping[Config, Sequence[Run]],
+    key: str,
+    metric: str = ACCURACY,
+    x: str = "round",
+    target: float | None = None,
+) -> Figure | None:
+    """One panel per value of the override ``key`` (titled ``key=value``, at most 3 per row, shared axes), a curve
+    per configuration in its panel as in :func:`draw`. One legend for all panels, right of them: each entry names
+    only the remaining settings (the overrides that differ, ``key`` aside) and has the same colour and line style
+    in every panel, so a setting is followed across panels by its colour; the overrides all configurations share
+    are the footnote. ``None`` when no run logged ``metric``."""
+    from matplotlib.figure import Figure  # no pyplot: leaves the caller's backend alone
+    from matplotlib.ticker import MaxNLocator
+
+    curves = {config: mean_curve(runs, metric, x) for config, runs in groups.items()}
+    if not any(curves.values()):
+        return None
+    by_value = panels(list(groups), key)
+    rests = list(dict.fromkeys(remaining(c, key) for c in groups))
+    names = legend_labels(rests) if len(rests) > 1 else {rests[0]: "all runs"}
+    cols = min(PANEL_COLUMNS, len(by_value))
+    rows = math.ceil(len(by_value) / cols)
+    fig = Figure(figsize=(PANEL_SIZE[0] * cols + 2.6, PANEL_SIZE[1] * rows + 0.9), layout="constrained")
+    grid = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)
+    handles: dict[str, Any] = {}
+    for ax, (value, configs) in zip(grid.flat, by_value.items(), strict=False):
+        for config in configs:
+            if curves[config]:
+                i = rests.index(remaining(config, key))
+                handles[names[rests[i]]] = _curve(ax, curves[config], i)
+        ax.set_title(f"{key}={value} ({_seeds_of(groups, configs)})", fontsize="medium")
+        if target is not None and metric == ACCURACY:
+            handles[f"target {target}"] = ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+        if x == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    for ax in grid.flat[len(by_value) :]:
+        fig.delaxes(ax)
+    for ax in grid[-1]:
+        ax.set_xlabel(X_AXES[x])
+    for ax in grid[:, 0]:
+        ax.set_ylabel(metric)
+    over = "mean over seeds of the latest value" if x in CUMULATIVE else "mean over seeds"
+    fig.suptitle(f"{metric} by {key}: {over}, band min–max", fontsize="medium")
+    ordered = [n for n in [*(names[r] for r in rests), f"target {target}"] if n in handles]
+    fig.legend(
+        [handles[n] for n in ordered],
+        [_wrap(n) for n in ordered],
+        loc="outside right upper",
+        fontsize="small",
+        title=f"{len(rests)} settings (same in every panel)" if len(rests) > 1 else None,
+        title_fontsize="small",
+        ncol=math.ceil(len(ordered) / LEGEND_ROWS),
+    )
+    heading, note = _note(list(groups))
+    if note:
+        width = int(FOOTNOTE_CHARS * fig.get_figwidth() / 7)
+        fig.supxlabel(footnote(note, heading, width), fontsize="small", color="dimgrey", ha="left", x=0.01)
+    return fig
+
+
+def _curve(ax: Any, curve: Sequence[tuple[float, float, float, float]], i: int) -> Any:
+    """The mean line (colour and style of the ``i``-th remaining setting) and its min–max band; the line."""
+    at, mean, low, high = zip(*curve, strict=True)
+    (line,) = ax.plot(
+        at, mean, color=f"C{i % 10}", linestyle=STYLES[i // 10 % len(STYLES)], marker="." if len(at) == 1 else None
+    )
+    ax.fill_between(at, low, high, color=line.get_color(), alpha=0.1, linewidth=0)
+    return line
+
+
+def _seeds_of(groups: Mapping[Config, Sequence[Run]], configs: Sequence[Config]) -> str:
+    """``3 seeds each`` (``2–3 seeds each`` when they differ) for a panel's configurations."""
+    counts = sorted(len(groups[c]) for c in configs)
+    many = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}–{counts[-1]}"
+    return f"{many} seed{'' if many == '1' else 's'}{' each' if len(configs) > 1 else ''}"
+
+
 def _note(configs: Sequence[Config]) -> tuple[str, list[str]]:
     """The footnote's heading and overrides: those all configurations share, or a single one's own."""
     if len(configs) == 1:
@@ -250,10 +365,11 @@ def plot_metric(
     metric: str = ACCURACY,
     x: str = "round",
     target: float | None = None,
+    facet: str | None = None,
 ) -> bool:
-    """Write the :func:`draw` figure to ``path`` (sized to hold the legend and footnote); ``False`` when no
-    run logged ``metric``. Needs matplotlib."""
-    fig = draw(groups, metric, x, target)
+    """Write the :func:`draw` figure to ``path`` (sized to hold the legend and footnote; one panel per value of
+    the override ``facet`` if given); ``False`` when no run logged ``metric``. Needs matplotlib."""
+    fig = draw(groups, metric, x, target, facet)
     if fig is None:
         return False
     fig.savefig(path, dpi=100, bbox_inches="tight", pad_inches=0.1)

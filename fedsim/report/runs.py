@@ -19,7 +19,9 @@ import yaml
 Series = tuple[tuple[int, float], ...]  # (round, value) of the rounds that logged a scalar
 SIM_TIME = "sim/time_s"  # the simulated clock at the end of a round (clock=sampled|trace; docs/system-heterogeneity.md)
 COMM_MB = "comm/mb_total"  # megabytes (10^6 bytes) sent both ways by the end of a round (fedsim.server.exchange)
-CUMULATIVE = {"sim_time": SIM_TIME, "comm_mb": COMM_MB}  # x axes read from a running total each round logs
+EPSILON = "dp/epsilon"  # the privacy budget spent by the end of a round, at dp.delta (dp=central|adaptive)
+CUMULATIVE = {"sim_time": SIM_TIME, "comm_mb": COMM_MB, "epsilon": EPSILON}  # x axes: a running total per round
+AGGREGATES = ("last", "mean", "sum", "max", "min")  # --metric NAME:AGG, over the rounds that logged NAME
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,8 @@ class Run:
     ``series`` the ``(round, value)`` pairs of the scalars asked for (see :func:`load_run`); ``sim_time`` the
     ``(round, sim/time_s)`` pairs of a run on the simulated clock (finite values only; empty without a clock);
     ``comm_mb`` the ``(round, comm/mb_total)`` pairs (finite values only; empty for a run written before fedsim
-    counted bytes)."""
+    counted bytes); ``epsilon`` the ``(round, dp/epsilon)`` pairs of a run with differential privacy (finite values
+    only; empty without DP)."""
 
     path: Path
     config: tuple[str, ...]  # sorted overrides without seed
@@ -46,6 +49,7 @@ class Run:
     skipped: tuple[tuple[int, str], ...] = ()  # (line number, why) of each line of metrics.jsonl left out
     lines: int = 0  # non-blank lines of metrics.jsonl
     uncounted: str | None = None  # why a damaged run that summary.json calls finished is not counted as finished
+    epsilon: Series = ()
 
     @property
     def failed(self) -> bool:
@@ -196,7 +200,7 @@ def load_run(run_dir: Path, root: Path, series: Sequence[str] = ()) -> Run:
     else:
         wall = sum(float(r["time/round_s"]) for r in records if r.get("time/round_s") is not None)
     reason = summary.get("stop_reason") if summary is not None else None
-    clock, sent = (finite_series(records, name) for name in (SIM_TIME, COMM_MB))
+    clock, sent, spent = (finite_series(records, name) for name in (SIM_TIME, COMM_MB, EPSILON))
     return Run(
         run_dir,
         config,
@@ -213,13 +217,14 @@ def load_run(run_dir: Path, root: Path, series: Sequence[str] = ()) -> Run:
         scanned.skipped,
         scanned.lines,
         uncounted,
+        spent,
     )
 
 
 def along(run: Run, x: str) -> Series:
-    """The running total that the x axis ``x`` (a key of :data:`CUMULATIVE`) reads: ``run.sim_time`` or
-    ``run.comm_mb``."""
-    return {"sim_time": run.sim_time, "comm_mb": run.comm_mb}[x]
+    """The running total that the x axis ``x`` (a key of :data:`CUMULATIVE`) reads: ``run.sim_time``,
+    ``run.comm_mb`` or ``run.epsilon``."""
+    return {"sim_time": run.sim_time, "comm_mb": run.comm_mb, "epsilon": run.epsilon}[x]
 
 
 def at_target(run: Run, target: float, x: str) -> float | None:
@@ -239,6 +244,49 @@ def mb_to_target(run: Run, target: float) -> float | None:
     """The megabytes sent both ways (``comm/mb_total``) by the end of the first round whose test accuracy is at
     least ``target``; ``None`` if no round reached it or the run did not count bytes (written before they were)."""
     return at_target(run, target, "comm_mb")
+
+
+def accuracy_within(run: Run, budget: float) -> float | None:
+    """The ``eval/accuracy`` of the last evaluated round whose ``dp/epsilon`` is at most ``budget``: the model a run
+    stopped at that budget (``dp.epsilon_max``) would end with. The last such round, not the best: picking the
+    best round by its test accuracy would select on the test set. ``None`` without such a round (no DP, or the
+    first evaluated round already spent more)."""
+    spent = dict(run.epsilon)
+    within = [acc for n, acc in run.curve if n in spent and spent[n] <= budget]
+    return within[-1] if within else None
+
+
+def split_metric(spec: str) -> tuple[str, str]:
+    """``NAME:AGG`` as ``(NAME, AGG)``; a bare ``NAME`` is ``(NAME, "last")``. AGG is not checked here."""
+    name, sep, agg = spec.rpartition(":")
+    return (name, agg) if sep else (spec, "last")
+
+
+def over_rounds(values: Sequence[float], agg: str) -> float | None:
+    """``values`` (one per round, in round order) reduced by ``agg`` (one of :data:`AGGREGATES`); NaN when any
+    value is NaN (a round that logged ``null``), ``None`` for no value."""
+    if not values:
+        return None
+    if agg == "last":
+        return values[-1]
+    if any(math.isnan(v) for v in values):
+        return math.nan
+    reduce: dict[str, Callable[[Sequence[float]], float]] = {
+        "mean": lambda v: math.fsum(v) / len(v),
+        "sum": math.fsum,
+        "max": max,
+        "min": min,
+    }
+    return reduce[agg](values)
+
+
+def metric_value(run: Run, spec: str) -> float | None:
+    """The run's value of ``--metric`` ``spec`` (``NAME`` or ``NAME:AGG``): the last logged value (``finals``) or
+    the ``series`` of NAME (loaded with :func:`load_run`'s ``series``) reduced over rounds by AGG."""
+    name, agg = split_metric(spec)
+    if agg == "last":
+        return run.finals.get(name)
+    return over_rounds([v for _, v in run.series.get(name, ())], agg)
 
 
 def _int(value: Any) -> int:

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedsim.report.plot import labels
+from fedsim.report.plot import labels, split_common
+
+
+def differing_first(config: tuple[str, ...], common: Sequence[str]) -> tuple[str, ...]:
+    """``config``'s overrides that not every configuration shares, then the shared ones (``common``)."""
+    shared = set(common)
+    return tuple(o for o in config if o not in shared) + tuple(o for o in config if o in shared)
+
 
 TOTALS = {  # per running total (the --x axes of CUMULATIVE): table header, cell when unlogged, report.csv fields
     "sim_time": ("sim s", "no clock", "sim_seconds_to_target", "seeds_reached_target_sim"),
@@ -42,6 +49,9 @@ class ConfigStats:
     mb_to_target: tuple[float | None, float | None] = (None, None)  # MB sent both ways by the target: mean, std
     mb_reached: int = 0  # seeds whose comm/mb_total at the target round is known
     damaged: tuple[str, ...] = ()  # "seed=1: 2 lines skipped" per run whose metrics.jsonl is damaged
+    private: int = 0  # seeds that logged dp/epsilon (ran with differential privacy)
+    within_budget: tuple[float | None, float | None] = (None, None)  # accuracy at dp/epsilon <= budget: mean, std
+    within_reached: int = 0  # seeds with an evaluated round within the budget
 
 
 def _pm(pair: tuple[float | None, float | None], digits: int = 4) -> str:
@@ -78,8 +88,17 @@ def _total_columns(stats: Sequence[ConfigStats], target: float | None) -> list[s
     return [x for x in TOTALS if any(_at_target(s, x)[0] for s in stats)] if target is not None else []
 
 
-def table_rows(stats: Sequence[ConfigStats], target: float | None) -> list[list[str]]:
-    """The printed table as cells, header first."""
+def _budget_cell(s: ConfigStats) -> str:
+    """``mean ± std (seeds with a round within the budget/seeds)``; ``- (0/n)`` when none had one, ``- (no DP)``
+    for a configuration that did not log ``dp/epsilon``."""
+    if not s.private:
+        return "- (no DP)"
+    return f"{_pm(s.within_budget)} ({s.within_reached}/{s.total})"
+
+
+def table_rows(stats: Sequence[ConfigStats], target: float | None, budget: float | None = None) -> list[list[str]]:
+    """The printed table as cells, header first; with ``budget`` (``--epsilon-budget``) an ``acc at eps<=B``
+    column."""
     short, _ = labels([s.config for s in stats])
     any_failed, any_damaged = any(s.failures for s in stats), any(s.damaged for s in stats)
     header = ["configuration", "seeds"] + (["failed"] if any_failed else []) + (["damaged"] if any_damaged else [])
@@ -87,6 +106,7 @@ def table_rows(stats: Sequence[ConfigStats], target: float | None) -> list[list[
     header += [f"rounds to {target:g}"] if target is not None else []
     totals = _total_columns(stats, target)
     header += [f"{TOTALS[x][0]} to {target:g}" for x in totals]
+    header += [f"acc at eps<={budget:g}"] if budget is not None else []
     names = list(stats[0].metrics) if stats else []
     rows = [header + ["wall s"] + names]
     for s in stats:
@@ -97,14 +117,15 @@ def table_rows(stats: Sequence[ConfigStats], target: float | None) -> list[list[
         if target is not None:
             row.append(f"{s.to_target:g} ({s.reached}/{s.total})" if s.to_target is not None else f"- (0/{s.total})")
         row += [_total_cell(s, x) for x in totals]
+        row += [_budget_cell(s)] if budget is not None else []
         row.append("-" if s.wall_time_s is None else f"{s.wall_time_s:.1f}")
         rows.append(row + [_pm(s.metrics[name]) for name in names])
     return rows
 
 
-def format_table(stats: Sequence[ConfigStats], target: float | None = None) -> str:
+def format_table(stats: Sequence[ConfigStats], target: float | None = None, budget: float | None = None) -> str:
     """A fixed-width text table, preceded by the overrides every configuration shares."""
-    rows = table_rows(stats, target)
+    rows = table_rows(stats, target, budget)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [
         "  ".join(
@@ -116,13 +137,17 @@ def format_table(stats: Sequence[ConfigStats], target: float | None = None) -> s
     return "\n".join(([f"common overrides: {' '.join(common)}"] if common else []) + lines)
 
 
-def csv_rows(stats: Sequence[ConfigStats], target: float | None = None) -> list[dict[str, Any]]:
-    """One flat dict per configuration: the columns of ``report.csv`` (empty where undefined)."""
+def csv_rows(
+    stats: Sequence[ConfigStats], target: float | None = None, budget: float | None = None
+) -> list[dict[str, Any]]:
+    """One flat dict per configuration: the columns of ``report.csv`` (empty where undefined). ``configuration``
+    holds every override but ``seed``, those that differ between configurations first."""
     rows = []
     any_failed, any_damaged = any(s.failures for s in stats), any(s.damaged for s in stats)
+    _, common = split_common([s.config for s in stats])
     for s in stats:
         row: dict[str, Any] = {
-            "configuration": ",".join(s.config),
+            "configuration": ",".join(differing_first(s.config, common)),
             "seeds_finished": s.finished,
             "seeds_total": s.total,
         }
@@ -144,6 +169,14 @@ def csv_rows(stats: Sequence[ConfigStats], target: float | None = None) -> list[
             _, (mean, std), reached = _at_target(s, x)
             *_, name, seeds = TOTALS[x]
             row.update({f"{name}_mean": mean, f"{name}_std": std, seeds: reached})
+        if budget is not None:
+            mean, std = s.within_budget
+            row.update(
+                epsilon_budget=budget,
+                accuracy_at_epsilon_mean=mean,
+                accuracy_at_epsilon_std=std,
+                seeds_within_epsilon=s.within_reached,
+            )
         row["wall_time_s_mean"] = s.wall_time_s
         for name, (mean, std) in s.metrics.items():
             row.update({f"{name}_mean": mean, f"{name}_std": std})
