@@ -27,7 +27,7 @@ from typing import Any, cast
 import torch
 
 from fedsim.core.seeding import dp_seed
-from fedsim.privacy.accountant import accounting_library
+from fedsim.privacy.accountant import accounting_library, check_accountant
 
 
 def _check(name: str, value: object, rule: str, ok: Callable[[float], bool], hint: str = "") -> None:
@@ -52,7 +52,11 @@ class CentralDP:
         target_quantile: float = 0.5,
         clip_lr: float = 0.2,
         count_noise: float | None = None,
+        accountant: str = "rdp",
     ) -> None:
+        """``accountant`` converts the rounds to ε (and so drives ``epsilon_max``): ``"rdp"`` or ``"pld"``
+        (:mod:`fedsim.privacy.accountant`)."""
+        self.accountant = check_accountant(accountant)
         _check("noise_multiplier", noise_multiplier, "> 0", lambda v: v > 0)
         _check("clip_norm", clip_norm, "> 0", lambda v: v > 0)
         _check("delta", delta, "in (0, 1)", lambda v: 0 < v < 1, "keep it far below 1 / the number of clients")
@@ -134,4 +138,5 @@ class CentralDP:
             "clip_norm": self.clip_norm,
             "delta": self.delta,
             "adaptive": self.adaptive,
+            "accountant": self.accountant,
         }

@@ -15,10 +15,17 @@ Why ``torch.func`` rather than Opacus: fedsim already builds on it (vmap executo
 hooks (so any model fedsim can vmap works, and the result is bitwise the same under every executor), and the noise
 comes from fedsim's task generator, which is what makes runs reproducible whatever the workers. Models with
 BatchNorm are refused: per-example gradients are undefined with batch statistics (use GroupNorm).
+
+``noise_multiplier=0`` is clip-only training, the standard ablation: every step is the same but its noise is
+multiplied by 0 (the noise stream is still drawn, so the batches and every other draw stay as with noise), and the
+ledger's ε is infinite after the first step (the library's own answer for a Gaussian of multiplier 0; 0 before any
+step). The run says so in a warning; ``dp/local_epsilon_max`` is inf, which metrics.jsonl writes as null (as every
+non-finite metric) and TensorBoard leaves out.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import replace
 from typing import Any, cast
@@ -31,6 +38,8 @@ from fedsim.client.base import Client
 from fedsim.core.seeding import dpsgd_noise_seed
 from fedsim.data.tensor_data import TensorData
 from fedsim.privacy.accountant import accounting_library
+
+log = logging.getLogger("fedsim")
 
 
 class DPSGDClient(Client):
@@ -51,8 +60,11 @@ class DPSGDClient(Client):
         **kwargs: Any,
     ) -> None:
         super().__init__(client_id, train_indices, test_indices, **kwargs)
-        if not noise_multiplier > 0:
-            raise ValueError(f"client.noise_multiplier must be > 0 (got {noise_multiplier})")
+        if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+            raise ValueError(
+                f"client.noise_multiplier must be a finite number >= 0 (got {noise_multiplier}; "
+                "0 is clip-only, ε = inf)"
+            )
         if not clip_norm > 0:
             raise ValueError(f"client.clip_norm must be > 0 (got {clip_norm})")
         if not 0 < sampling_rate <= 1:
@@ -199,4 +211,9 @@ def local_ledger(clients: Any, model: nn.Module) -> LocalLedger | None:
             "undefined; use a model without BatchNorm (e.g. GroupNorm)"
         )
     ((rate, z, delta),) = settings
+    if z == 0:
+        log.warning(
+            "client.noise_multiplier=0: DP-SGD clips the per-example gradients but adds no noise; the examples have no "
+            "privacy guarantee (ε = inf)"
+        )
     return LocalLedger(rate, z, delta)

@@ -96,12 +96,13 @@ class PrivateRounds:
         self.expected = float(clients_per_round)
         dp.update_multiplier(self.expected)  # refuses a count noise too small for the noise multiplier
         self.clip_norm = dp.clip_norm
-        self.ledger = PrivacyLedger(self.rate, dp.noise_multiplier, dp.delta)
+        self.ledger = PrivacyLedger(self.rate, dp.noise_multiplier, dp.delta, accountant=dp.accountant)
         first = self.ledger.epsilon(1)
         if dp.epsilon_max is not None and first > dp.epsilon_max:
             raise ValueError(
                 f"dp.epsilon_max={dp.epsilon_max} is below ε={first:.4g} of a single round (q={self.rate:.4g}, "
-                f"z={dp.noise_multiplier}, δ={dp.delta}); raise it, or the noise multiplier"
+                f"z={dp.noise_multiplier}, δ={dp.delta}, dp.accountant={dp.accountant}); raise it, or the noise "
+                "multiplier"
             )
 
     def sample(self, rng: np.random.Generator, num_clients: int) -> list[int]:

@@ -21,11 +21,13 @@ Choices made here:
 
 * ``lipschitz=None`` takes L_k = 1 / ``update.metrics["lr"]`` per client (the learning rate that
   :meth:`fedsim.client.base.Client.fit` reports), as the paper's code does; a number uses that L for every client.
-* A zero loss with 0 < q < 1 would make F^{q−1} infinite. The term q F_k^{q−1} ‖Δw_k‖² is then taken as 0: it
-  estimates q F^{q−1} ‖∇F‖², and for a non-negative L-smooth loss ‖∇F‖² ≤ 2 L F, so the term is at most
-  2 q L F^q, which goes to 0 with F (and Δ_k = 0^q Δw_k = 0 as well: such a client has nothing to correct).
-  With q = 0 that term is 0 for every client, whatever its loss. The paper's code adds 1e-10 to every loss
-  instead; here the rule stays exact. If every start loss is 0 (q > 0), Σ h_k = 0 and the model stays w^t.
+* A zero start loss follows the formula wherever it is defined, with 0^0 = 1 as in the paper: with q = 1 the
+  term is q F_k^0 ‖Δw_k‖² = ‖Δw_k‖² (kept: such a client adds to Σ h_k though its Δ_k = 0 Δw_k = 0), with q > 1
+  it is 0. With 0 < q < 1, F^{q−1} would be infinite; the term is then taken as 0: it estimates q F^{q−1} ‖∇F‖²,
+  and for a non-negative L-smooth loss ‖∇F‖² ≤ 2 L F, so the term is at most 2 q L F^q, which goes to 0 with F
+  (and Δ_k = 0^q Δw_k = 0 as well: such a client has nothing to correct). With q = 0 that term is 0 for every
+  client, whatever its loss. The paper's code adds 1e-10 to every loss instead; here the rule stays exact. If
+  every start loss is 0 (q > 0), Σ_k Δ_k = 0 and the model stays w^t (also when Σ h_k = 0).
 * ``sampling="weighted"`` (the default) samples the round's clients with probability proportional to their
   number of training examples, without replacement, as Algorithm 2 and the paper's code do (that is where
   the p_k of f_q enter); ``"uniform"`` uses fedsim's uniform sampling (then q = 0 treats every client alike).
@@ -111,7 +113,7 @@ def q_fedavg(
         dw = (start - w_k.double()) * lip
         weight = loss**q  # 0.0 ** 0 is 1.0: q = 0 weighs every client alike
         h_total += lip * weight
-        if q > 0 and loss > 0:  # q F^{q-1} ‖Δw‖²: 0 when q = 0, taken as 0 when F = 0 (see the module docstring)
+        if q > 0 and (loss > 0 or q >= 1):  # q F^{q-1} ‖Δw‖²: 0 when q = 0; 0^0 = 1; 0 when F = 0 and q < 1
             h_total += q * loss ** (q - 1) * float(dw.square().sum())
         deltas.add_(dw, alpha=weight)
     if h_total == 0:

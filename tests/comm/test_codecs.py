@@ -56,6 +56,26 @@ def test_qsgd_is_unbiased_and_its_variance_bound_holds(bits: int) -> None:
     assert error <= min(d / s**2, math.sqrt(d) / s) * (values**2).sum() * 1.05
 
 
+def test_qsgd_buckets_far_below_and_above_float32s_square_range_decode_as_the_same_bucket_at_scale_one() -> None:
+    # [3, -4, 0, 0]·2^k: its norm 5·2^k is exact in float64 and in float32, and scaling by a power of two is exact,
+    # so the ratios, the levels drawn and the decoded values are those of [3, -4, 0, 0] times 2^k, draw for draw.
+    # k = -80 (values ~3e-24): float32 squares underflow to 0, so a float32 norm of 0 decoded everything to 0;
+    # k = 70 (values ~4e21): float32 squares overflow, so a float32 norm of inf decoded to NaN.
+    codec = QSGD(bits=3, bucket_size=4)
+    unit = torch.tensor([3.0, -4.0, 0.0, 0.0])
+    for k in (-80, 70):
+        for seed in range(50):
+            expected = codec.code(unit, _gen(seed)) * 2.0**k
+            assert torch.equal(codec.code(unit * 2.0**k, _gen(seed)), expected)
+            assert expected[0] > 0 and expected[1] < 0  # 3·3/5 = 1.8 and 3·4/5 = 2.4: level 1 at least
+    # unbiased at the tiny scale itself: E[Q(v)] = v within 5 standard errors of the mean over 4000 draws
+    values = torch.tensor([3e-23, -4e-23, 1e-24, 0.0, -2e-23])  # buckets [3, -4, 0.1, 0]e-23 and [-2e-23]
+    draws = torch.stack([codec.code(values, _gen(seed)) for seed in range(4000)])
+    std_err = draws.std(0) / math.sqrt(len(draws))
+    assert torch.all((draws.mean(0) - values).abs() <= 5 * std_err + 1e-6 * values.abs())
+    assert draws[:, 4].eq(-2e-23).all()  # a lone value is its own norm: level s exactly, as at any scale
+
+
 def test_qsgd_draws_are_a_function_of_the_generator_alone() -> None:
     values = torch.randn(1000)
     codec = QSGD(bits=4)
@@ -176,8 +196,8 @@ def test_topk_equals_a_stable_sort_by_magnitude_on_ties_and_large_vectors() -> N
 
 def test_qsgd_levels_never_exceed_the_bit_width() -> None:
     values = torch.zeros(200_000)
-    values[::2] = 1.3e-20  # squares are subnormal: the ratio to the norm is 1.0000018 > 1 in every bucket, so
-    # without the bound about 0.02 % of the 100,000 buckets would draw level 128
+    values[::2] = 1.3e-20  # squares are subnormal: the float32 norm is 1.0000018 times too small, so without the
+    # float64 norm of such buckets and the bound, about 0.02 % of the 100,000 buckets would draw level 128
     decoded = QSGD(bits=8, bucket_size=2).code(values, _gen())
     norm = torch.linalg.vector_norm(values[:2])
     assert int(((decoded[::2] / norm * 127).round() > 127).sum()) == 0

@@ -94,6 +94,7 @@ def test_poisson_sampling_takes_each_client_with_the_rate_independently() -> Non
         ({"noise_multiplier": 1.0, "clip_norm": 1.0, "adaptive": "no"}, "dp.adaptive must be true or false"),
         ({"noise_multiplier": 1.0, "clip_norm": 1.0, "clip_lr": -1}, "dp.clip_lr must be > 0 (got -1)"),
         ({"noise_multiplier": 1.0, "clip_norm": 1.0, "count_noise": 0.0}, "dp.count_noise must be > 0 or null"),
+        ({"noise_multiplier": 1.0, "clip_norm": 1.0, "accountant": "moments"}, "dp.accountant must be one of rdp, pld"),
     ],
 )
 def test_bad_settings_are_refused_in_one_line(kwargs: dict, message: str) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,8 @@ def test_resume_continues_every_clients_ledger(tmp_path: Path, local_reference) 
     [
         (["executor=vmap", "strategy=ditto"], "executor=vmap cannot run the strategy's client half PersonalModel"),
         (["client.sampling_rate=0"], "client.sampling_rate must be in (0, 1]"),
+        (["client.noise_multiplier=-0.5"], "client.noise_multiplier must be a finite number >= 0 (got -0.5; 0 is"),
+        (["client.noise_multiplier=nan"], "client.noise_multiplier must be a finite number"),
     ],
 )
 def test_what_dp_sgd_cannot_run_is_refused_in_one_line(overrides: list[str], message: str) -> None:
@@ -112,3 +115,48 @@ def test_batchnorm_models_and_mixed_clients_are_refused() -> None:
     with pytest.raises(ValueError, match="^client: DP-SGD clients must be all the clients"):
         local_ledger([*private, Client(2, [0])], nn.Linear(2, 2))
     assert local_ledger([Client(0, [0])], nn.Linear(2, 2)) is None
+
+
+def test_clip_only_gradient_is_the_mean_of_clipped_per_example_gradients_whatever_the_noise_stream() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+    client = DPSGDClient(0, list(range(40)), noise_multiplier=0.0, clip_norm=0.5, sampling_rate=0.2)
+    x, y = torch.randn(6, 5) * 3, torch.tensor([0, 1, 2, 0, 1, 2])
+    grads = []
+    for seed in (11, 12):  # z = 0: the noise, drawn from either stream, is multiplied by 0
+        client._private_gradient(model, x, y, torch.Generator().manual_seed(seed))
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+    summed = [torch.zeros_like(p) for p in model.parameters()]
+    for i in range(len(x)):  # by hand, as in the test with noise above
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))
+        summed = [s + p.grad * min(1.0, 0.5 / float(norm)) for s, p in zip(summed, model.parameters(), strict=True)]
+    for got, want in zip(grads[0], summed, strict=True):
+        torch.testing.assert_close(got, want / (0.2 * 40), rtol=1e-5, atol=1e-6)
+
+
+def test_clip_only_epsilon_is_infinite_after_a_step_and_zero_before() -> None:
+    import dp_accounting
+
+    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant.compose(dp_accounting.PoissonSampledDpEvent(0.25, dp_accounting.GaussianDpEvent(0.0)), 4)
+    assert accountant.get_epsilon(1e-5) == math.inf  # the library's own answer for a Gaussian without noise
+    ledger = PrivacyLedger(0.25, 0.0, 1e-5)
+    assert ledger.epsilon(0) == 0.0 and ledger.epsilon(1) == ledger.epsilon(40) == math.inf
+    assert ledger.record() == math.inf and ledger.rounds == 1
+
+
+def test_a_clip_only_run_trains_warns_and_reports_infinite_epsilon(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="fedsim"):
+        server = build_server(compose([*SHORT, "client.noise_multiplier=0"]))
+    assert "client.noise_multiplier=0: DP-SGD clips the per-example gradients but adds no noise" in caplog.text
+    result = server.run()
+    assert bool(torch.isfinite(result.params).all())
+    steps = server.local_dp.steps
+    assert steps and all(server.local_dp.epsilon(c) == math.inf for c in steps)
+    assert server.local_dp.epsilon(max(steps) + 1000) == 0.0  # a client that never trained has spent nothing
+    # inf in the round's metrics; the history (as metrics.jsonl) holds it as null, like every non-finite metric
+    assert [r["dp/local_epsilon_max"] for r in result.history] == [None] * 3
+    assert result.history[-1]["dp/local_steps_max"] == max(steps.values())

@@ -80,6 +80,17 @@ def test_vmap_gives_the_serial_weights_and_the_same_epsilon(model: str) -> None:
     assert relative_error(quieter.params, reference.params) > 1000 * max(error, 1e-9)
 
 
+def test_clip_only_dp_sgd_under_vmap_gives_the_serial_weights() -> None:
+    """client.noise_multiplier=0 (clip-only): vmap's step adds 0 · noise, as the serial client does; the same
+    weights within float32 rounding (the bound of the test above), the same steps, ε infinite for both."""
+    serial, reference, vmapped, result = run_both(["client.noise_multiplier=0"])
+    sizes = [len(rows) for rows in build_data(compose(SHORT)).client_train]
+    assert relative_error(result.params, reference.params) <= tolerance(3 * 4, max(PARAMETERS["logreg"], max(sizes)))
+    assert vmapped.local_dp.steps == serial.local_dp.steps
+    assert all(vmapped.local_dp.epsilon(c) == math.inf for c in vmapped.local_dp.steps)
+    assert [r["dp/local_epsilon_max"] for r in result.history] == [None] * 3  # inf, written as null
+
+
 def test_fedprox_stragglers_and_momentum_match_serial() -> None:
     """FedProx's term (its gradient added after the noise), stragglers with 1 or 2 of 3 epochs in the same chunk (the
     longest clients finish eagerly, taking over the vectorised momentum and noise streams)."""

@@ -68,6 +68,22 @@ def test_a_zero_loss_with_q_below_one_weighs_nothing() -> None:
     assert torch.equal(QFFL(q=2.0).aggregate(1, w, zeros), w)
 
 
+def test_a_zero_loss_with_q_one_keeps_its_curvature_term() -> None:
+    # The paper's h_k = q F_k^{q−1} ‖Δw_k‖² + L F_k^q with 0^0 = 1: q = 1, F_0 = 0 gives h_0 = ‖Δw_0‖².
+    # q = 1, L = 2 (1/lr, lr = 0.5), w = (1, 1).
+    # client 0: w_0 = (0.5, 0.5), F_0 = 0: Δw_0 = 2 (0.5, 0.5) = (1, 1), ‖Δw_0‖² = 2
+    #           Δ_0 = 0 · Δw_0 = 0;          h_0 = 1 · 0^0 · 2 + 2 · 0 = 2
+    # client 1: w_1 = (1, 0), F_1 = 1:     Δw_1 = (0, 2), ‖Δw_1‖² = 4
+    #           Δ_1 = 1 · (0, 2) = (0, 2);   h_1 = 1 · 1 · 4 + 2 · 1 = 6
+    # w ← w − (0, 2) / 8 = (1, 0.75)   (dropping h_0 would give (1, 1 − 1/3))
+    w = torch.tensor([1.0, 1.0])
+    updates = [_update(0, [0.5, 0.5], 0.0), _update(1, [1.0, 0.0], 1.0)]
+    assert torch.equal(QFFL(q=1.0).aggregate(1, w, updates), torch.tensor([1.0, 0.75]))
+    # every start loss 0 with q = 1: Σ h = ‖Δw_0‖² + ‖Δw_1‖² > 0 but Σ Δ = 0: the model stays as it was
+    zeros = [_update(0, [0.5, 0.5], 0.0), _update(1, [1.0, 0.0], 0.0)]
+    assert torch.equal(QFFL(q=1.0).aggregate(1, w, zeros), w)
+
+
 def test_q_zero_is_the_unweighted_mean_of_the_client_models() -> None:
     # q = 0: Δ_k = L (w − w_k), h_k = L: w − Σ (w − w_k) / m = mean of w_k, whatever the losses (a zero one included)
     # (2 − 1 + 5 + 0) / 4 = 1.5, (4 + 0.5 − 2 + 1) / 4 = 0.875
