@@ -134,12 +134,13 @@ def test_a_sweep_shows_what_was_swept_and_quiet_prints_no_round_lines(tmp_path: 
     assert len(runs) == 2
     for run, foreach in zip(runs, (True, False), strict=True):
         hparams, _ = _hparams(_events(run))
-        # the keys set on the command line and strategy/seed; booleans stay booleans; no logger.* keys
+        # the keys set on the command line and strategy/seed; booleans stay booleans, integers their digits (the
+        # dashboard would print the number 0 as 0.0000); no logger.* keys
         assert hparams == {
             "strategy": "fedavg",
-            "seed": 0.0,
-            "num_rounds": 2.0,
-            "clients_per_round": 3.0,
+            "seed": "0",
+            "num_rounds": "2",
+            "clients_per_round": "3",
             "client.optimizer.foreach": foreach,
         }
     quiet = _fedsim("num_rounds=2", "clients_per_round=3", "logger=quiet", f"hydra.run.dir={tmp_path / 'quiet'}")
@@ -147,6 +148,69 @@ def test_a_sweep_shows_what_was_swept_and_quiet_prints_no_round_lines(tmp_path: 
     assert "round" not in quiet.stderr and quiet.stdout.splitlines() == [quiet.stdout.strip()]  # the final line only
     assert quiet.stdout.startswith("final test accuracy")
     assert "round 2: test accuracy" in (tmp_path / "quiet" / "run.log").read_text()  # the log file keeps every line
+
+
+USER_PKG = Path(__file__).parent / "user_pkg"
+
+
+@pytest.mark.slow
+def test_a_sweeps_run_names_lead_with_what_varies_and_hparams_name_the_class_that_ran(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+
+    from fedsim.observe.run_names import RESOLVER, register_run_label_resolver
+
+    register_run_label_resolver()
+    args = (
+        "-m",
+        "num_rounds=1",
+        "clients_per_round=2",
+        "+data.max_size=60",
+        "strategy._target_=my_strategy.KeepGlobal",
+        "seed=0,1",
+        f"hydra.sweep.dir={tmp_path}",
+        f"hydra.sweep.subdir=${{hydra:job.num}}_${{{RESOLVER}:}}",
+        "logger.progress=false",
+    )
+    sweep = run_cli(args, pythonpath=[USER_PKG])
+    assert sweep.returncode == 0, sweep.stderr
+    # TensorBoard's own reader names the runs by their directories below --logdir: the swept seed first, the fixed
+    # settings after it with their keys shortened (strategy._target_ clashes with nothing: _target_)
+    runs = EventMultiplexer().AddRunsFromDirectory(str(tmp_path)).Runs()
+    fixed = "num_rounds=1,clients_per_round=2,max_size=60,_target_=my_strategy.KeepGlobal"
+    assert sorted(runs) == [f"0_seed=0,{fixed}/tensorboard", f"1_seed=1,{fixed}/tensorboard"]
+    hparams, _ = _hparams(_events(tmp_path / f"1_seed=1,{fixed}" / "tensorboard"))
+    # the class that ran, not the option (fedavg) whose _target_ the command line replaced
+    assert hparams["strategy"] == "my_strategy.KeepGlobal" and hparams["seed"] == "1"
+
+
+def test_a_run_label_puts_the_swept_settings_first_and_shortens_the_rest() -> None:
+    from fedsim.observe.run_names import sweep_run_label, swept_keys
+
+    swept = swept_keys(["num_rounds=5", "client.optimizer.lr=0.05,0.1", "seed=range(3)", "+a.b.x=1"], ["p.q"])
+    assert swept == ["client.optimizer.lr", "seed", "p.q"]
+    job = ["num_rounds=5", "client.optimizer.lr=0.1", "seed=2", "+a.b.x=1", "++c.x=2", "experiment=e", "~d", "p.q=3"]
+    label = sweep_run_label([*job, "logger.progress=False"], swept, exclude=["experiment", "logger"])
+    # x clashes between a.b.x and c.x: those keep their whole key; a deletion names nothing to compare
+    assert label == "client.optimizer.lr=0.1,seed=2,p.q=3,num_rounds=5,a.b.x=1,c.x=2"
+    assert sweep_run_label(["data.root=/tmp/x", "seed=0"], ["seed"]) == "seed=0,root=_tmp_x"  # no sub-directory
+
+
+def test_hparams_show_a_custom_target_as_its_class(tmp_path: Path) -> None:
+    from fedsim.observe.tensorboard_log import shown_hparams
+
+    hydra = tmp_path / ".hydra"
+    hydra.mkdir()
+    (hydra / "hydra.yaml").write_text("hydra:\n  runtime:\n    choices:\n      strategy: fedavg\n      model: mlp\n")
+    settings = {"seed": 0, "strategy._target_": "my_strategy.KeepGlobal", "model._target_": "fedsim.models.MLP"}
+    (hydra / "overrides.yaml").write_text("[]\n")
+    # a class outside fedsim under the option fedavg: the class that ran, not the option's name
+    assert shown_hparams(settings, tmp_path) == {"strategy": "my_strategy.KeepGlobal", "seed": 0}
+    (hydra / "overrides.yaml").write_text("['strategy._target_=fedsim.strategy.FedProx', 'model=mlp']\n")
+    settings["strategy._target_"] = "fedsim.strategy.FedProx"
+    assert shown_hparams(settings, tmp_path) == {"strategy": "FedProx", "seed": 0, "model": "mlp"}
+    (hydra / "overrides.yaml").write_text("['strategy=fedavg']\n")
+    settings["strategy._target_"] = "fedsim.strategy.FedAvg"
+    assert shown_hparams(settings, tmp_path) == {"strategy": "fedavg", "seed": 0}
 
 
 def test_early_stop_known_answers() -> None:

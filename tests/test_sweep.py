@@ -94,13 +94,14 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def job_dirs(root: Path) -> dict[tuple[str, str, int], Path]:
-    """Where each (strategy, alpha, seed) job must have written: ``<job number>_<sorted overrides>``."""
+    """Where each (strategy, alpha, seed) job must have written: ``<job number>_<what the sweep varies, in the order
+    given>,<the fixed overrides, keys shortened>`` (fedsim/observe/run_names.py; logger.progress left out)."""
     jobs = [(s, a, seed) for s, a in CONFIGS for seed in SEEDS]
     return {
         (s, a, seed): root
         / (
-            f"{i}_clients_per_round=5,evaluate_clients=all,logger.progress=False,num_rounds=2,partition.alpha={a},"
-            f"partition.num_clients=20,partition=dirichlet,seed={seed},strategy={s}"
+            f"{i}_strategy={s},partition.alpha={a},seed={seed},"
+            "clients_per_round=5,evaluate_clients=all,num_rounds=2,num_clients=20,partition=dirichlet"
         )
         for i, (s, a, seed) in enumerate(jobs)
     }

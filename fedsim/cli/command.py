@@ -23,7 +23,10 @@ from fedsim.cli.run_summary import record_error, record_summary, write_failed_su
 from fedsim.core.checkpoint import CheckpointError, resume_hint
 from fedsim.core.errors import JobFailed, RoundFailedError, WorkerStartupError
 from fedsim.core.storage import LogFileErrors, is_write_failure, write_failure_text, write_remedy
+from fedsim.observe.run_names import register_run_label_resolver
 from fedsim.server.server import RunResult, Server
+
+register_run_label_resolver()  # conf/config.yaml names a sweep's job directories with ${fedsim_run_label:}
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")

@@ -7,6 +7,7 @@ one, or what the key takes (``seed must be an integer >= 0 (got abc)``), and exi
 
 from __future__ import annotations
 
+import inspect
 import re
 import sys
 from collections.abc import Sequence
@@ -51,13 +52,26 @@ def wrong_type_line(key: str, value: str, error: BaseException) -> str:
 
 def unknown_key_line(key: str, argv: Sequence[str]) -> str:
     """``unknown setting a.b; did you mean a.c? ...``: the known keys are those of ``a`` as the other overrides
-    compose it."""
+    compose it, and the parameters of its ``_target_``. Where that ``_target_`` is not fedsim's own class but one
+    that takes ``b`` (by name or ``**kwargs``), ``+a.b=...`` is the fix, and the line says so."""
     parent, _, leaf = key.rpartition(".")
-    known = _keys_of(parent, [arg for arg in argv if not _sets(arg, key)])
-    return (
-        f"unknown setting {key}{did_you_mean(leaf, known, parent + '.' if parent else '')} "
-        f"(a typo? `+{key}=...` would add a key that fedsim does not read)"
-    )
+    node = _section(parent, [arg for arg in argv if not _sets(arg, key)])
+    known = [str(k) for k in node if not str(k).startswith("_")] if node is not None else []
+    target = node.get("_target_") if node is not None else None
+    if not isinstance(target, str) or target.startswith("fedsim."):
+        advice = f"a typo? `+{key}=...` would add a key that fedsim does not read"
+    else:
+        from fedsim.cli.config_numbers import parameters
+
+        accepted = parameters(target)
+        names = [name for name in accepted if not name.startswith("_")]
+        if leaf in accepted or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+            return (
+                f"unknown setting {key} ({parent}._target_ is your {target}, which takes it: add it with `+{key}=...`)"
+            )
+        known += names
+        advice = f"{target} takes {', '.join(names) or 'no arguments'}; `+{key}=...` would add a key it does not read"
+    return f"unknown setting {key}{did_you_mean(leaf, known, parent + '.' if parent else '')} ({advice})"
 
 
 def unknown_option_line(group: str, option: str) -> str:
@@ -81,8 +95,8 @@ def _groups(config_dir: str) -> list[str]:
     return sorted(path.name for path in Path(config_dir).iterdir() if path.is_dir())
 
 
-def _keys_of(parent: str, argv: Sequence[str]) -> list[str]:
-    """Keys of the section ``parent`` of the configuration composed from ``argv``'s overrides (none if that fails)."""
+def _section(parent: str, argv: Sequence[str]) -> DictConfig | None:
+    """The section ``parent`` of the configuration composed from ``argv``'s overrides (``None`` if that fails)."""
     from fedsim.cli.run import compose
 
     overrides = [arg for arg in argv if "=" in arg and not arg.startswith(("-", "hydra."))]
@@ -91,5 +105,5 @@ def _keys_of(parent: str, argv: Sequence[str]) -> list[str]:
         for part in parent.split(".") if parent else []:
             node = node[part]
     except Exception:  # noqa: BLE001 - another override is wrong too: no suggestion then
-        return []
-    return [str(key) for key in node if not str(key).startswith("_")] if isinstance(node, DictConfig) else []
+        return None
+    return node if isinstance(node, DictConfig) else None

@@ -9,7 +9,9 @@
   so runs without failures or rejections show no constant-zero charts (``metrics.jsonl`` keeps every value).
 * **HParams.** One entry per run, written into the run's own event files (not a ``hparams`` sub-run): the keys set
   on the command line (Hydra's ``.hydra/overrides.yaml`` of the run directory) plus ``strategy`` and ``seed``,
-  booleans as booleans, and the run's final metrics (:data:`HPARAMS_METRICS`).
+  booleans as booleans, integers as their digits (the dashboard prints numbers as ``0.0000``), a config group
+  as its option's name or, where another class ran (``strategy._target_=my_module.MyStrategy``), that class, and
+  the run's final metrics (:data:`HPARAMS_METRICS`).
 * **Simulated time.** A run on the simulated clock (``clock=sampled|trace``: its rounds log ``sim/time_s``) also gets
   :data:`SIM_TIME_SCALARS` under ``by_sim_time/`` (``by_sim_time/eval/accuracy``, ...) with the step = the simulated
   clock at the end of the round in whole seconds, ``int(round(sim/time_s))`` (TensorBoard's steps are integers; two
@@ -139,15 +141,18 @@ def shown_hparams(settings: dict[str, Any], run_dir: Path | None) -> dict[str, A
 
     A run started by the ``fedsim`` command shows the keys of its command-line overrides (read from Hydra's
     ``<run dir>/.hydra/overrides.yaml``) and :data:`ALWAYS_SHOWN`; a config group (``strategy=fedprox``) shows
-    the option's name. Without that file (a run from Python) every setting is shown. Either way Hydra's
+    the option's name, unless the class that ran is another: a ``<group>._target_`` set on the command line, or
+    one outside fedsim, shows the class (``FedProx`` for fedsim's, ``my_module.MyStrategy`` for one's own).
+    Without that file (a run from Python) every setting is shown. Either way Hydra's
     ``_target_``/``_partial_`` keys and the :data:`NOT_SHOWN` ones are left out, and only numbers, booleans and
     strings remain (what the dashboard can show)."""
     overrides = _read_yaml(run_dir / ".hydra" / "overrides.yaml") if run_dir is not None else None
     if isinstance(overrides, list):
-        keys = list(dict.fromkeys([*ALWAYS_SHOWN, *(_override_key(str(o)) for o in overrides)]))
+        set_keys = [_override_key(str(o)) for o in overrides]
+        keys = list(dict.fromkeys([*ALWAYS_SHOWN, *set_keys]))
     else:
-        keys = list(dict.fromkeys([*ALWAYS_SHOWN, *sorted(settings)]))
-    choices = _group_choices(run_dir)
+        set_keys, keys = [], list(dict.fromkeys([*ALWAYS_SHOWN, *sorted(settings)]))
+    choices = {k: v for k, v in _group_choices(run_dir).items() if f"{k}._target_" not in set_keys}
     shown: dict[str, Any] = {}
     for key in keys:
         if not key or key.split(".")[0] in NOT_SHOWN or key.rsplit(".", 1)[-1] in ("_target_", "_partial_"):
@@ -167,12 +172,16 @@ def _override_key(override: str) -> str:
 
 
 def _group_option(group: str, settings: dict[str, Any], choices: dict[str, Any]) -> Any:
-    """The option a config group was given (``fedprox``), else its ``_target_``'s class name; ``None`` if
+    """The option a config group was given (``fedprox``) when its ``_target_`` is fedsim's, else the class that
+    ran: the class name of fedsim's own (``FedProx``), the whole ``module.Class`` of any other; ``None`` if
     ``group`` is no group."""
-    if isinstance(choices.get(group), str):
-        return choices[group]
     target = settings.get(f"{group}._target_")
-    return target.rsplit(".", 1)[-1] if isinstance(target, str) else None
+    own = isinstance(target, str) and target.startswith("fedsim.")
+    if isinstance(choices.get(group), str) and (own or target is None):
+        return choices[group]
+    if not isinstance(target, str):
+        return None
+    return target.rsplit(".", 1)[-1] if own else target
 
 
 def _group_choices(run_dir: Path | None) -> dict[str, Any]:
@@ -211,6 +220,8 @@ def hparams_summaries(hparams: dict[str, Any]) -> list[Any]:
     """The three summaries of TensorBoard's HParams plugin (experiment, session start, session end) for one run.
 
     Built here rather than with ``torch.utils.tensorboard.summary.hparams``, which records ``True`` as ``1.0``.
+    An integer (``seed``, ``num_rounds``) is recorded as its digits, a string: the dashboard prints every number
+    with five significant digits (``0.0000``) and has no integer type; its filter is then a regex (``^[01]$``).
     The metric columns are :data:`HPARAMS_METRICS`, scalars of the same run."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
@@ -220,7 +231,9 @@ def hparams_summaries(hparams: dict[str, Any]) -> list[Any]:
     for key, value in hparams.items():
         if isinstance(value, bool):
             start.hparams[key].bool_value, kind = value, api_pb2.DATA_TYPE_BOOL
-        elif isinstance(value, (int, float)):
+        elif isinstance(value, int):  # the dashboard prints every number with 5 digits: seed 0 would read 0.0000
+            start.hparams[key].string_value, kind = str(value), api_pb2.DATA_TYPE_STRING
+        elif isinstance(value, float):
             start.hparams[key].number_value, kind = float(value), api_pb2.DATA_TYPE_FLOAT64
         else:
             start.hparams[key].string_value, kind = str(value), api_pb2.DATA_TYPE_STRING
