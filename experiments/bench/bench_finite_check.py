@@ -114,20 +114,36 @@ def _drop_from_page_cache(path: Path) -> None:
         os.close(fd)
 
 
-def _measure(path: Path, repeats: int, cold: bool) -> dict[str, list[float]]:
-    """Seconds of ``repeats`` loads of each kind, in rounds of one load each, the order rotating every round."""
+def _measure(path: Path, repeats: int, cold: bool) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall seconds and CPU seconds (every thread of this process: ``time.process_time``) of ``repeats`` loads of
+    each kind, in rounds of one load each, the order rotating every round."""
     out: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    cpu: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for i in range(repeats):
         for kind in KINDS[i % 3 :] + KINDS[: i % 3]:
             gc.collect()
             if cold:
                 _drop_from_page_cache(path)
             with _loading(kind):
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 split = npz(path=path)
                 out[kind].append(time.perf_counter() - start)
+                cpu[kind].append(time.process_time() - start_cpu)
             del split
-    return out
+    return out, cpu
+
+
+def _row(clock: str, seconds: dict[str, list[float]]) -> str:
+    """One clock's medians of each kind and the median (min..max) of the paired ratios of ``with``."""
+    medians = {kind: statistics.median(values) for kind, values in seconds.items()}
+    ratios = {
+        base: [w / b for w, b in zip(seconds["with"], seconds[base], strict=True)] for base in ("np.load", "untested")
+    }
+    shown = {base: f"{statistics.median(r):.3f} ({min(r):.2f}..{max(r):.2f})" for base, r in ratios.items()}
+    return (
+        f"{clock:>5} {medians['np.load']:>10.3f} {medians['untested']:>11.3f} {medians['with']:>7.3f} "
+        f"{shown['np.load']:>22} {shown['untested']:>22}"
+    )
 
 
 def main() -> None:
@@ -140,25 +156,16 @@ def main() -> None:
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bench_finite_", dir=args.tmpdir))
     print(
-        f"{'rows x features':>18} {'file GB':>8} {'np.load s':>10} {'untested s':>11} {'with s':>7} "
+        f"{'rows x features':>18} {'file GB':>8} {'clock':>5} {'np.load s':>10} {'untested s':>11} {'with s':>7} "
         f"{'with / np.load':>22} {'with / untested':>22}"
     )
     try:
         for features in (int(f) for f in args.features.split(",")):
             path = folder / f"rows{args.rows}_features{features}.npz"
             _write(path, args.rows, features)
-            seconds = _measure(path, args.repeats, args.cold)
-            medians = {kind: statistics.median(values) for kind, values in seconds.items()}
-            ratios = {
-                base: [w / b for w, b in zip(seconds["with"], seconds[base], strict=True)]
-                for base in ("np.load", "untested")
-            }
-            shown = {base: f"{statistics.median(r):.3f} ({min(r):.2f}..{max(r):.2f})" for base, r in ratios.items()}
-            print(
-                f"{f'{args.rows:,} x {features}':>18} {path.stat().st_size / 1e9:>8.2f} {medians['np.load']:>10.3f} "
-                f"{medians['untested']:>11.3f} {medians['with']:>7.3f} {shown['np.load']:>22} {shown['untested']:>22}",
-                flush=True,
-            )
+            wall, cpu = _measure(path, args.repeats, args.cold)
+            for clock, seconds in (("wall", wall), ("cpu", cpu)):
+                print(f"{f'{args.rows:,} x {features}':>18} {path.stat().st_size / 1e9:>8.2f} {_row(clock, seconds)}")
             path.unlink()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
