@@ -79,6 +79,7 @@ class Client:
 
     @property
     def num_train(self) -> int:
+        """How many training examples the client holds (the FedAvg weight of its update)."""
         return int(self.train_indices.size)
 
     # --- overridable pieces -------------------------------------------------------------------

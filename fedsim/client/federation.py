@@ -29,6 +29,7 @@ class FederatedData:
 
     @property
     def num_clients(self) -> int:
+        """How many clients the data was partitioned into (one entry of ``client_train`` each)."""
         return len(self.client_train)
 
 

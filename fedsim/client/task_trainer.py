@@ -31,7 +31,9 @@ class TaskClient(Protocol):
     epochs: int  # its default local epochs (Ditto reads them)
     train_indices: np.ndarray
 
-    def make_optimizer(self, model: nn.Module, config: dict[str, Any]) -> torch.optim.Optimizer: ...
+    def make_optimizer(self, model: nn.Module, config: dict[str, Any]) -> torch.optim.Optimizer:
+        """This round's optimizer (:meth:`fedsim.client.Client.make_optimizer`)."""
+        ...
 
     def _run_epoch(
         self,
@@ -43,7 +45,9 @@ class TaskClient(Protocol):
         device: torch.device,
     ) -> float: ...
 
-    def per_example_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
+    def per_example_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Every example's loss (:meth:`fedsim.client.Client.per_example_loss`)."""
+        ...
 
 
 @dataclass

@@ -167,6 +167,7 @@ class Server:
 
     @property
     def stop_requested(self) -> bool:
+        """Whether :meth:`request_stop` was called: the run ends after the current round, with a checkpoint."""
         return self._stop_requested
 
     def request_stop(self) -> None:
