@@ -16,10 +16,16 @@ amount to every class's logit, so it changes the device models but not their dec
 same seed, the labels do not depend on α at all (up to floating-point ties); heterogeneity of the
 label distributions across devices comes from the per-device draws of ``W_k``, ``b_k`` and from β
 (through the input means ``v_k``). This is a property of the published generator, kept as is.
+
+The generator draws a chunk of devices at a time (memory stays near the output's size: a million devices of ten
+examples take 2.6 GB of data, but would take 5.4 GB of float64 models), yet returns bit for bit what a loop over the
+devices returns: the same standard normals of one ``numpy`` stream, combined by the same float64 operations (the
+per-device loop it replaced is kept as the reference in tests/data/test_synthetic_vectorised.py).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -101,39 +107,209 @@ def _device_sizes(
     return sizes if max_size is None else np.minimum(sizes, max_size)
 
 
-def _device_models(
-    rng: np.random.Generator, alpha: float, beta: float, num_devices: int, num_features: int, num_classes: int
-) -> list[DeviceModel]:
-    """Draw ``W_k, b_k, v_k`` for every device (the prior means first, as in the paper's code)."""
-    u = rng.normal(0.0, alpha, num_devices)
-    big_b = rng.normal(0.0, beta, num_devices)
-    v = rng.normal(big_b[:, None], 1.0, (num_devices, num_features))
-    models = []
-    for k in range(num_devices):
-        w = rng.normal(u[k], 1.0, (num_classes, num_features))
-        b = rng.normal(u[k], 1.0, num_classes)
-        models.append(DeviceModel(w=w, b=b, v=v[k]))
-    return models
+_CHUNK_ELEMENTS = 1 << 21
+"""About how many float64 values one chunk of devices draws at once, inputs and models (16 MiB)."""
 
 
-def _num_test(size: int, test_fraction: float) -> int:
-    """``round(test_fraction * size)``, but ≥ 1 and ≤ size - 1 when ``test_fraction > 0``, size ≥ 2."""
-    if test_fraction == 0 or size < 2:
-        return 0
-    return min(max(round(test_fraction * size), 1), size - 1)
+@dataclass(frozen=True)
+class _Config:
+    """The arguments of :func:`synthetic`, checked on construction (a one-line ``ValueError`` naming the field)."""
+
+    alpha: float
+    beta: float
+    num_devices: int
+    num_features: int
+    num_classes: int
+    test_fraction: float
+    seed: int
+    size_mean_log: float
+    size_sigma_log: float
+    min_size: int
+    max_size: int | None
+
+    def __post_init__(self) -> None:
+        _validate(
+            self.alpha,
+            self.beta,
+            self.num_devices,
+            self.num_features,
+            self.num_classes,
+            self.test_fraction,
+            self.size_sigma_log,
+            self.min_size,
+            self.max_size,
+        )
 
 
-def _to_tensor_data(
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], num_features: int, num_classes: int
-) -> TensorData:
-    """Stack per-device ``(x, y, device_id)`` triples into one :class:`TensorData`."""
-    if not parts:
-        empty = np.zeros(0, dtype=np.int64)
-        return TensorData(torch.zeros(0, num_features), torch.from_numpy(empty), num_classes, empty)
-    x = np.concatenate([p[0] for p in parts])
-    y = np.concatenate([p[1] for p in parts])
-    groups = np.concatenate([p[2] for p in parts])
-    return TensorData(torch.from_numpy(x), torch.from_numpy(y), num_classes, groups)
+@dataclass(frozen=True)
+class _Streams:
+    """Copies of one generator, each at the start of its part of the stream: the means ``v_k`` of all devices,
+    then the models ``W_k, b_k`` of all devices, then the examples of all devices."""
+
+    v: np.random.Generator
+    models: np.random.Generator
+    x: np.random.Generator
+
+
+def _skip_normals(rng: np.random.Generator, count: int) -> None:
+    """Move ``rng`` past ``count`` standard normals (drawn a chunk at a time and dropped)."""
+    buffer = np.empty(max(1, min(count, _CHUNK_ELEMENTS)))
+    for start in range(0, count, len(buffer)):
+        rng.standard_normal(out=buffer[: min(len(buffer), count - start)])
+
+
+def _streams(rng: np.random.Generator, num_devices: int, num_features: int, num_classes: int) -> _Streams:
+    """Split the rest of ``rng``'s stream into its three parts (the generator is copied, the draws skipped twice)."""
+    v = copy.deepcopy(rng)
+    _skip_normals(rng, num_devices * num_features)
+    models = copy.deepcopy(rng)
+    _skip_normals(rng, num_devices * num_classes * (num_features + 1))
+    return _Streams(v=v, models=models, x=rng)
+
+
+def _draw_models(
+    streams: _Streams, u: np.ndarray, big_b: np.ndarray, num_features: int, num_classes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``w`` (devices × classes × features), ``b`` (devices × classes) and ``v`` (devices × features) of a chunk.
+
+    ``rng.normal(loc, 1.0, shape)`` is ``loc + 1.0 * z`` for the standard normals ``z`` in C order, so one
+    ``standard_normal`` call of the chunk's shape plus the means gives the per-device calls' values bit for bit:
+    ``w_k`` then ``b_k`` of device ``k``, then device ``k + 1``'s."""
+    devices = len(u)
+    v = big_b[:, None] + streams.v.standard_normal((devices, num_features))
+    z = streams.models.standard_normal((devices, num_classes * (num_features + 1)))
+    z += u[:, None]
+    return z[:, : num_classes * num_features].reshape(devices, num_classes, num_features), z[:, -num_classes:], v
+
+
+def _draw_inputs(rng: np.random.Generator, v: np.ndarray, sizes: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """The float32 examples of a chunk's devices, ``(v_k + z * std).astype(float32)`` row by row as before."""
+    z = rng.standard_normal((int(sizes.sum()), len(std)))
+    z *= std
+    z += np.repeat(v, sizes, axis=0)
+    return z.astype(np.float32)
+
+
+def _logits(x: np.ndarray, w: np.ndarray, b: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """``x_k @ w_k.T + b_k`` in float64 for every device ``k`` of a chunk (one row per example), bit for bit as
+    :meth:`DeviceModel.labels` computes it.
+
+    The devices of one size share one batched ``matmul``: numpy's loop over the batch calls BLAS once per device
+    with the arguments of that device's own ``x_k @ w_k.T`` (shape, transposition, leading dimensions), so every
+    sum is added in the same order. One product of all rows would not be: BLAS's blocking depends on the shape."""
+    logits = np.empty((len(x), w.shape[1]))
+    starts = np.cumsum(sizes) - sizes
+    order = np.argsort(sizes, kind="stable")
+    values, counts = np.unique(sizes[order], return_counts=True)
+    for size, devices in zip(values.tolist(), np.split(order, np.cumsum(counts)[:-1]), strict=True):
+        rows = (starts[devices, None] + np.arange(size)).reshape(-1)
+        x64 = x[rows].astype(np.float64).reshape(len(devices), size, -1)
+        products = np.matmul(x64, w[devices].transpose(0, 2, 1))
+        products += b[devices, None, :]
+        logits[rows] = products.reshape(len(rows), -1)
+    return logits
+
+
+def _num_test(sizes: np.ndarray, test_fraction: float) -> np.ndarray:
+    """``round(test_fraction * size)`` per device (half to even, as Python's ``round``), but ≥ 1 and ≤ size - 1
+    when ``test_fraction > 0``, size ≥ 2; 0 otherwise."""
+    if test_fraction == 0:
+        return np.zeros(len(sizes), dtype=np.int64)
+    counts = np.minimum(np.maximum(np.round(test_fraction * sizes), 1), sizes - 1).astype(np.int64)
+    return np.where(sizes < 2, 0, counts)
+
+
+def _chunks(sizes: np.ndarray, num_features: int, num_classes: int) -> list[tuple[int, int]]:
+    """Consecutive device ranges that each draw about ``_CHUNK_ELEMENTS`` values (a larger device is one alone)."""
+    drawn = np.cumsum(sizes * num_features + num_classes * (num_features + 1))
+    bounds, start = [], 0
+    while start < len(sizes):
+        before = int(drawn[start - 1]) if start else 0
+        stop = max(int(np.searchsorted(drawn, before + _CHUNK_ELEMENTS, side="right")), start + 1)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+@dataclass(frozen=True)
+class _Output:
+    """The arrays the chunks are written into: each part's features, labels and devices, and the models if kept."""
+
+    train: tuple[np.ndarray, np.ndarray, np.ndarray]
+    test: tuple[np.ndarray, np.ndarray, np.ndarray]
+    train_start: np.ndarray  # the first training row of every device, and the total at the end
+    test_start: np.ndarray
+    models: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # w, b, v of every device
+
+    @classmethod
+    def allocate(cls, sizes: np.ndarray, num_test: np.ndarray, cfg: _Config, keep_models: bool) -> _Output:
+        """Empty arrays of the final sizes (the pages are taken as the chunks fill them)."""
+        devices, features, classes = cfg.num_devices, cfg.num_features, cfg.num_classes
+        ids = np.arange(devices, dtype=np.int64)
+        parts = []
+        for counts in (sizes - num_test, num_test):
+            rows = int(counts.sum())
+            parts.append(
+                (np.empty((rows, features), np.float32), np.empty(rows, np.int64), np.repeat(ids, counts)),
+            )
+        models = None
+        if keep_models:
+            models = (
+                np.empty((devices, classes, features)),
+                np.empty((devices, classes)),
+                np.empty((devices, features)),
+            )
+        starts = [np.concatenate(([0], np.cumsum(counts))) for counts in (sizes - num_test, num_test)]
+        return cls(parts[0], parts[1], starts[0], starts[1], models)
+
+    def put(self, start: int, stop: int, x: np.ndarray, y: np.ndarray, keep: np.ndarray) -> None:
+        """Write the rows of devices ``start..stop-1``; ``keep`` is true for the rows that go to training."""
+        for (part_x, part_y, _), first, mask in (
+            (self.train, self.train_start, keep),
+            (self.test, self.test_start, ~keep),
+        ):
+            rows = slice(int(first[start]), int(first[stop]))
+            np.compress(mask, x, axis=0, out=part_x[rows])
+            np.compress(mask, y, out=part_y[rows])
+
+    def split(self, num_classes: int) -> DataSplit:
+        """The finished arrays as a :class:`DataSplit` (no copy)."""
+        train, test = (
+            TensorData(torch.from_numpy(x), torch.from_numpy(y), num_classes, groups)
+            for x, y, groups in (self.train, self.test)
+        )
+        return DataSplit(train=train, test=test)
+
+
+def _generate(cfg: _Config, *, keep_models: bool) -> tuple[DataSplit, list[DeviceModel]]:
+    """Draw the dataset a chunk of devices at a time; the device models are returned only if ``keep_models``.
+
+    The stream is consumed as the published per-device loop consumed it: sizes, ``u``, ``B``, the ``v_k``, all
+    device models, then every device's examples; only the order of the arithmetic on its parts changes."""
+    rng = np.random.default_rng(cfg.seed)
+    sizes = _device_sizes(rng, cfg.num_devices, cfg.size_mean_log, cfg.size_sigma_log, cfg.min_size, cfg.max_size)
+    u = rng.normal(0.0, cfg.alpha, cfg.num_devices)
+    big_b = rng.normal(0.0, cfg.beta, cfg.num_devices)
+    streams = _streams(rng, cfg.num_devices, cfg.num_features, cfg.num_classes)
+    num_test = _num_test(sizes, cfg.test_fraction)
+    out = _Output.allocate(sizes, num_test, cfg, keep_models)
+    std = np.arange(1, cfg.num_features + 1, dtype=np.float64) ** -0.6  # sqrt of Σ_jj = j^-1.2
+    remedy = f"data.beta={cfg.beta} is too large for float32 features; lower it"
+    for start, stop in _chunks(sizes, cfg.num_features, cfg.num_classes):
+        w, b, v = _draw_models(streams, u[start:stop], big_b[start:stop], cfg.num_features, cfg.num_classes)
+        chunk_sizes = sizes[start:stop]
+        x = _draw_inputs(streams.x, v, chunk_sizes, std)
+        first_row = np.cumsum(chunk_sizes) - chunk_sizes
+        device = np.repeat(np.arange(start, stop), chunk_sizes)
+        local = np.arange(len(x)) - np.repeat(first_row, chunk_sizes)
+        check_finite(x, "x", owners=device, rows=local, remedy=remedy)
+        y = _logits(x, w, b, chunk_sizes).argmax(axis=1).astype(np.int64, copy=False)
+        out.put(start, stop, x, y, local < np.repeat(chunk_sizes - num_test[start:stop], chunk_sizes))
+        if out.models is not None:
+            for kept, drawn in zip(out.models, (w, b, v), strict=True):
+                kept[start:stop] = drawn
+    models = [] if out.models is None else [DeviceModel(w=w, b=b, v=v) for w, b, v in zip(*out.models, strict=True)]
+    return out.split(cfg.num_classes), models
 
 
 def synthetic_with_models(
@@ -150,26 +326,12 @@ def synthetic_with_models(
     min_size: int = 50,
     max_size: int | None = None,
 ) -> tuple[DataSplit, list[DeviceModel]]:
-    """Like :func:`synthetic`, but also return the drawn :class:`DeviceModel` of every device."""
-    _validate(alpha, beta, num_devices, num_features, num_classes, test_fraction, size_sigma_log, min_size, max_size)
-    rng = np.random.default_rng(seed)
-    sizes = _device_sizes(rng, num_devices, size_mean_log, size_sigma_log, min_size, max_size)
-    models = _device_models(rng, alpha, beta, num_devices, num_features, num_classes)
-    std = np.arange(1, num_features + 1, dtype=np.float64) ** -0.6  # sqrt of Σ_jj = j^-1.2
-    train, test = [], []
-    for k, (size, model) in enumerate(zip(sizes.tolist(), models, strict=True)):
-        x = (model.v + rng.standard_normal((size, num_features)) * std).astype(np.float32)
-        check_finite(x, "x", owners=k, remedy=f"data.beta={beta} is too large for float32 features; lower it")
-        y = model.labels(x)  # from the stored float32 x, so the labels are exactly reproducible
-        ids = np.full(size, k, dtype=np.int64)
-        cut = size - _num_test(size, test_fraction)
-        train.append((x[:cut], y[:cut], ids[:cut]))
-        test.append((x[cut:], y[cut:], ids[cut:]))
-    split = DataSplit(
-        train=_to_tensor_data(train, num_features, num_classes),
-        test=_to_tensor_data(test, num_features, num_classes),
-    )
-    return split, models
+    """Like :func:`synthetic`, but also return the drawn :class:`DeviceModel` of every device.
+
+    The models take ``8 * ((num_classes + 1) * num_features + num_classes)`` bytes a device (5.4 KB by default,
+    5.4 GB for a million devices): :func:`synthetic` does not keep them."""
+    cfg = _Config(**locals())  # validates every argument first
+    return _generate(cfg, keep_models=True)
 
 
 def synthetic(
@@ -194,17 +356,6 @@ def synthetic(
     to the training set, so every device has training data and ``partition=natural`` gives exactly
     ``num_devices`` clients. Examples are ordered by device in both parts. Deterministic in ``seed``.
     """
-    split, _ = synthetic_with_models(
-        alpha=alpha,
-        beta=beta,
-        num_devices=num_devices,
-        num_features=num_features,
-        num_classes=num_classes,
-        test_fraction=test_fraction,
-        seed=seed,
-        size_mean_log=size_mean_log,
-        size_sigma_log=size_sigma_log,
-        min_size=min_size,
-        max_size=max_size,
-    )
+    cfg = _Config(**locals())  # validates every argument first
+    split, _ = _generate(cfg, keep_models=False)
     return split
