@@ -35,6 +35,7 @@ RAY_FILES = frozenset(
         "tests/executor/test_ray_faults.py",
         "tests/executor/test_ray_reuse.py",
         "tests/executor/test_ray_cluster.py",
+        "tests/executor/test_per_batch_executors.py",
         "tests/executor/test_malformed_updates.py",
         "tests/state/test_client_state_runs.py",
     }

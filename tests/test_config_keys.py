@@ -52,8 +52,8 @@ def test_an_added_key_nothing_reads_is_refused_before_any_work(overrides: list[s
         (["strategy=fedprox", "strategy.muu=0.1"], "unknown setting strategy.muu; did you mean strategy.mu?"),
         (
             ["strategy=fedadamm"],
-            "no option fedadamm in group strategy; did you mean fedadam? (options: basgd, bulyan, centered_clipping, "
-            "ditto, fedadagrad, ",
+            "no option fedadamm in group strategy; did you mean fedadam? (options: apfl, basgd, bulyan, "
+            "centered_clipping, ditto, fedadagrad, ",
         ),
         (["stratgy=fedadam"], "unknown setting stratgy; did you mean strategy?"),
     ],

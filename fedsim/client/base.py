@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.client.local_training import LocalTraining, hook_before_step
+from fedsim.client.local_training import BatchSteps, LocalTraining, hook_before_step, overrides_on_batch
 from fedsim.client.scoring import evaluate_indices
 from fedsim.client.task_trainer import TaskTrainer
 from fedsim.core.params import flatten
@@ -70,6 +70,7 @@ class Client:
         self.batch_size = batch_size
         self.optimizer = optimizer or default_optimizer()
         self._local: LocalTraining | None = None
+        self._batches: BatchSteps | None = None  # the strategy's per-batch hook, during the local epochs only
 
     def __repr__(self) -> str:
         return (
@@ -155,14 +156,29 @@ class Client:
             trainer = TaskTrainer(self, model, data, config, generator)
             local.begin_task(model, config, state)
             local.before_training(trainer, state)
+            self._batches = self._batch_steps(local, state)
             update = self._train(model, data, config, generator, round_num, local)
+            self._batches = None
             local.after_training(trainer, state)
             local.end_task(model, config, state)
             return replace(update, metrics={**update.metrics, **trainer.metrics}) if trainer.metrics else update
         finally:
             self._local = None  # a Client is the same after a task as before it, and so is the model's trainability
+            self._batches = None
             for parameter, flag in zip(model.parameters(), trainable, strict=True):
                 parameter.requires_grad_(flag)
+
+    def _batch_steps(self, local: LocalTraining, state: dict[str, Any]) -> BatchSteps | None:
+        """The runner of ``local``'s per-batch hook for this task, or ``None`` when it has none; refuses a client
+        whose own epoch loop (DP-SGD's) would skip it."""
+        if not overrides_on_batch(local):
+            return None
+        if type(self)._run_epoch is not Client._run_epoch:
+            raise TypeError(
+                f"{type(local).__name__} steps on every batch (on_batch) but {type(self).__name__} has its own epoch "
+                "loop that would skip it: use client=sgd or client=adam"
+            )
+        return BatchSteps(local, state)
 
     def _train(
         self,
@@ -217,7 +233,11 @@ class Client:
         for start in range(0, self.num_train, batch_size):
             idx = order[start : start + batch_size]
             x, y = data.x[idx].to(device, non_blocking=True), data.y[idx].to(device, non_blocking=True)
-            loss = self.train_step(model, optimizer, x, y)
+            loss = (
+                self.train_step(model, optimizer, x, y)
+                if self._batches is None
+                else self._batches.run(self, model, optimizer, x, y)
+            )
             total = total + (loss.double() if isinstance(loss, torch.Tensor) else loss) * len(idx)
             seen += len(idx)
         return float(total) / max(seen, 1)

@@ -7,15 +7,68 @@ returns an instance from :meth:`~fedsim.strategy.Strategy.local_training`. ``fed
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 from fedsim.core.types import ClientUpdate
 
 if TYPE_CHECKING:
-    from fedsim.client.task_trainer import TaskTrainer
+    from fedsim.client.task_trainer import TaskClient, TaskTrainer
+
+
+@dataclass
+class Batch:
+    """One batch of the local epochs, as :meth:`LocalTraining.on_batch` sees it, before the client's step on it.
+
+    ``model`` holds the weights before this batch's step; ``optimizer`` is the local epochs' (its ``lr`` is the
+    round's, :attr:`lr`); ``state`` is the client's state for the task (the same dict :meth:`LocalTraining.begin_task`
+    and :meth:`LocalTraining.end_task` receive: a personal model lives there); ``step`` counts the task's steps from
+    0 across its local epochs."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    state: dict[str, Any]
+    step: int
+    client: TaskClient
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the local step (the round's ``lr`` if the strategy sets one)."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def loss(self, params: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """The client's training loss (:meth:`~fedsim.client.base.Client.loss`) of this batch, for :attr:`model`
+        with the named parameters replaced by ``params`` (a second model that shares the architecture: autograd
+        differentiates the result with respect to them) or, with ``None``, for the model as it is. Parameters and
+        buffers not in ``params`` are the model's own; in training mode a BatchNorm layer's running statistics are
+        updated, as on any forward pass."""
+        if params is None:
+            return self.client.loss(self.model, self.x, self.y)
+        return cast(
+            torch.Tensor, functional_call(_LossOf(self.client, self.model), _prefixed(params), (self.x, self.y))
+        )
+
+
+class _LossOf(nn.Module):
+    """``client.loss(model, x, y)`` as a module, so that :func:`torch.func.functional_call` can swap the model's
+    parameters for a second model's and still use the client's own loss."""
+
+    def __init__(self, client: TaskClient, model: nn.Module) -> None:
+        super().__init__()
+        self.client, self.model = client, model
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.client.loss(self.model, x, y)
+
+
+def _prefixed(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {f"model.{name}": value for name, value in params.items()}
 
 
 class LocalTraining:
@@ -93,6 +146,21 @@ class LocalTraining:
         computes inside its own ``closure`` (L-BFGS) do not.
         """
 
+    def on_batch(self, batch: Batch) -> float | torch.Tensor | None:
+        """Called for every batch of the local epochs (not for :class:`~fedsim.client.task_trainer.TaskTrainer`'s
+        extra epochs), before the client's step on it, with the batch, the model as it is before that step, the
+        client's state and the step's index (see :class:`Batch`). Two uses:
+
+        * return ``None`` and the client then takes its usual step: a second model (kept in ``batch.state``) steps
+          beside the trained one on the same batch (APFL, :mod:`fedsim.strategy.apfl`);
+        * take the step yourself (``batch.optimizer.step()`` after setting the gradients) and return the batch's
+          loss to report: this replaces the client's step (pFedMe, :mod:`fedsim.strategy.pfedme`).
+
+        :meth:`Batch.loss` gives the client's loss at a second model's parameters. The default does nothing (the
+        client is then not even asked: results are those without the hook). ``executor=vmap`` refuses a client
+        half that overrides it, and so does ``client=dpsgd`` (it has its own per-batch loop)."""
+        return None
+
     def functional_term(
         self, params: dict[str, torch.Tensor], anchor: dict[str, torch.Tensor], numbers: dict[str, Any]
     ) -> torch.Tensor | None:
@@ -114,6 +182,27 @@ class LocalTraining:
 def personalises(local: LocalTraining | None) -> bool:
     """Whether ``local`` overrides :meth:`LocalTraining.personalise` (the algorithm has personal models)."""
     return local is not None and type(local).personalise is not LocalTraining.personalise
+
+
+class BatchSteps:
+    """Calls a client half's :meth:`LocalTraining.on_batch` for every batch of one task's local epochs, numbering
+    the steps, and takes the client's own step where the hook does not take one (it returns ``None``)."""
+
+    def __init__(self, local: LocalTraining, state: dict[str, Any]) -> None:
+        self.local, self.state, self.step = local, state, 0
+
+    def run(
+        self, client: TaskClient, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+    ) -> float | torch.Tensor:
+        """One batch: the hook, then the client's step unless the hook took it; returns the loss to report."""
+        loss = self.local.on_batch(Batch(x, y, model, optimizer, self.state, self.step, client))
+        self.step += 1
+        return client.train_step(model, optimizer, x, y) if loss is None else loss
+
+
+def overrides_on_batch(local: LocalTraining | None) -> bool:
+    """Whether ``local`` overrides :meth:`LocalTraining.on_batch` (a per-batch algorithm such as APFL)."""
+    return local is not None and type(local).on_batch is not LocalTraining.on_batch
 
 
 def gradients(model: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

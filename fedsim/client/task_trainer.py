@@ -24,8 +24,8 @@ from fedsim.data.tensor_data import TensorData
 
 class TaskClient(Protocol):
     """What a :class:`TaskTrainer` uses of its client (a :class:`fedsim.client.Client`): its batch size, training
-    rows, optimizer, one local epoch and its loss per example. Typed structurally so that this module, which the
-    client imports, does not import the client back."""
+    rows, optimizer, one local epoch, its loss per example and per batch. Typed structurally so that this module,
+    which the client imports, does not import the client back."""
 
     batch_size: int
     epochs: int  # its default local epochs (Ditto reads them)
@@ -47,6 +47,16 @@ class TaskClient(Protocol):
 
     def per_example_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Every example's loss (:meth:`fedsim.client.Client.per_example_loss`)."""
+        ...
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One batch's training loss (:meth:`fedsim.client.Client.loss`)."""
+        ...
+
+    def train_step(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+    ) -> float | torch.Tensor:
+        """One optimisation step on one batch (:meth:`fedsim.client.Client.train_step`)."""
         ...
 
 

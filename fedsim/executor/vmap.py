@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from fedsim.client.base import Client
-from fedsim.client.local_training import LocalTraining
+from fedsim.client.local_training import LocalTraining, overrides_on_batch
 from fedsim.core.params import ParamLayout, flatten
 from fedsim.core.state_values import copy_state
 from fedsim.core.threads import torch_threads
@@ -275,6 +275,11 @@ def vectorised_local(local: LocalTraining | None) -> LocalTraining | None:
             f"executor=vmap cannot run the strategy's client half {type(local).__name__}: it keeps client state "
             f"that depends on the trained model ({type(local).__name__}.end_task), which has no vectorised form "
             "(write it with update_state instead if you can); use executor=process"
+        )
+    if overrides_on_batch(local):
+        raise VmapUnsupportedError(
+            f"executor=vmap cannot run the strategy's client half {type(local).__name__}: it steps a second model on "
+            f"every batch ({type(local).__name__}.on_batch), which has no vectorised form; use executor=process"
         )
     for hook in ("before_training", "after_training"):
         if local is not None and getattr(type(local), hook) is not getattr(LocalTraining, hook):

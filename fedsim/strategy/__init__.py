@@ -1,5 +1,6 @@
 """Aggregation strategies: the base class, pure aggregation math, and one file per algorithm."""
 
+from fedsim.strategy.apfl import APFL, Mixture
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.strategy.basgd import BASGD
 from fedsim.strategy.bulyan import Bulyan
@@ -15,6 +16,7 @@ from fedsim.strategy.fedprox import FedProx, ProximalTerm
 from fedsim.strategy.fedrep import FedRep, HeadThenBody
 from fedsim.strategy.fltrust import FLTrust
 from fedsim.strategy.norm_bounding import NormBounding
+from fedsim.strategy.pfedme import MoreauEnvelope, PFedMe
 from fedsim.strategy.qffl import QFFL, StartLoss
 from fedsim.strategy.robust import Krum, Median, TrimmedMean
 from fedsim.strategy.scaffold import ControlCorrection, Scaffold
@@ -22,6 +24,7 @@ from fedsim.strategy.server_opt import FedAdagrad, FedAdam, FedAvgM, FedOpt, Fed
 from fedsim.strategy.zeno import Zeno
 
 __all__ = [
+    "APFL",
     "BASGD",
     "Bulyan",
     "ControlCorrection",
@@ -46,8 +49,11 @@ __all__ = [
     "LocalNorms",
     "LocalTraining",
     "Median",
+    "Mixture",
+    "MoreauEnvelope",
     "PersonalLayers",
     "PersonalModel",
+    "PFedMe",
     "ProximalTerm",
     "QFFL",
     "Scaffold",

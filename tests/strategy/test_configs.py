@@ -64,6 +64,9 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "root_size": ("50", 50),
     "b": ("2", 2),
     "rho": ("0.01", 0.01),
+    "adapt_alpha": ("true", True),
+    "personal_lr": ("0.05", 0.05),
+    "inner_steps": ("3", 3),
 }
 
 
