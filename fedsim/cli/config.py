@@ -78,6 +78,7 @@ class RunSchema:
     data: Any = field(default_factory=dict)
     partition: Any = field(default_factory=dict)
     model: Any = field(default_factory=dict)
+    adapter: Any = field(default_factory=dict)
     client: Any = field(default_factory=dict)
     strategy: Any = field(default_factory=dict)
     executor: Any = field(default_factory=dict)

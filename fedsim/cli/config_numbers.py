@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-GROUPS = ("data", "partition", "model", "client", "strategy", "executor", "tracker", "clock", "dp", "attack")
+GROUPS = ("data", "partition", "model", "adapter", "client", "strategy", "executor", "tracker", "clock", "dp", "attack")
 
 
 def check_numbers(cfg: DictConfig, error: Callable[[str], Exception]) -> None:

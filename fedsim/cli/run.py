@@ -31,6 +31,7 @@ from fedsim.comm.pipeline import Compression
 from fedsim.core.checkpoint import check_writable, list_checkpoints
 from fedsim.core.seeding import partition_seed
 from fedsim.executor.base import Executor
+from fedsim.models.hf_lm import with_adapter
 from fedsim.observe.trackers import TrackedLogger, make_logger
 from fedsim.privacy.central import CentralDP
 from fedsim.server.early_stop import EarlyStop
@@ -107,9 +108,10 @@ def build_model_factory(cfg: DictConfig, data: FederatedData) -> Callable[[], An
             f"model: the option for {cfg.model.get('_target_')} needs `_partial_: true` (fedsim passes "
             "input_shape and num_classes from the data); add `_partial_: true` to the model's option file"
         )
-    return functools.partial(
-        _instantiate(cfg.model), input_shape=data.train.input_shape, num_classes=data.train.num_classes
-    )
+    shapes = {"input_shape": data.train.input_shape, "num_classes": data.train.num_classes}
+    if cfg.adapter.get("_target_") is None:
+        return functools.partial(_instantiate(cfg.model), **shapes)
+    return functools.partial(with_adapter, _instantiate(cfg.model), _instantiate(cfg.adapter), **shapes)
 
 
 def build_compression(cfg: DictConfig) -> Compression:
@@ -246,6 +248,8 @@ def resume_target(resume: Any, run_dir: str | Path | None) -> str | Path | None:
 def label_counts(data: FederatedData, max_clients: int = 200) -> np.ndarray:
     """Examples per class of the first ``max_clients`` clients' training parts (clients × classes)."""
     labels = data.train.labels
+    if labels.ndim != 1:  # token labels (a language model's data) have no class per example
+        return np.zeros((0, data.train.num_classes))
     return (
         np.stack(
             [np.bincount(labels[idx], minlength=data.train.num_classes) for idx in data.client_train[:max_clients]]

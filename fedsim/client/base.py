@@ -87,13 +87,20 @@ class Client:
     def per_example_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Loss of every example of a batch (cross-entropy). Override this for another per-example loss:
         it is what both :meth:`loss` and ``executor=vmap`` use (under vmap it must not read ``self``'s
-        per-client state: the first client of a chunk's method computes every client's loss)."""
-        return nn.functional.cross_entropy(logits, y, reduction="none")
+        per-client state: the first client of a chunk's method computes every client's loss). With token labels
+        (``y`` of shape ``[B, T]``, -100 where no loss is taken): each example's mean over its scored tokens."""
+        if y.ndim == 1:
+            return nn.functional.cross_entropy(logits, y, reduction="none")
+        tokens = nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none")  # 0 where y is -100
+        return tokens.sum(dim=1) / (y != -100).sum(dim=1).clamp(min=1)
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Training loss of one batch: the mean of :meth:`per_example_loss`. Override to add terms
-        (then ``executor=vmap`` refuses the client; use ``executor=process``)."""
-        return self.per_example_loss(model(x), y).mean()
+        (then ``executor=vmap`` refuses the client; use ``executor=process``). With token labels: the mean over
+        the batch's scored tokens (not over examples)."""
+        if y.ndim == 1:
+            return self.per_example_loss(model(x), y).mean()
+        return nn.functional.cross_entropy(model(x).transpose(1, 2), y)  # ignore_index=-100 is the default
 
     def objective(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """What a step minimises: :meth:`loss` plus the strategy's client-side term (e.g. FedProx's).

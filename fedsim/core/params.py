@@ -4,10 +4,16 @@ A model's floating-point state (parameters and float buffers, in ``state_dict`` 
 into one 1-D tensor. Non-float buffers (BatchNorm's ``num_batches_tracked``, an integer lookup table) are
 not federated: every task starts with the values they had when its executor built the model
 (:func:`fixed_state`, :func:`restore_fixed_state`), so no task sees what an earlier one left there.
+
+A model that sets the class attribute ``federates_trainable_only = True`` (a language model with frozen base weights
+and LoRA adapters, :mod:`fedsim.models.hf_lm`) federates only its trainable parameters (``requires_grad``, each
+shared tensor once): its frozen entries are built identically on every worker (:func:`frozen_hash` checks it) and
+never travel.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,7 +38,8 @@ class ParamLayout:
 
     @classmethod
     def of(cls, model: nn.Module) -> ParamLayout:
-        entries = [(k, v) for k, v in model.state_dict().items() if v.is_floating_point()]
+        """The layout of ``model``'s federated entries (see the module's docstring)."""
+        entries = federated_entries(model)
         parameter_names = {name for name, _ in model.named_parameters()}
         return cls(
             names=tuple(k for k, _ in entries),
@@ -74,21 +81,43 @@ class ParamLayout:
         return mask
 
 
-def flatten(model: nn.Module) -> torch.Tensor:
-    """Copy the model's float state into a new flat float32 CPU tensor."""
+def federated_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The ``state_dict`` entries that are federated, in flat-vector order: every float entry, or for a model that
+    declares ``federates_trainable_only``, its trainable parameters only."""
     state = model.state_dict()
-    tensors = [v.detach().reshape(-1).float().cpu() for v in state.values() if v.is_floating_point()]
+    if not getattr(model, "federates_trainable_only", False):
+        return [(k, v) for k, v in state.items() if v.is_floating_point()]
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    return [(k, v) for k, v in state.items() if k in trainable and v.is_floating_point()]
+
+
+def frozen_hash(model: nn.Module) -> str:
+    """SHA-256 of the float entries that are not federated and do not share storage with a federated one (the
+    frozen base of a ``federates_trainable_only`` model; nothing for any other model): names, shapes, dtypes and
+    bytes. Every worker must build the same frozen base, since it never travels."""
+    federated = federated_entries(model)
+    names = {k for k, _ in federated}
+    pointers = {v.data_ptr() for _, v in federated}
+    digest = hashlib.sha256()
+    for name, value in model.state_dict().items():
+        if not value.is_floating_point() or name in names or value.data_ptr() in pointers:
+            continue
+        digest.update(f"{name}:{tuple(value.shape)}:{value.dtype};".encode())
+        digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def flatten(model: nn.Module) -> torch.Tensor:
+    """Copy the model's federated entries into a new flat float32 CPU tensor."""
+    tensors = [v.detach().reshape(-1).float().cpu() for _, v in federated_entries(model)]
     return torch.cat(tensors) if tensors else torch.zeros(0)
 
 
 def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
-    """Write a flat vector (as made by :func:`flatten`) into the model's float state, in place."""
-    state = model.state_dict()
+    """Write a flat vector (as made by :func:`flatten`) into the model's federated entries, in place."""
     offset = 0
     with torch.no_grad():
-        for value in state.values():
-            if not value.is_floating_point():
-                continue
+        for _, value in federated_entries(model):
             n = value.numel()
             value.copy_(flat[offset : offset + n].view_as(value))
             offset += n

@@ -52,9 +52,23 @@ _NATURAL_NEEDS_GROUPS = (
 def _as_labels(labels: np.ndarray) -> np.ndarray:
     """Labels as a 1-D numpy array (accepts anything ``np.asarray`` does, e.g. a CPU tensor)."""
     arr = np.asarray(labels)
+    if arr.ndim == 2:
+        raise ValueError(
+            f"partition: this partitioner needs one class label per example, but the data has token labels of shape "
+            f"{arr.shape}; use partition=iid, lognormal or natural (with the data's user column)"
+        )
     if arr.ndim != 1:
         raise ValueError(f"partition: labels must be 1-D (got shape {arr.shape})")
     return arr
+
+
+def _count(labels: np.ndarray) -> int:
+    """How many examples ``labels`` describes: one class label each (1-D) or one label per token (2-D), for the
+    partitioners that do not read classes."""
+    arr = np.asarray(labels)
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"partition: labels must be 1-D, or 2-D token labels (got shape {arr.shape})")
+    return len(arr)
 
 
 def _is_int(value: object) -> TypeGuard[Integral]:
@@ -119,7 +133,7 @@ def iid(labels: np.ndarray, *, num_clients: int, seed: int, groups: np.ndarray |
     The first ``N % num_clients`` clients get the extra example. Indices within a client are in
     shuffled order.
     """
-    n = len(_as_labels(labels))
+    n = _count(labels)
     num_clients = _check_num_clients(num_clients, n)
     perm = np.random.default_rng(seed).permutation(n)
     return [part.astype(np.int64, copy=False) for part in np.array_split(perm, num_clients)]
@@ -245,7 +259,7 @@ def lognormal(
     shared in proportion to the lognormal weights (rounded so the sizes sum to ``N`` exactly).
     ``sigma = 0`` gives equal sizes. Labels are IID within every client.
     """
-    n = len(_as_labels(labels))
+    n = _count(labels)
     num_clients = _check_num_clients(num_clients, n)
     sigma = _check_positive("sigma", sigma, allow_zero=True)
     min_size = _check_int_at_least("min_size", min_size, 1)
@@ -261,7 +275,7 @@ def natural(labels: np.ndarray, *, seed: int, groups: np.ndarray | None) -> Part
     Deterministic; ``seed`` is accepted for the common call shape and unused. Indices within a
     client are ascending.
     """
-    n = len(_as_labels(labels))
+    n = _count(labels)
     if groups is None:
         raise ValueError(_NATURAL_NEEDS_GROUPS)
     groups = np.asarray(groups)

@@ -23,7 +23,8 @@ ArrayLike = Any
 @dataclass(frozen=True)
 class TensorData:
     """Features ``x`` (shape ``(N, *input_shape)``: float32, or int64 token ids for text models) and labels
-    ``y`` (int64, shape ``(N,)``).
+    ``y`` (int64, shape ``(N,)``; or ``(N, T)`` token labels of a language model's data, -100 where no loss is
+    taken: :mod:`fedsim.data.instructions`).
 
     ``groups`` optionally gives the natural owner of every example (e.g. the device of the FedProx
     Synthetic data); the ``natural`` partitioner uses it.

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedsim.core.params import flatten
+from fedsim.core.params import flatten, frozen_hash
 from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
 from fedsim.executor.forkserver import worker_context
@@ -63,6 +63,7 @@ class ProcessExecutor(Executor):
         self._workers: list[WorkerHandle] = []
         self._workload: Workload | None = None
         self._global: torch.Tensor | None = None
+        self._frozen_hash = ""
 
     @property
     def workers(self) -> list[WorkerHandle]:
@@ -73,7 +74,9 @@ class ProcessExecutor(Executor):
         began = time.perf_counter()
         check_sendable(workload)
         with torch.random.fork_rng(devices=[]):  # a throwaway initialisation must not advance the caller's RNG
-            numel = flatten(workload.model_factory()).numel()
+            model = workload.model_factory()
+            numel, self._frozen_hash = flatten(model).numel(), frozen_hash(model)
+            del model
         workload.train_data.x.share_memory_()
         workload.train_data.y.share_memory_()
         self._workload = workload
@@ -83,6 +86,7 @@ class ProcessExecutor(Executor):
             launched = [self._launch(index) for index in range(len(self.plan))]
             for worker in launched:
                 self._workers.append(self._ready_or_restart(worker))
+                check_frozen_base(self._workers[-1], self._frozen_hash, workload)
             log.info("%d process workers ready in %.2f s", len(self._workers), time.perf_counter() - began)
         except BaseException:
             for worker in launched[len(self._workers) :]:  # started, never awaited
@@ -210,3 +214,16 @@ class ProcessExecutor(Executor):
 
 
 __all__ = ["ClientUpdate", "ProcessExecutor", "WorkerStartupError"]
+
+
+def check_frozen_base(worker: WorkerHandle, expected: str, workload: Workload) -> None:
+    """Refuse, in one line, a worker whose model's frozen weights (a LoRA model's base, which never travels) differ
+    from the ones the server's process built: its updates would be adapters of another model."""
+    got = worker.info.get("frozen_hash", expected)
+    if got != expected:
+        name = getattr(workload.model_factory, "func", workload.model_factory)
+        raise WorkerStartupError(
+            f"model: worker {worker.info.get('pid')} built a frozen base (hash {str(got)[:12]}) different from the "
+            f"server's ({expected[:12]}) with {getattr(name, '__qualname__', name)}; the model factory must build "
+            "the same frozen weights everywhere (seed them from the run seed, load them from the same model.path)"
+        )

@@ -231,7 +231,13 @@ def _run_chunk(ctx: ChunkModel, global_params: torch.Tensor, chunk: list[ClientP
 
 def check_model(model: nn.Module) -> None:
     """Refuse BatchNorm: its batch statistics would mix padded examples in and its running statistics
-    cannot be vectorised per client."""
+    cannot be vectorised per client. Refuse a model that federates only its trainable parameters (a language
+    model with a frozen base, :mod:`fedsim.models.hf_lm`): vmap over its adapters is not built yet."""
+    if getattr(model, "federates_trainable_only", False):
+        raise VmapUnsupportedError(
+            f"executor=vmap cannot train {type(model).__name__} yet (a model that federates only its trainable "
+            "parameters: its tied and frozen weights are not vectorised per client); use executor=process"
+        )
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             raise VmapUnsupportedError(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from fedsim.core.params import fixed_state
+from fedsim.core.params import fixed_state, frozen_hash
 from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, TaskResult
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import run_task
@@ -60,7 +60,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     data = _to_device(workload.train_data, device)
     _warm_up(model, data)
     log.info("worker %s ready on %s (pid %d, %d threads)", spec.name, device, os.getpid(), torch.get_num_threads())
-    conn.send(("ready", {"pid": os.getpid(), "device": str(device)}))
+    conn.send(("ready", {"pid": os.getpid(), "device": str(device), "frozen_hash": frozen_hash(model)}))
     while True:
         try:
             message = conn.recv()
@@ -112,7 +112,8 @@ def _warm_up(model: torch.nn.Module, data: TensorData) -> None:
     so that they do not land in the first round. Weights are overwritten by every task anyway."""
     with torch.random.fork_rng(devices=[]):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-        loss = torch.nn.functional.cross_entropy(model(data.x[:2]), data.y[:2])
+        logits = model(data.x[:2])  # [2, classes], or [2, T, vocab] with token labels [2, T]: one row per label
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, -2), data.y[:2].flatten())
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

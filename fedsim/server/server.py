@@ -406,7 +406,8 @@ class Server:
         return self._evaluate_params(self.params)
 
     def _evaluate_params(self, params: torch.Tensor) -> dict[str, float]:
-        """Loss and accuracy of ``params`` on the centralized test set (and an attack's backdoor success)."""
+        """Loss and accuracy of ``params`` on the centralized test set (and an attack's backdoor success); for a
+        language model's token labels, token loss, token accuracy and perplexity."""
         if self.test_data is None or len(self.test_data) == 0:
             return {}
         model = self.evaluator.load(params)
@@ -416,7 +417,8 @@ class Server:
             if self.attack
             else {}
         )
-        return {"eval/loss": result["loss"], "eval/accuracy": result["accuracy"]} | backdoor
+        perplexity = {"eval/perplexity": result["perplexity"]} if "perplexity" in result else {}  # token labels
+        return {"eval/loss": result["loss"], "eval/accuracy": result["accuracy"]} | perplexity | backdoor
 
     def evaluate_clients(self, round_num: int, sampled: Sequence[int]) -> dict[str, float]:
         """Federated evaluation of the clients ``evaluate_clients`` names (``sampled``: this round's): see

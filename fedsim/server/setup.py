@@ -58,7 +58,8 @@ def initial_model(model_factory: Callable[[], nn.Module], seed: int) -> nn.Modul
 
 def check_model_fits_data(model: nn.Module, data: TensorData) -> None:
     """Refuse, in one line and before any training, a model whose output does not have one score per class of the
-    data (its labels would be out of range in every client's loss). One forward pass of two rows, in evaluation
+    data (its labels would be out of range in every client's loss); with token labels ``[N, T]``, one per class at
+    each of the ``T`` positions. One forward pass of two rows, in evaluation
     mode and without gradients; the model's mode is restored."""
     if len(data) == 0:
         return
@@ -81,6 +82,13 @@ def check_model_fits_data(model: nn.Module, data: TensorData) -> None:
         ) from None
     finally:
         model.train(was_training)
+    if data.y.ndim == 2:  # token labels: a score per class at every position
+        if out.shape[1:] != (data.y.shape[1], data.num_classes):
+            raise ValueError(
+                f"model: {type(model).__name__} outputs {tuple(out.shape[1:])} scores per example but the data has "
+                f"{data.y.shape[1]} positions of {data.num_classes} tokens; set the model's vocabulary to the data's"
+            )
+        return
     if out.ndim != 2 or out.shape[1] != data.num_classes:
         raise ValueError(
             f"model: {type(model).__name__} outputs {tuple(out.shape[1:])} scores per example but the data has "

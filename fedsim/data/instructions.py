@@ -1,0 +1,163 @@
+"""Instruction data from local JSON Lines, tokenised once, for causal language models (``data=jsonl_instructions``).
+
+Every line is one JSON object in the Alpaca layout: ``instruction``, ``input`` (may be empty or absent) and
+``output``, plus optionally a user column (``partition=natural`` makes one client of each user). A row becomes the
+Alpaca prompt (Taori et al., Stanford Alpaca, 2023)::
+
+    ### Instruction:
+    {instruction}
+
+    ### Input:            (left out when input is empty)
+    {input}
+
+    ### Response:
+    {output}<eos>
+
+tokenised as ``prompt + response (+ eos)``. The example is next-token prediction: ``x`` is the tokens but the last,
+the label at position ``i`` is token ``i + 1``, and every label that is a prompt token is -100 (the loss is on the
+response only, the usual masking of instruction tuning). Each example has exactly ``seq_len`` positions: longer
+ones are cut at the end (the response's tail is lost first), shorter ones padded on the right with the pad token in
+``x`` and -100 in the labels. ``num_classes`` is the tokenizer's vocabulary size.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedsim.core.extras import require
+from fedsim.data.tensor_data import DataSplit, TensorData
+
+IGNORE = -100
+"""The label of a position that takes no loss (prompt and padding), PyTorch's ``ignore_index``."""
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """What the loader needs of a tokenizer: ``encode`` (text to ids, no special tokens), the vocabulary size, the
+    pad id (any id: padded positions are never scored) and the end-of-sequence id (None: none is appended)."""
+
+    encode: Callable[[str], list[int]]
+    vocab_size: int
+    pad_id: int
+    eos_id: int | None
+
+
+def load_tokenizer(path: str, eos_token: str = "<|endoftext|>") -> Tokenizer:
+    """A tokenizer from ``path``: a ``tokenizer.json`` file of the ``tokenizers`` library, or a local directory a
+    ``transformers`` ``AutoTokenizer`` reads (``local_files_only``). For a ``tokenizer.json``, ``eos_token`` names
+    the end-of-sequence token (not appended when the vocabulary lacks it)."""
+    where = Path(path).expanduser()
+    if where.is_file():
+        tokenizers = require("tokenizers", "data=jsonl_instructions", "llm")
+        raw = tokenizers.Tokenizer.from_file(str(where))
+        eos = raw.token_to_id(eos_token)
+        return Tokenizer(
+            lambda text: list(raw.encode(text, add_special_tokens=False).ids), raw.get_vocab_size(), 0, eos
+        )
+    if not where.is_dir():
+        raise FileNotFoundError(f"data.tokenizer={path} is neither a tokenizer.json file nor a tokenizer directory")
+    transformers = require("transformers", "data=jsonl_instructions", "llm")
+    try:
+        auto = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True)
+    except (OSError, ValueError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise FileNotFoundError(f"data.tokenizer={path} holds no readable tokenizer ({first})") from None
+    pad = auto.pad_token_id if auto.pad_token_id is not None else 0
+    return Tokenizer(lambda text: list(auto.encode(text, add_special_tokens=False)), len(auto), pad, auto.eos_token_id)
+
+
+def prompt_of(row: dict[str, Any]) -> str:
+    """The Alpaca prompt of ``row``, up to and including ``### Response:\\n``."""
+    text = f"### Instruction:\n{row['instruction']}\n\n"
+    if row.get("input"):
+        text += f"### Input:\n{row['input']}\n\n"
+    return text + "### Response:\n"
+
+
+def encode_example(prompt: list[int], response: list[int], seq_len: int, pad_id: int) -> tuple[list[int], list[int]]:
+    """``(x, labels)`` of one example, both ``seq_len`` long (see the module's docstring)."""
+    tokens = (prompt + response)[: seq_len + 1]
+    x = tokens[:-1]
+    labels = [token if i + 1 >= len(prompt) else IGNORE for i, token in enumerate(tokens[1:])]
+    padding = seq_len - len(x)
+    return x + [pad_id] * padding, labels + [IGNORE] * padding
+
+
+def read_rows(path: Path, user_column: str | None) -> list[dict[str, Any]]:
+    """The rows of the JSON Lines file ``path``; a bad line is refused in one line naming the file and line."""
+    if not path.is_file():
+        raise FileNotFoundError(f"data: {path} does not exist; point data.path at a local JSON Lines file")
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"data: {path} line {number} is not JSON ({error.msg})") from None
+        needed = ("instruction", "output") + ((user_column,) if user_column else ())
+        missing = [k for k in needed if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise ValueError(f"data: {path} line {number} has no {missing[0]!r} field")
+        if not all(isinstance(row[k], str) for k in ("instruction", "output")):
+            raise ValueError(f"data: {path} line {number}: instruction and output must be strings")
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"data: {path} holds no rows")
+    return rows
+
+
+def tokenise(rows: list[dict[str, Any]], tokenizer: Tokenizer, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids ``[N, seq_len]`` and labels ``[N, seq_len]`` of ``rows``."""
+    eos = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
+    pairs = [
+        encode_example(
+            tokenizer.encode(prompt_of(row)), tokenizer.encode(row["output"]) + eos, seq_len, tokenizer.pad_id
+        )
+        for row in rows
+    ]
+    return torch.tensor([p[0] for p in pairs], dtype=torch.int64), torch.tensor([p[1] for p in pairs])
+
+
+def jsonl_instructions(
+    *,
+    path: str,
+    tokenizer: str,
+    seq_len: int = 128,
+    test_path: str | None = None,
+    test_fraction: float = 0.1,
+    user_column: str | None = None,
+    eos_token: str = "<|endoftext|>",
+) -> DataSplit:
+    """Instruction data of the JSON Lines file ``path`` (see the module's docstring), tokenised with ``tokenizer``
+    (:func:`load_tokenizer`). The centralized test set is ``test_path``, or without one the last ``test_fraction``
+    of the rows. ``user_column``: the field naming each row's user, which ``partition=natural`` makes clients of."""
+    if seq_len < 2:
+        raise ValueError(f"data.seq_len must be >= 2 (got {seq_len})")
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"data.test_fraction must be in [0, 1) (got {test_fraction})")
+    tok = load_tokenizer(tokenizer, eos_token)
+    rows = read_rows(Path(path).expanduser(), user_column)
+    if test_path is not None:
+        test_rows = read_rows(Path(test_path).expanduser(), None)
+    else:
+        cut = len(rows) - int(round(len(rows) * test_fraction))
+        rows, test_rows = rows[:cut], rows[cut:]
+    groups = None
+    if user_column is not None:
+        names = [str(row[user_column]) for row in rows]
+        groups = np.unique(np.asarray(names), return_inverse=True)[1].astype(np.int64)
+    x, y = tokenise(rows, tok, seq_len)
+    test_x, test_y = (
+        tokenise(test_rows, tok, seq_len)
+        if test_rows
+        else (torch.zeros(0, seq_len, dtype=torch.int64), torch.zeros(0, seq_len, dtype=torch.int64))
+    )
+    return DataSplit(TensorData(x, y, tok.vocab_size, groups), TensorData(test_x, test_y, tok.vocab_size))
