@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))  # tests/data:
 
 import hf_files  # noqa: E402
 import leaf_files  # noqa: E402
+import llm_files  # noqa: E402
 import tff_files  # noqa: E402
 import vision_files  # noqa: E402
 
@@ -40,6 +41,7 @@ from fedsim.core.types import ClientUpdate, FitTask  # noqa: E402
 from fedsim.data.tensor_data import DataSplit, TensorData  # noqa: E402
 from fedsim.executor import Executor, SerialExecutor, Workload  # noqa: E402
 from fedsim.models import LogisticRegression  # noqa: E402
+from fedsim.models.hf_lm import hf_causal_lm  # noqa: E402
 from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.observe.tensorboard_log import tensorboard_tag  # noqa: E402
 from fedsim.server.server import RunResult, Server  # noqa: E402
@@ -53,6 +55,7 @@ GROUPS = (
     "data",
     "partition",
     "model",
+    "adapter",
     "client",
     "strategy",
     "executor",
@@ -122,6 +125,15 @@ DATA_WRITERS: dict[str, Callable[[Path, int, int, DictConfig], list[str]]] = {
         root, n, m, only_digits=bool(cfg.data.get("only_digits")), writers=12
     ),
     "fedsim.data.hf.hf": _write_hf,
+    "fedsim.data.instructions.jsonl_instructions": lambda root, n, m, cfg: llm_files.write_instructions(root, n, m),
+    "fedsim.data.instructions.jsonl_classification": lambda root, n, m, cfg: llm_files.write_classification(root, n, m),
+    "fedsim.data.text_corpus.text_corpus": lambda root, n, m, cfg: llm_files.write_corpus(root),
+    "fedsim.data.text_corpus.shakespeare_lm": lambda root, n, m, cfg: _leaf(root, "shakespeare", n, m),
+}
+TOKEN_LABELS = {  # options whose labels are a token per position ([N, T]): their row counts come from the windows
+    "fedsim.data.instructions.jsonl_instructions": False,
+    "fedsim.data.text_corpus.text_corpus": True,
+    "fedsim.data.text_corpus.shakespeare_lm": True,
 }
 
 
@@ -167,8 +179,12 @@ def _check_data(cfg: DictConfig, option: str) -> None:
     assert len(train) > 0 and len(test) > 0
     assert train.input_shape == test.input_shape and train.num_classes == test.num_classes >= 2
     assert train.x.dtype in (torch.float32, torch.int64) and train.y.dtype == torch.int64  # int64: token ids
-    assert int(train.y.min()) >= 0 and int(train.y.max()) < train.num_classes
-    if cfg.data._target_ != SYNTHETIC:
+    scored = train.y[train.y != -100] if train.y.ndim == 2 else train.y  # token labels: -100 where no loss is taken
+    assert train.y.ndim in (1, 2) and len(scored) > 0
+    assert int(scored.min()) >= 0 and int(scored.max()) < train.num_classes
+    if TOKEN_LABELS.get(cfg.data._target_):  # windows of the written text: as many as the text makes
+        assert train.y.ndim == 2 and train.x.shape == train.y.shape
+    elif cfg.data._target_ != SYNTHETIC:
         rows = len(train) - (int(split.local_test.sum()) if split.local_test is not None else 0)
         assert rows == 60 and len(test) == 20  # the tiny files, not some other copy
 
@@ -196,7 +212,7 @@ def _check_model(cfg: DictConfig, option: str) -> None:
             out = factory(input_shape=tuple(x.shape[1:]), num_classes=10)(x)
         except (ValueError, RuntimeError):
             continue  # e.g. a CNN asked for a flat input, a text model given floats
-        assert out.shape == (2, 10)
+        assert out.shape in ((2, 10), (2, *x.shape[1:], 10))  # a class score per example, or per position (an LM)
         return
     pytest.fail(f"model={option} builds for none of the usual inputs")
 
@@ -221,6 +237,8 @@ def _check_strategy(cfg: DictConfig, option: str) -> None:
     assert isinstance(strategy, Strategy)
     # 9 values: 2 + 1, BatchNorm's weight, bias, running mean and variance (FedBN needs one), then 1 + 1
     model = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.BatchNorm1d(1), torch.nn.Linear(1, 1))
+    if option == "fedsa_lora":  # the same 9 values, named as LoRA adapters (FedSA-LoRA keeps every lora_B personal)
+        model = torch.nn.ModuleDict({"lm": torch.nn.ModuleDict({"lora_A": model[:2], "lora_B": model[2]})})
     # a root dataset for FLTrust: 200 two-feature rows of one class over ten clients of 20
     rows = TensorData(
         torch.randn(200, 2, generator=torch.Generator().manual_seed(0)), torch.zeros(200, dtype=torch.long), 1
@@ -323,10 +341,25 @@ def _check_attack(cfg: DictConfig, option: str) -> None:
 
 EXAMPLE_TRACE = Path(__file__).resolve().parents[1] / "experiments" / "sim" / "example_trace.csv"
 
+
+def _check_adapter(cfg: DictConfig, option: str) -> None:
+    """``none`` builds nothing; an adapter on a tiny causal LM leaves fewer weights trainable, and exactly those are
+    federated."""
+    if cfg.adapter.get("_target_") is None:
+        return
+    model = instantiate(cfg.adapter).apply(
+        hf_causal_lm(input_shape=(8,), num_classes=20, hidden_size=16, num_layers=1, num_heads=2, seed=0)
+    )
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert 0 < len(trainable) < len(list(model.parameters()))
+    assert ParamLayout.of(model).names == tuple(trainable)
+
+
 CHECKS = {
     "data": _check_data,
     "partition": _check_partition,
     "model": _check_model,
+    "adapter": _check_adapter,
     "client": _check_client,
     "strategy": _check_strategy,
     "executor": _check_executor,
@@ -347,6 +380,8 @@ def test_every_group_option_composes_and_instantiates(group: str, option: str, t
         overrides = _with_data(overrides, tmp_path, 60, 20) or pytest.fail(f"no tiny files for data={option}")
     if group == "clock" and option == "trace":
         overrides.append(f"clock.path={EXAMPLE_TRACE}")
+    if group == "model" and option == "hf_seq_cls":
+        overrides.append("model.vocab_size=30")  # a randomly initialised classifier needs its tokenizer's vocabulary
     cfg = compose(overrides)
     assert cfg[group] is not None
     CHECKS[group](cfg, option)
@@ -375,8 +410,10 @@ def test_every_data_option_trains_one_round_on_its_files(option: str, tmp_path: 
     partition = (
         ["partition=natural"] if split.train.groups is not None else ["partition=iid", "partition.num_clients=3"]
     )
-    model = "model=bag_of_words" if split.train.x.dtype == torch.int64 else "model=logreg"
-    cfg = compose([*overrides, *partition, model, "num_rounds=1", "clients_per_round=2", "logger=quiet"])
+    model = ["model=bag_of_words"] if split.train.x.dtype == torch.int64 else ["model=logreg"]
+    if split.train.y.ndim == 2:  # token labels: a language model
+        model = ["model=hf_causal_lm", "model.hidden_size=16", "model.num_layers=1", "adapter=lora"]
+    cfg = compose([*overrides, *partition, *model, "num_rounds=1", "clients_per_round=2", "logger=quiet"])
     [round_one] = build_server(cfg).run().history
     assert round_one["client/num_aggregated"] == 2 and math.isfinite(round_one["train/loss"])
     assert round_one["eval/accuracy"] >= 0 and round_one["eval_global/clients"] == 2

@@ -12,6 +12,9 @@ data), through the executor, in parallel, and summarises the per-client values:
   models when the algorithm has them (FedPer, FedRep, FedBN, Ditto); see :func:`summary`. ``eval/`` stays the
   global model on the centralized test set.
 * per-client values: ``<run dir>/client_eval/round-<NNNN>.csv``, one row per client.
+* token data (a language model's ``[N, T]`` labels; the scores are :class:`TokenScore`): each client's perplexity
+  too, ``exp`` of its loss (the mean over its examples of each one's mean token loss), as ``.../perplexity_<stat>``
+  and a ``perplexity`` column; ``.../perplexity`` is ``exp`` of the example-weighted loss.
 
 Clients are grouped into tasks of about :data:`EXAMPLES_PER_TASK` test examples, in client-id order, from the
 clients alone: scores are the same under every executor and worker count.
@@ -110,31 +113,47 @@ def _task(round_num: int, group: list[int], state_of: Callable[[int], dict[str, 
     return EvalTask(client_ids=tuple(group), round_num=round_num, states=states)
 
 
+@dataclass(frozen=True)
+class TokenScore(ClientScore):
+    """A :class:`~fedsim.core.types.ClientScore` on token data (a language model's ``[N, T]`` labels): the same
+    fields, with ``loss`` a token loss, so that :func:`summary` and :func:`csv_text` add each client's perplexity,
+    ``exp(loss)``."""
+
+
 def summary(scores: Sequence[ClientScore], personal: bool) -> dict[str, float]:
     """The distribution over ``scores``: ``eval_global/accuracy`` and ``/loss`` (example-weighted means, as one
     pass over all the clients' test examples gives), then for each of accuracy and loss ``_mean`` (unweighted),
     ``_std`` (population), ``_p10``, ``_p50``, ``_p90`` (linear interpolation), ``_worst10`` and ``_best10`` (the
     mean of the worst and best ⌈10 %⌉ of clients: lowest accuracy, highest loss), and ``/clients``. With
     ``personal``, the same for the personal models as ``eval_personal/...``, plus ``eval_personal/personalised``
-    (clients that have a personal model yet)."""
+    (clients that have a personal model yet). On token data (:class:`TokenScore`), each family adds
+    ``/perplexity`` (``exp`` of its ``/loss``) and the same statistics over the clients' perplexities (worst: the
+    highest)."""
     if not scores:
         return {}
     weights = np.array([s.num_examples for s in scores], dtype=np.float64)
-    result = _family("eval_global", [s.accuracy for s in scores], [s.loss for s in scores], weights)
+    tokens = all(isinstance(s, TokenScore) for s in scores)
+    result = _family("eval_global", [s.accuracy for s in scores], [s.loss for s in scores], weights, tokens)
     if personal:
         result |= _family(
-            "eval_personal", [s.personal_accuracy for s in scores], [s.personal_loss for s in scores], weights
+            "eval_personal", [s.personal_accuracy for s in scores], [s.personal_loss for s in scores], weights, tokens
         )
         result["eval_personal/personalised"] = float(sum(s.personal for s in scores))
     return result
 
 
-def _family(prefix: str, accuracy: Sequence[Any], loss: Sequence[Any], weights: np.ndarray) -> dict[str, float]:
+def _family(
+    prefix: str, accuracy: Sequence[Any], loss: Sequence[Any], weights: np.ndarray, tokens: bool = False
+) -> dict[str, float]:
     result = {f"{prefix}/clients": float(len(weights))}
     for name, values, higher_is_better in (("accuracy", accuracy, True), ("loss", loss, False)):
         v = np.asarray(values, dtype=np.float64)
         result[f"{prefix}/{name}"] = float(np.sum(v * weights) / np.sum(weights))
         result |= {f"{prefix}/{name}_{stat}": value for stat, value in spread(v, higher_is_better).items()}
+    if tokens:
+        result[f"{prefix}/perplexity"] = math.exp(result[f"{prefix}/loss"])
+        perplexities = np.exp(np.asarray(loss, dtype=np.float64))
+        result |= {f"{prefix}/perplexity_{stat}": value for stat, value in spread(perplexities, False).items()}
     return result
 
 
@@ -156,15 +175,25 @@ def spread(values: np.ndarray, higher_is_better: bool) -> dict[str, float]:
 
 
 def csv_text(scores: Sequence[ClientScore], personal: bool) -> str:
-    """The per-client file: a header, then one row per client in id order (floats in full precision)."""
-    header = "client,num_examples,loss,accuracy" + (",personal_loss,personal_accuracy,personalised" if personal else "")
+    """The per-client file: a header, then one row per client in id order (floats in full precision); on token data
+    (:class:`TokenScore`) a ``perplexity`` column (and ``personal_perplexity``) after the losses' own."""
+    tokens = bool(scores) and all(isinstance(s, TokenScore) for s in scores)
+    header = "client,num_examples,loss,accuracy" + (",perplexity" if tokens else "")
+    if personal:
+        header += ",personal_loss,personal_accuracy" + (",personal_perplexity" if tokens else "") + ",personalised"
     rows = [header]
     for s in sorted(scores, key=lambda s: s.client_id):
-        row = f"{s.client_id},{s.num_examples},{s.loss!r},{s.accuracy!r}"
+        row = f"{s.client_id},{s.num_examples},{s.loss!r},{s.accuracy!r}" + (f",{_exp(s.loss)!r}" if tokens else "")
         if personal:
-            row += f",{s.personal_loss!r},{s.personal_accuracy!r},{int(s.personal)}"
+            row += f",{s.personal_loss!r},{s.personal_accuracy!r}" + (f",{_exp(s.personal_loss)!r}" if tokens else "")
+            row += f",{int(s.personal)}"
         rows.append(row)
     return "\n".join(rows) + "\n"
+
+
+def _exp(loss: float | None) -> float:
+    """A client's perplexity from its token loss (nan without one)."""
+    return math.exp(loss) if loss is not None and math.isfinite(loss) else math.nan
 
 
 def describe(metrics: dict[str, float]) -> str | None:

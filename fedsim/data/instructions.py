@@ -18,6 +18,11 @@ the label at position ``i`` is token ``i + 1``, and every label that is a prompt
 response only, the usual masking of instruction tuning). Each example has exactly ``seq_len`` positions: longer
 ones are cut at the end (the response's tail is lost first), shorter ones padded on the right with the pad token in
 ``x`` and -100 in the labels. ``num_classes`` is the tokenizer's vocabulary size.
+
+:func:`jsonl_classification` (``data=jsonl_classification``, for ``model=hf_seq_cls``) reads lines holding a text
+and a label column instead: ``x`` is the text's first ``seq_len`` tokens (padded on the right), ``y`` one class id
+per example. Labels are class ids (integers from 0; ``num_classes`` is the largest plus one) or class names (the
+names of the training and test files together, sorted, are classes 0, 1, ...).
 """
 
 from __future__ import annotations
@@ -90,8 +95,11 @@ def encode_example(prompt: list[int], response: list[int], seq_len: int, pad_id:
     return x + [pad_id] * padding, labels + [IGNORE] * padding
 
 
-def read_rows(path: Path, user_column: str | None) -> list[dict[str, Any]]:
-    """The rows of the JSON Lines file ``path``; a bad line is refused in one line naming the file and line."""
+def read_rows(
+    path: Path, user_column: str | None, fields: tuple[str, ...] = ("instruction", "output"), strings: int = 2
+) -> list[dict[str, Any]]:
+    """The rows of the JSON Lines file ``path``, each holding ``fields`` (the first ``strings`` of them strings);
+    a bad line is refused in one line naming the file and line."""
     if not path.is_file():
         raise FileNotFoundError(f"data: {path} does not exist; point data.path at a local JSON Lines file")
     rows = []
@@ -102,12 +110,12 @@ def read_rows(path: Path, user_column: str | None) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"data: {path} line {number} is not JSON ({error.msg})") from None
-        needed = ("instruction", "output") + ((user_column,) if user_column else ())
+        needed = fields + ((user_column,) if user_column else ())
         missing = [k for k in needed if not isinstance(row, dict) or k not in row]
         if missing:
             raise ValueError(f"data: {path} line {number} has no {missing[0]!r} field")
-        if not all(isinstance(row[k], str) for k in ("instruction", "output")):
-            raise ValueError(f"data: {path} line {number}: instruction and output must be strings")
+        if not all(isinstance(row[k], str) for k in fields[:strings]):
+            raise ValueError(f"data: {path} line {number}: {' and '.join(fields[:strings])} must be strings")
         rows.append(row)
     if not rows:
         raise ValueError(f"data: {path} holds no rows")
@@ -161,3 +169,70 @@ def jsonl_instructions(
         else (torch.zeros(0, seq_len, dtype=torch.int64), torch.zeros(0, seq_len, dtype=torch.int64))
     )
     return DataSplit(TensorData(x, y, tok.vocab_size, groups), TensorData(test_x, test_y, tok.vocab_size))
+
+
+def class_ids(labels: list[Any], where: str) -> tuple[list[int], list[str] | None]:
+    """Class ids of ``labels`` and the sorted class names (``None`` when the labels are ids already); one line naming
+    ``where`` for labels that mix ids and names or hold anything else."""
+    if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in labels):
+        return list(labels), None
+    if all(isinstance(v, str) for v in labels):
+        names = sorted(set(labels))
+        index = {name: i for i, name in enumerate(names)}
+        return [index[v] for v in labels], names
+    bad = next(v for v in labels if not isinstance(v, str))
+    raise ValueError(
+        f"data: {where}: labels must be all class ids (integers >= 0) or all class names (strings); found {bad!r}"
+    )
+
+
+def encode_texts(texts: list[str], tokenizer: Tokenizer, seq_len: int, where: Path) -> torch.Tensor:
+    """Token ids ``[N, seq_len]``: each text's first ``seq_len`` tokens, padded on the right; one line naming the
+    file for a text without tokens."""
+    out = torch.full((len(texts), seq_len), tokenizer.pad_id, dtype=torch.int64)
+    for i, text in enumerate(texts):
+        ids = tokenizer.encode(text)[:seq_len]
+        if not ids:
+            raise ValueError(f"data: {where}: row {i + 1} has a text without tokens; remove it or give it text")
+        out[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+    return out
+
+
+def jsonl_classification(
+    *,
+    path: str,
+    tokenizer: str,
+    seq_len: int = 128,
+    text_column: str = "text",
+    label_column: str = "label",
+    test_path: str | None = None,
+    test_fraction: float = 0.1,
+    user_column: str | None = None,
+    eos_token: str = "<|endoftext|>",
+) -> DataSplit:
+    """Text classification rows of the JSON Lines file ``path`` (see the module's docstring), tokenised with
+    ``tokenizer`` (:func:`load_tokenizer`; no end-of-sequence token is added). The test set and ``user_column`` as
+    :func:`jsonl_instructions`."""
+    if seq_len < 1:
+        raise ValueError(f"data.seq_len must be >= 1 (got {seq_len})")
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"data.test_fraction must be in [0, 1) (got {test_fraction})")
+    tok = load_tokenizer(tokenizer, eos_token)
+    train_file = Path(path).expanduser()
+    rows = read_rows(train_file, user_column, (text_column, label_column), strings=1)
+    test_file = Path(test_path).expanduser() if test_path is not None else train_file
+    if test_path is not None:
+        test_rows = read_rows(test_file, None, (text_column, label_column), strings=1)
+    else:
+        cut = len(rows) - int(round(len(rows) * test_fraction))
+        rows, test_rows = rows[:cut], rows[cut:]
+    labels, _ = class_ids([r[label_column] for r in rows + test_rows], f"{path} {label_column!r}")
+    y = torch.tensor(labels, dtype=torch.int64)
+    classes = int(y.max()) + 1
+    groups = None
+    if user_column is not None:
+        names = [str(row[user_column]) for row in rows]
+        groups = np.unique(np.asarray(names), return_inverse=True)[1].astype(np.int64)
+    x = encode_texts([r[text_column] for r in rows], tok, seq_len, train_file)
+    test_x = encode_texts([r[text_column] for r in test_rows], tok, seq_len, test_file)
+    return DataSplit(TensorData(x, y[: len(rows)], classes, groups), TensorData(test_x, y[len(rows) :], classes))

@@ -10,6 +10,9 @@ of mixed classes) are scored one by one with their own ``evaluate``.
 With personal models (the strategy's client half overrides
 :meth:`~fedsim.client.local_training.LocalTraining.personalise`), each client that has personal state is scored once
 more with the global weights plus its personal parts; one that has none scores as the global model does.
+
+On token data (labels ``[N, T]``) the scores are :class:`~fedsim.client.evaluation.TokenScore`: the summary adds the
+clients' perplexities.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 from torch import nn
 
 from fedsim.client.base import Client
+from fedsim.client.evaluation import TokenScore
 from fedsim.client.local_training import LocalTraining, personalises
 from fedsim.client.scoring import example_losses
 from fedsim.core.params import load_flat, restore_fixed_state
@@ -87,10 +91,16 @@ def _group_scores(model: nn.Module, members: list[Client], data: TensorData) -> 
     owner = np.repeat(np.arange(len(members)), sizes)
     loss_sums = np.bincount(owner, weights=losses.double().numpy(), minlength=len(members)).tolist()
     hits = np.bincount(owner, weights=correct.numpy(), minlength=len(members)).tolist()
+    score = _score_type(data)
     return [
-        ClientScore(c.client_id, n, s / n, int(h) / n) if n else ClientScore(c.client_id, 0, math.nan, math.nan)
+        score(c.client_id, n, s / n, int(h) / n) if n else score(c.client_id, 0, math.nan, math.nan)
         for c, n, s, h in zip(members, sizes, loss_sums, hits, strict=True)
     ]
+
+
+def _score_type(data: TensorData) -> type[ClientScore]:
+    """:class:`TokenScore` for token labels ``[N, T]`` (the summary adds perplexities), else ``ClientScore``."""
+    return TokenScore if data.y.ndim == 2 else ClientScore
 
 
 def _shared_evaluation(members: list[Client]) -> bool:
@@ -101,7 +111,8 @@ def _shared_evaluation(members: list[Client]) -> bool:
 
 def _own_score(model: nn.Module, client: Client, data: TensorData) -> ClientScore:
     result = client.evaluate(model, data)
-    return ClientScore(client.client_id, int(result["num_examples"]), float(result["loss"]), float(result["accuracy"]))
+    score = _score_type(data)
+    return score(client.client_id, int(result["num_examples"]), float(result["loss"]), float(result["accuracy"]))
 
 
 def _with_personal(

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fedsim.client.base import Client
-from fedsim.core.params import fixed_state
+from fedsim.core.params import fixed_state, frozen_hash
 from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Workload, run_task
@@ -96,7 +96,11 @@ class RayWorker:
         gc.collect()
 
     def ready(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "device": str(self.device), "threads": torch.get_num_threads()}
+        """Who this actor is, and ``frozen_hash``: the hash of its model's frozen weights (a LoRA model's base, which
+        never travels), which the executor compares with the driver's."""
+        frozen = frozen_hash(self.run.model) if self.run is not None else ""
+        threads = torch.get_num_threads()
+        return {"pid": os.getpid(), "device": str(self.device), "threads": threads, "frozen_hash": frozen}
 
     def fit(self, global_ref: list[Any], task: FitTask | EvalTask) -> tuple[TaskResult | EvalResult, np.ndarray | None]:
         """Train ``task``; returns the result without its weights, and the weights as an array. An
@@ -141,6 +145,7 @@ def _warm_up(model: torch.nn.Module, data: TensorData) -> None:
     x, y = data.x[:2], data.y[:2]
     with torch.random.fork_rng(devices=[]):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        logits = model(x)  # [2, classes], or [2, T, vocab] with token labels [2, T]: one row per label
+        torch.nn.functional.cross_entropy(logits.flatten(0, -2), y.flatten()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

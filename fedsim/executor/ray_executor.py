@@ -35,6 +35,7 @@ import torch
 
 from fedsim.core.errors import WorkerStartupError
 from fedsim.core.extras import missing_text, require
+from fedsim.core.params import frozen_hash
 from fedsim.core.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.executor import ray_warm
 from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
@@ -45,6 +46,25 @@ from fedsim.executor.ray_reasons import death_reason, kill_quietly, start_failur
 log = logging.getLogger("fedsim")
 
 MISSING_RAY = missing_text("executor=ray", "ray", "ray")
+
+
+def _frozen_hash(workload: Workload) -> str:
+    """The hash of the frozen weights of the model ``workload`` builds here, in the driver (a throwaway model, built
+    under a forked RNG so that the caller's RNG does not advance)."""
+    with torch.random.fork_rng(devices=[]):
+        return frozen_hash(workload.model_factory())
+
+
+def _check_frozen_base(name: str, details: dict[str, Any], expected: str) -> None:
+    """Refuse, in one line, an actor whose model's frozen weights (a LoRA model's base, which never travels) differ
+    from the driver's: its updates would be adapters of another model."""
+    got = str(details.get("frozen_hash", expected))
+    if got != expected:
+        raise WorkerStartupError(
+            f"model: Ray worker {name} (pid {details.get('pid')}) built a frozen base (hash {got[:12]}) different from "
+            f"the driver's ({expected[:12]}); the model factory must build the same frozen weights everywhere (seed "
+            "them from the run seed, load them from the same model.path on every node)"
+        )
 
 
 def _import_ray() -> Any:
@@ -117,6 +137,7 @@ class RayExecutor(Executor):
         self._workload_ref: Any = None
         self._log_dir: Path | None = None
         self._actor_cls: Any = None
+        self._frozen_hash = ""  # of the driver's model's frozen weights (a LoRA base): every actor must match it
 
     def start(self, workload: Workload) -> None:
         """Start every actor and wait until all are ready (an actor killed while starting is started again)."""
@@ -127,6 +148,7 @@ class RayExecutor(Executor):
             self._actor_cls = ray.remote(RayWorker).options(
                 num_cpus=self.threads, num_gpus=self.num_gpus_per_worker, max_restarts=0, max_task_retries=0
             )
+            self._frozen_hash = _frozen_hash(workload)
             self._workload_ref, self._log_dir = ray.put(workload), workload.log_dir
             warm = ray_warm.take(ray, self.threads, self.num_gpus_per_worker, self.workers if self.reuse_actors else 0)
             self._slots = [_Slot(index, None, f"r{index}") for index in range(self.workers)]
@@ -203,6 +225,7 @@ class RayExecutor(Executor):
             log.warning("%s; starting it again", reason)
             self._launch(slot)
             return
+        _check_frozen_base(slot.name, details, self._frozen_hash)
         slot.starting, slot.failed_starts = None, 0
         slot.started_at = time.monotonic()
         log.debug("ray worker %s ready: %s", slot.name, details)

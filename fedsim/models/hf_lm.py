@@ -5,6 +5,12 @@ with ``model.path=null``, from a few config keys, randomly initialised from the 
 with PEFT's LoRA (Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", ICLR 2022): the base weights are
 frozen and only the adapters are trained and federated (:class:`CausalLM` declares ``federates_trainable_only``, see
 :mod:`fedsim.core.params`). ``transformers`` and ``peft`` are imported only when a model is built.
+
+``adapter=ffa_lora`` (``train_a: false``) is FFA-LoRA (Sun, Li, Dai, Ding, "Improving LoRA in Privacy-preserving
+Federated Learning", ICLR 2024): every ``A`` stays frozen at its seeded initialisation, identical on every worker,
+and only the ``B`` matrices are trained and federated. With ``A`` shared and fixed, ``ΔW = s·B·A`` is linear in
+``B``, so FedAvg's average of the ``B``s gives exactly the average of the clients' ``ΔW``s (plain LoRA averages ``A``
+and ``B`` apart, and the mean of products is not the product of means). Half the adapter travels.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import torch
 from torch import nn
 
 from fedsim.core.extras import require
+from fedsim.core.seeding import init_seed
 
 _HOW_TO_GET = (
     "download one on a machine with internet (e.g. `huggingface-cli download gpt2 --local-dir DIR`), copy DIR here "
@@ -104,12 +111,19 @@ def _pretrained(path: str) -> nn.Module:
 class LoRA:
     """PEFT's LoRA adapter (Hu et al., ICLR 2022): ``r`` (rank), ``alpha`` (scale ``alpha / r``), ``dropout`` and the
     ``target_modules`` it wraps (module names of the base model, e.g. ``c_attn`` for GPT-2; empty: PEFT's default
-    for the model type). The base is frozen; only the adapters are trained and federated."""
+    for the model type). The base is frozen; only the adapters are trained and federated.
+
+    The adapters are initialised from ``seed`` (the run seed) alone, through :func:`~fedsim.core.seeding.init_seed`,
+    the stream the server's initial model comes from: every worker builds the same ``A``. ``train_a=False`` is
+    FFA-LoRA (see the module's docstring): ``A`` is frozen there, covered by the frozen-base hash, and only ``B``
+    is federated."""
 
     r: int = 8
     alpha: int = 16
     dropout: float = 0.0
     target_modules: list[str] = field(default_factory=list)
+    train_a: bool = True
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.r < 1:
@@ -119,10 +133,10 @@ class LoRA:
 
     def apply(self, model: nn.Module) -> nn.Module:
         """``model`` (a :class:`CausalLM`) with LoRA adapters on its target modules, its base frozen."""
-        if not isinstance(model, CausalLM):
+        if not isinstance(model, (CausalLM, SequenceClassifier)):
             raise ValueError(
-                f"adapter=lora needs a Hugging Face model (model=hf_causal_lm), not {type(model).__name__}; "
-                "use adapter=none"
+                "adapter=lora needs a Hugging Face model (model=hf_causal_lm or hf_seq_cls), not "
+                f"{type(model).__name__}; use adapter=none"
             )
         peft = require("peft", "adapter=lora", "llm")
         config = peft.LoraConfig(
@@ -130,15 +144,116 @@ class LoRA:
             lora_alpha=self.alpha,
             lora_dropout=self.dropout,
             target_modules=list(self.target_modules) or None,
+            task_type=getattr(model, "peft_task_type", None),
         )
         try:
-            model.lm = peft.get_peft_model(model.lm, config)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(init_seed(self.seed))
+                model.lm = peft.get_peft_model(model.lm, config)
         except ValueError as error:
             raise ValueError(f"adapter.target_modules={list(self.target_modules)}: {error}") from None
+        if not self.train_a:
+            _freeze_lora_a(model)
         return model
+
+
+def _freeze_lora_a(model: nn.Module) -> None:
+    """Stop training every LoRA ``A`` matrix of ``model`` (FFA-LoRA): it keeps its seeded initialisation."""
+    frozen = [p.requires_grad_(False) for name, p in model.named_parameters() if ".lora_A." in name]
+    if not frozen:
+        raise ValueError(
+            "adapter.train_a=false: the model has no LoRA A matrix to freeze; check adapter.target_modules"
+        )
 
 
 def with_adapter(factory: Callable[..., nn.Module], adapter: LoRA, **kwargs: Any) -> nn.Module:
     """``factory(**kwargs)`` with ``adapter`` applied (a module-level function, so that the pair pickles to
     worker processes)."""
     return adapter.apply(factory(**kwargs))
+
+
+class SequenceClassifier(nn.Module):
+    """A ``transformers`` sequence classifier as a fedsim model: token ids ``[B, T]`` (padded on the right with
+    ``pad_token_id``) in, one score per class ``[B, C]`` out, so the classic 1-D labels and every classification
+    metric apply. Positions holding ``pad_token_id`` are masked out of attention, and the model pools its last
+    non-padding token (GPT-2) or its first (BERT-like).
+
+    Under LoRA the classification head is newly initialised, so it is trained and federated beside the adapters
+    (PEFT's ``modules_to_save`` for ``peft_task_type`` ``SEQ_CLS``); ``federates_trainable_only`` as for
+    :class:`CausalLM`."""
+
+    federates_trainable_only = True
+    peft_task_type = "SEQ_CLS"
+
+    def __init__(self, lm: nn.Module, pad_token_id: int) -> None:
+        super().__init__()
+        self.lm = lm
+        self.pad_token_id = pad_token_id
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class scores of every row of ``x``."""
+        logits: torch.Tensor = self.lm(input_ids=x, attention_mask=(x != self.pad_token_id).long()).logits
+        return logits
+
+
+def hf_seq_cls(
+    *,
+    input_shape: Sequence[int],
+    num_classes: int,
+    path: str | None = None,
+    model_type: str = "gpt2",
+    vocab_size: int | None = None,
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    num_heads: int = 2,
+    context_length: int | None = None,
+    dropout: float = 0.0,
+    pad_token_id: int = 0,
+    seed: int = 0,
+) -> SequenceClassifier:
+    """An ``AutoModelForSequenceClassification`` with ``num_classes`` outputs (the data's classes), from the local
+    pretrained directory ``path`` (its new classification head initialised from ``seed``) or, with ``path=None``,
+    a ``model_type`` model of the given size initialised from ``seed`` only; ``vocab_size`` (the tokenizer's) is
+    then required. ``pad_token_id`` must be the data's padding id (0 for a ``tokenizer.json``, see
+    :func:`fedsim.data.instructions.load_tokenizer`). Other keys as :func:`hf_causal_lm`."""
+    transformers = require("transformers", "model=hf_seq_cls", "llm")
+    if path is None and vocab_size is None:
+        raise ValueError(
+            "model.vocab_size: set it to the tokenizer's vocabulary size (model.path=null builds a new model)"
+        )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if path is not None:
+            return SequenceClassifier(_pretrained_classifier(path, num_classes, pad_token_id), pad_token_id)
+        config = transformers.AutoConfig.for_model(
+            model_type,
+            vocab_size=vocab_size,
+            num_hidden_layers=num_layers,
+            hidden_size=hidden_size,
+            num_attention_heads=num_heads,
+            max_position_embeddings=context_length or int(input_shape[0]),
+            num_labels=num_classes,
+            pad_token_id=pad_token_id,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+        for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if hasattr(config, name):
+                setattr(config, name, dropout)
+        return SequenceClassifier(transformers.AutoModelForSequenceClassification.from_config(config), pad_token_id)
+
+
+def _pretrained_classifier(path: str, num_classes: int, pad_token_id: int) -> nn.Module:
+    """The model saved in ``path`` with a classification head of ``num_classes``; one line naming ``model.path``
+    otherwise."""
+    if not Path(path).expanduser().is_dir():
+        raise FileNotFoundError(f"model.path={path} is not a directory; {_HOW_TO_GET}")
+    transformers = require("transformers", "model=hf_seq_cls", "llm")
+    try:
+        model: nn.Module = transformers.AutoModelForSequenceClassification.from_pretrained(
+            Path(path).expanduser(), local_files_only=True, num_labels=num_classes, pad_token_id=pad_token_id
+        )
+    except (OSError, ValueError, KeyError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise FileNotFoundError(f"model.path={path} holds no readable model ({first}); {_HOW_TO_GET}") from None
+    return model

@@ -14,6 +14,7 @@ from fedsim.strategy.fednova import FedNova
 from fedsim.strategy.fedper import FedPer, PersonalLayers
 from fedsim.strategy.fedprox import FedProx, ProximalTerm
 from fedsim.strategy.fedrep import FedRep, HeadThenBody
+from fedsim.strategy.fedsa_lora import FedSALoRA
 from fedsim.strategy.fltrust import FLTrust
 from fedsim.strategy.norm_bounding import NormBounding
 from fedsim.strategy.pfedme import MoreauEnvelope, PFedMe
@@ -42,6 +43,7 @@ __all__ = [
     "FedOpt",
     "FedPer",
     "FedProx",
+    "FedSALoRA",
     "FedRep",
     "FedYogi",
     "HeadThenBody",

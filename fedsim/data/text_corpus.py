@@ -1,0 +1,226 @@
+"""Plain text as causal language-model data: any local corpus (``data=text_corpus``) and LEAF's Shakespeare
+(``data=shakespeare_lm``).
+
+A corpus is a list of documents. Each is tokenised once, with the run's tokenizer
+(:func:`fedsim.data.instructions.load_tokenizer`) or, with ``tokenizer=null``, LEAF's character vocabulary
+(:func:`character_tokenizer`: no file needed), and cut into windows of ``seq_len`` positions by :func:`windows`:
+window ``k`` reads tokens ``k*L .. k*L+L-1`` and its label at every position is the next token. Windows do not
+overlap and never cross a document; a document's last window is padded on the right (the pad id in ``x``, -100 in
+the labels). ``num_classes`` is the vocabulary size; every row's group is its document (its speaking role for
+Shakespeare), so ``partition=natural`` makes one client per document.
+
+Test rows come from each document's own text (the layout of :class:`~fedsim.data.tensor_data.DataSplit`'s
+``local_test``): under ``partition=natural`` a client tests on its own held-out windows, and the centralized test set
+is all of them. Any other partitioner divides the training windows only.
+
+* :func:`text_corpus`: a ``.txt`` file or a folder of them (every ``*.txt`` below it, sorted by path). A document is
+  a whole file (``document=file``) or a paragraph, the text between blank lines (``document=paragraph``); an
+  end-of-sequence token closes each document when the tokenizer has one. The last ``test_fraction`` of each
+  document's windows (rounded, at least one left for training) are its test windows; or ``test_path`` names other
+  files as the centralized test set.
+* :func:`shakespeare_lm`: LEAF's Shakespeare JSON (Caldas et al., "LEAF: A Benchmark for Federated Settings", 2018;
+  read by :mod:`fedsim.data.leaf`), whose examples are 80-character windows sliding by one character over each
+  role's lines. The role's text is rebuilt from them (an example whose window continues the text so far adds its
+  next character; any other starts a new piece), separately for LEAF's train and test files, so LEAF's own split is
+  kept, and each piece is cut into windows as above (about 80 times fewer rows than LEAF's overlapping examples).
+  Test windows of a role that has no training window are dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedsim.data import leaf, text
+from fedsim.data.instructions import IGNORE, Tokenizer, load_tokenizer
+from fedsim.data.tensor_data import DataSplit, TensorData
+
+DOCUMENTS = ("file", "paragraph")
+"""What one document of :func:`text_corpus` is."""
+
+Piece = tuple[np.ndarray, np.ndarray]
+"""``(x, labels)`` windows of one document, each ``[n, seq_len]``."""
+
+
+def character_tokenizer() -> Tokenizer:
+    """LEAF's character vocabulary as a tokenizer: ids from :func:`fedsim.data.text.encode_characters` (80
+    characters, any other id 80, so 81 ids), no end-of-sequence token, the space as padding."""
+    return Tokenizer(
+        lambda s: text.encode_characters([s], len(s))[0].tolist(),
+        text.NUM_CHARACTER_IDS,
+        text.LEAF_CHARACTERS.index(" "),
+        None,
+    )
+
+
+def corpus_tokenizer(tokenizer: str | None, eos_token: str) -> Tokenizer:
+    """:func:`character_tokenizer` for ``None``, else :func:`fedsim.data.instructions.load_tokenizer`."""
+    return character_tokenizer() if tokenizer is None else load_tokenizer(tokenizer, eos_token)
+
+
+def windows(ids: Sequence[int], seq_len: int, pad_id: int) -> Piece:
+    """Next-token windows of one document's ``ids`` (see the module's docstring): ``ceil((len(ids) - 1) / seq_len)``
+    rows; position ``p`` of the flattened rows reads token ``p`` and is labelled with token ``p + 1``."""
+    tokens = np.asarray(ids, dtype=np.int64)
+    scored = max(len(tokens) - 1, 0)
+    rows = -(-scored // seq_len)
+    x = np.full((rows, seq_len), pad_id, dtype=np.int64)
+    y = np.full((rows, seq_len), IGNORE, dtype=np.int64)
+    x.reshape(-1)[:scored] = tokens[:scored]
+    y.reshape(-1)[:scored] = tokens[1 : scored + 1]
+    return x, y
+
+
+def _text_files(path: str, key: str) -> list[Path]:
+    """The ``.txt`` file ``path``, or every ``*.txt`` under the folder ``path`` (sorted)."""
+    where = Path(path).expanduser()
+    if where.is_file():
+        return [where]
+    if not where.is_dir():
+        raise FileNotFoundError(f"{key}={path} does not exist; point it at a local .txt file or a folder of them")
+    files = sorted(p for p in where.rglob("*.txt") if p.is_file())
+    if not files:
+        raise FileNotFoundError(f"{key}={path} holds no .txt files; point it at a .txt file or a folder of them")
+    return files
+
+
+def read_text(path: Path) -> str:
+    """The whole UTF-8 file ``path``; one line naming the file when it cannot be read, is not UTF-8 or is empty."""
+    try:
+        content = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"data: {path} is not UTF-8 text ({error.reason} at byte {error.start}); convert it") from None
+    except OSError as error:
+        raise FileNotFoundError(f"data: cannot read {path} ({error.strerror or error}); check the file") from None
+    if not content.strip():
+        raise ValueError(f"data: {path} is empty; remove it from the corpus or give it some text")
+    return content
+
+
+def read_documents(path: str, document: str, key: str = "data.path") -> list[str]:
+    """The documents of the file or folder ``path``: whole files, or their paragraphs (text between blank lines)."""
+    if document not in DOCUMENTS:
+        raise ValueError(f"data.document must be one of {', '.join(DOCUMENTS)} (got {document!r})")
+    texts = [read_text(file) for file in _text_files(path, key)]
+    if document == "file":
+        return texts
+    return [block.strip() for t in texts for block in re.split(r"\n[ \t\r\f\v]*\n", t) if block.strip()]
+
+
+def _stack(pieces: list[Piece], seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pieces' windows one after the other, as two ``[n, seq_len]`` tensors."""
+    if not pieces:
+        return torch.zeros(0, seq_len, dtype=torch.int64), torch.zeros(0, seq_len, dtype=torch.int64)
+    return torch.from_numpy(np.concatenate([p[0] for p in pieces])), torch.from_numpy(
+        np.concatenate([p[1] for p in pieces])
+    )
+
+
+def _pooled(owners: Sequence[object], train: list[Piece], test: list[Piece], vocab: int, seq_len: int) -> DataSplit:
+    """Every owner's training windows, then every owner's test windows (``train[i]`` and ``test[i]`` are
+    ``owners[i]``'s), in one tensor; ``local_test`` marks the test rows and ``test`` is a view of them
+    (:class:`~fedsim.data.tensor_data.DataSplit`)."""
+    x, y = _stack(train + test, seq_len)
+    groups = np.repeat(np.asarray(list(owners) * 2), [len(p[0]) for p in train + test])
+    n_train = sum(len(p[0]) for p in train)
+    mask = np.arange(len(x)) >= n_train
+    test_data = TensorData(x[n_train:], y[n_train:], vocab, groups[n_train:])
+    return DataSplit(TensorData(x, y, vocab, groups), test_data, local_test=mask)
+
+
+def _held_out(piece: Piece, fraction: float) -> tuple[Piece, Piece]:
+    """The piece's windows split into (train, test): the last ``round(n * fraction)`` are test, at least one train."""
+    n = len(piece[0])
+    cut = n - min(int(round(n * fraction)), n - 1) if n else 0
+    return (piece[0][:cut], piece[1][:cut]), (piece[0][cut:], piece[1][cut:])
+
+
+def text_corpus(
+    *,
+    path: str,
+    tokenizer: str | None = None,
+    seq_len: int = 128,
+    document: str = "file",
+    test_path: str | None = None,
+    test_fraction: float = 0.1,
+    eos_token: str = "<|endoftext|>",
+) -> DataSplit:
+    """The text corpus ``path`` (a ``.txt`` file or a folder of them) as next-token windows; see the module's
+    docstring. ``tokenizer``: a ``tokenizer.json`` or local ``transformers`` tokenizer directory, or ``None`` for
+    LEAF's characters. ``test_path`` (files or a folder, whole files are documents) replaces the per-document test
+    windows with a centralized test set."""
+    if seq_len < 1:
+        raise ValueError(f"data.seq_len must be >= 1 (got {seq_len})")
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"data.test_fraction must be in [0, 1) (got {test_fraction})")
+    tok = corpus_tokenizer(tokenizer, eos_token)
+    docs = read_documents(path, document)
+    test_docs = read_documents(test_path, "file", "data.test_path") if test_path is not None else []
+    eos = [tok.eos_id] if tok.eos_id is not None else []
+    pieces = [windows(tok.encode(d) + eos, seq_len, tok.pad_id) for d in docs]
+    if not any(len(p[0]) for p in pieces):
+        raise ValueError(f"data.path={path} has no document of 2 or more tokens; give it more text")
+    if test_path is None:
+        train, test = zip(*(_held_out(p, test_fraction) for p in pieces), strict=True)
+        return _pooled(range(len(docs)), list(train), list(test), tok.vocab_size, seq_len)
+    x, y = _stack(pieces, seq_len)
+    groups = np.repeat(np.arange(len(docs)), [len(p[0]) for p in pieces])
+    test_x, test_y = _stack([windows(tok.encode(d) + eos, seq_len, tok.pad_id) for d in test_docs], seq_len)
+    return DataSplit(TensorData(x, y, tok.vocab_size, groups), TensorData(test_x, test_y, tok.vocab_size))
+
+
+def role_text(xs: list, ys: list, where: object) -> list[str]:
+    """The pieces of text that one role's LEAF Shakespeare examples (``x`` windows, ``y`` next characters) slide
+    over (see the module's docstring)."""
+    pieces: list[str] = []
+    current: list[str] = []
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if not isinstance(x, str) or not isinstance(y, str) or len(y) != 1:
+            raise ValueError(
+                f"data=shakespeare_lm: {where}, row {i}: x must be a string and y one character (got {y!r})"
+            )
+        if current and len(x) <= len(current) and "".join(current[len(current) - len(x) :]) == x:
+            current.append(y)
+            continue
+        if current:
+            pieces.append("".join(current))
+        current = [*x, y]
+    return pieces + (["".join(current)] if current else [])
+
+
+def shakespeare_lm(
+    *,
+    root: str | Path,
+    folder: str | Path | None = None,
+    tokenizer: str | None = None,
+    seq_len: int = 80,
+    eos_token: str = "<|endoftext|>",
+) -> DataSplit:
+    """LEAF's Shakespeare as next-token windows, one client per speaking role, LEAF's own train/test split (see the
+    module's docstring; the files are found as :func:`fedsim.data.leaf.shakespeare` finds them). ``tokenizer``:
+    ``None`` for LEAF's characters, or the run's tokenizer (no end-of-sequence token is added)."""
+    if seq_len < 1:
+        raise ValueError(f"data.seq_len must be >= 1 (got {seq_len})")
+    tok = corpus_tokenizer(tokenizer, eos_token)
+    layout = leaf._layout("shakespeare", root, folder)
+    texts: dict[bool, dict[str, list[str]]] = {False: {}, True: {}}
+
+    def convert(xs: list, ys: list, start: int, where: leaf._Where) -> None:
+        texts[start >= layout.n_train][where.user] = role_text(xs, ys, where)
+
+    layout.fill(convert)
+
+    def piece(pieces: list[str]) -> Piece:
+        parts = [windows(tok.encode(p), seq_len, tok.pad_id) for p in pieces] or [windows([], seq_len, tok.pad_id)]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    train = {user: piece(pieces) for user, pieces in sorted(texts[False].items())}
+    users = [user for user, p in train.items() if len(p[0])]
+    if not users:
+        raise ValueError("data=shakespeare_lm: no role has a training window (2 or more tokens); check the LEAF files")
+    test = [piece(texts[True].get(user, [])) for user in users]
+    return _pooled(users, [train[u] for u in users], test, tok.vocab_size, seq_len)
