@@ -25,7 +25,7 @@ from fedsim.cli.config import ConfigError, register_schema, to_yaml, validate
 from fedsim.cli.run_dir_guard import removing_new_files
 from fedsim.cli.run_summary import flat_hparams, record_error, record_summary
 from fedsim.client.evaluation import ClientEvaluation
-from fedsim.client.federation import FederatedData, federate, make_clients
+from fedsim.client.federation import FederatedData, federate, make_population
 from fedsim.comm.names import codec_from
 from fedsim.comm.pipeline import Compression
 from fedsim.core.checkpoint import check_writable, list_checkpoints
@@ -194,7 +194,7 @@ def _components(cfg: DictConfig, run_dir: str | Path | None) -> tuple[FederatedD
     """The data, and every :class:`Server` argument but the logger, built from ``cfg`` (none of them writes a file)."""
     executor = _instantiate_a(cfg.executor, Executor, "executor", "fedsim.executor.Executor")  # first: see process.py
     data = build_data(cfg)
-    clients = make_clients(data, _instantiate(cfg.client))
+    clients = make_population(data, _instantiate(cfg.client))  # built when sampled (issue #35)
     return data, dict(
         model_factory=build_model_factory(cfg, data),
         federation=Federation(clients, data.train, data.test, state_store=cfg.state_store),

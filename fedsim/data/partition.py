@@ -29,10 +29,13 @@ Schemes and their sources:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from numbers import Integral, Real
 from typing import TypeGuard
 
 import numpy as np
+
+from fedsim.data.shares import Shares
 
 Partition = list[np.ndarray]
 
@@ -116,6 +119,13 @@ def _group_by_client(client_of: np.ndarray, values: np.ndarray, num_clients: int
     order = np.argsort(client_of, kind="stable")
     counts = np.bincount(client_of, minlength=num_clients)
     return np.split(values[order].astype(np.int64, copy=False), np.cumsum(counts)[:-1])
+
+
+def _group_shares(client_of: np.ndarray, values: np.ndarray, num_clients: int) -> Shares:
+    """:func:`_group_by_client` as :class:`~fedsim.data.shares.Shares`: the same arrays, without one object each."""
+    order = np.argsort(client_of, kind="stable")
+    counts = np.bincount(client_of, minlength=num_clients)
+    return Shares.from_sizes(values[order].astype(np.int64, copy=False), counts)
 
 
 def _split_by_sizes(indices: np.ndarray, sizes: np.ndarray) -> Partition:
@@ -269,11 +279,12 @@ def lognormal(
     return _split_by_sizes(rng.permutation(n), sizes)
 
 
-def natural(labels: np.ndarray, *, seed: int, groups: np.ndarray | None) -> Partition:
+def natural(labels: np.ndarray, *, seed: int, groups: np.ndarray | None) -> Shares:
     """One client per distinct value of ``groups``; client ``i`` owns the ``i``-th smallest group.
 
     Deterministic; ``seed`` is accepted for the common call shape and unused. Indices within a
-    client are ascending.
+    client are ascending. Returned as :class:`~fedsim.data.shares.Shares` (a sequence of per-client arrays held as
+    two arrays: a million devices need no million objects).
     """
     n = _count(labels)
     if groups is None:
@@ -282,12 +293,14 @@ def natural(labels: np.ndarray, *, seed: int, groups: np.ndarray | None) -> Part
     if groups.shape != (n,):
         raise ValueError(f"partition=natural: groups has shape {groups.shape}, labels has {n} entries")
     if n == 0:
-        return []
+        return Shares.of([])
     unique, client_of = np.unique(groups, return_inverse=True)
-    return _group_by_client(client_of.ravel(), np.arange(n), len(unique))
+    return _group_shares(client_of.ravel(), np.arange(n), len(unique))
 
 
-def auto(labels: np.ndarray, *, num_clients: int = 100, seed: int, groups: np.ndarray | None = None) -> Partition:
+def auto(
+    labels: np.ndarray, *, num_clients: int = 100, seed: int, groups: np.ndarray | None = None
+) -> Sequence[np.ndarray]:
     """The data's natural clients when it has groups (e.g. Synthetic's devices), else :func:`iid` over ``num_clients``.
 
     The default of ``conf/``: ``data=synthetic`` keeps its devices, ``data=mnist`` gets 100 IID clients.

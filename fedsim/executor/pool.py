@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from fedsim.client.federation import representatives
 from fedsim.core.errors import WorkerStartupError
 from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.executor import by_value
@@ -245,7 +246,7 @@ def check_sendable(workload: Workload) -> None:
     pieces: dict[str, object] = {"the model factory": workload.model_factory}
     if workload.local is not None:
         pieces[f"the strategy's client half {type(workload.local).__qualname__}"] = workload.local
-    for client in workload.clients:
+    for client in representatives(workload.clients):  # not a million clients of one class
         pieces.setdefault(f"client class {type(client).__qualname__}", client)
         if len(pieces) > 8:
             break

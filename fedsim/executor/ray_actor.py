@@ -15,6 +15,7 @@ import copy
 import gc
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from fedsim.client.base import Client
+from fedsim.client.federation import Population
 from fedsim.core.params import fixed_state, frozen_hash
 from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.data.tensor_data import TensorData
@@ -47,7 +49,7 @@ class _Run:
 
     name: str
     workload: Workload
-    clients: list[Client]
+    clients: Sequence[Client]
     model: torch.nn.Module
     fixed: dict[str, torch.Tensor]
     data: TensorData
@@ -76,7 +78,9 @@ class RayWorker:
         log = redirect_output(name, log_path)  # before anything prints: the actor's own file, tagged
         # Arrays inside the workload arrive read-only (zero-copy from the object store); clients are
         # small, so each actor gets its own writable copy of them. Training data stays shared.
-        clients = copy.deepcopy(list(workload.clients))
+        clients = copy.deepcopy(
+            workload.clients if isinstance(workload.clients, Population) else list(workload.clients)
+        )
         with torch.random.fork_rng(devices=[]):
             model = workload.model_factory().to(self.device)
         fixed = fixed_state(model)  # before the warm-up step (see fedsim.core.params)

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from fedsim.client.base import Client
+from fedsim.client.federation import representatives
 from fedsim.client.local_training import LocalTraining, overrides_on_batch
 from fedsim.core.params import ParamLayout, flatten
 from fedsim.core.state_values import copy_state
@@ -262,7 +263,7 @@ def warn_unbatched_layers(model: nn.Module) -> None:
 def check_clients(clients: Sequence[Client]) -> None:
     """Refuse client classes that replace the built-in training loop or loss (DP-SGD's, for a
     :class:`~fedsim.privacy.local.DPSGDClient`: :mod:`fedsim.executor.vmap_dpsgd` vectorises it)."""
-    for cls in {type(c) for c in clients}:
+    for cls in {type(c) for c in representatives(clients)}:
         private = issubclass(cls, DPSGDClient)
         reference = DPSGDClient if private else Client
         for method in _BUILT_IN_LOOP + (PRIVATE_LOOP if private else ()):

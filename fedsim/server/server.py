@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedsim.client.federation import train_sizes
 from fedsim.client.local_training import LocalTraining
 from fedsim.client.scoring import evaluate_indices
 from fedsim.client.state import ClientStateStore
@@ -248,7 +249,7 @@ class Server:
         return RunContext(
             layout=ParamLayout.of(self.model),
             num_clients=len(self.clients),
-            num_examples=tuple(c.num_train for c in self.clients),
+            num_examples=tuple(train_sizes(self.clients).tolist()),  # a Population's sizes without its clients
             clients_per_round=self.clients_per_round,
             num_rounds=self.num_rounds,
             seed=self.seed,

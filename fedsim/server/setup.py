@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from fedsim.client.federation import representatives
 from fedsim.client.state import ClientStateStore, restore_states, source_store
 from fedsim.core.checkpoint import CheckpointError, drop_checkpoints_after, list_checkpoints, load_checkpoint
 from fedsim.core.seeding import init_seed
@@ -130,7 +131,7 @@ def build_pipeline(
     from fedsim.server.exchange import Exchange
 
     comm = Exchange(compression or Compression(), params.numel(), seed)
-    local_dp = local_ledger(clients, model)
+    local_dp = local_ledger(representatives(clients), model)  # one client per class of a Population
     stage = attack_stage(attack, len(clients), seed, run_dir)
     if stage is not None:
         train_data, clients = stage.poison_data(train_data, test_data, clients)
