@@ -134,15 +134,17 @@ def _measure(path: Path, repeats: int, cold: bool) -> tuple[dict[str, list[float
 
 
 def _row(clock: str, seconds: dict[str, list[float]]) -> str:
-    """One clock's medians of each kind and the median (min..max) of the paired ratios of ``with``."""
+    """One clock's medians of each kind, the median (min..max) of the paired ratios of ``with``, and the ratio of the
+    fastest loads of each kind (the least disturbed by anything else on the machine)."""
     medians = {kind: statistics.median(values) for kind, values in seconds.items()}
     ratios = {
         base: [w / b for w, b in zip(seconds["with"], seconds[base], strict=True)] for base in ("np.load", "untested")
     }
     shown = {base: f"{statistics.median(r):.3f} ({min(r):.2f}..{max(r):.2f})" for base, r in ratios.items()}
+    fastest = {base: min(seconds["with"]) / min(seconds[base]) for base in ("np.load", "untested")}
     return (
         f"{clock:>5} {medians['np.load']:>10.3f} {medians['untested']:>11.3f} {medians['with']:>7.3f} "
-        f"{shown['np.load']:>22} {shown['untested']:>22}"
+        f"{shown['np.load']:>22} {shown['untested']:>22} {fastest['np.load']:>8.3f} {fastest['untested']:>8.3f}"
     )
 
 
@@ -157,7 +159,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="bench_finite_", dir=args.tmpdir))
     print(
         f"{'rows x features':>18} {'file GB':>8} {'clock':>5} {'np.load s':>10} {'untested s':>11} {'with s':>7} "
-        f"{'with / np.load':>22} {'with / untested':>22}"
+        f"{'with / np.load':>22} {'with / untested':>22} {'fastest':>8} {'fastest':>8}"
     )
     try:
         for features in (int(f) for f in args.features.split(",")):
