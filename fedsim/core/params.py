@@ -91,6 +91,10 @@ def federated_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(k, v) for k, v in state.items() if k in trainable and v.is_floating_point()]
 
 
+NO_FROZEN_WEIGHTS = hashlib.sha256().hexdigest()
+"""What :func:`frozen_hash` gives for a model without frozen weights (every model that federates all of them)."""
+
+
 def frozen_hash(model: nn.Module) -> str:
     """SHA-256 of the float entries that are not federated and do not share storage with a federated one (the
     frozen base of a ``federates_trainable_only`` model; nothing for any other model): names, shapes, dtypes and

@@ -35,7 +35,7 @@ import torch
 
 from fedsim.core.errors import WorkerStartupError
 from fedsim.core.extras import missing_text, require
-from fedsim.core.params import frozen_hash
+from fedsim.core.params import NO_FROZEN_WEIGHTS, frozen_hash
 from fedsim.core.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.executor import ray_warm
 from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
@@ -55,14 +55,20 @@ def _frozen_hash(workload: Workload) -> str:
         return frozen_hash(workload.model_factory())
 
 
-def _check_frozen_base(name: str, details: dict[str, Any], expected: str) -> None:
+def _check_frozen_base(name: str, details: dict[str, Any], workload: Workload, expected: list[str]) -> None:
     """Refuse, in one line, an actor whose model's frozen weights (a LoRA model's base, which never travels) differ
-    from the driver's: its updates would be adapters of another model."""
-    got = str(details.get("frozen_hash", expected))
-    if got != expected:
+    from the driver's: its updates would be adapters of another model. The driver builds its own model for this only
+    when an actor reports frozen weights (``expected`` caches its hash): a model without any, every classic one, is
+    never built here (a model factory may do anything on the process that calls it, e.g. claim a GPU)."""
+    got = str(details.get("frozen_hash", NO_FROZEN_WEIGHTS))
+    if got == NO_FROZEN_WEIGHTS:
+        return
+    if not expected:
+        expected.append(_frozen_hash(workload))
+    if got != expected[0]:
         raise WorkerStartupError(
             f"model: Ray worker {name} (pid {details.get('pid')}) built a frozen base (hash {got[:12]}) different from "
-            f"the driver's ({expected[:12]}); the model factory must build the same frozen weights everywhere (seed "
+            f"the driver's ({expected[0][:12]}); the model factory must build the same frozen weights everywhere (seed "
             "them from the run seed, load them from the same model.path on every node)"
         )
 
@@ -137,7 +143,8 @@ class RayExecutor(Executor):
         self._workload_ref: Any = None
         self._log_dir: Path | None = None
         self._actor_cls: Any = None
-        self._frozen_hash = ""  # of the driver's model's frozen weights (a LoRA base): every actor must match it
+        self._frozen_hash: list[str] = []  # of the driver's model's frozen weights (a LoRA base), once computed
+        self._workload: Workload | None = None
 
     def start(self, workload: Workload) -> None:
         """Start every actor and wait until all are ready (an actor killed while starting is started again)."""
@@ -148,7 +155,7 @@ class RayExecutor(Executor):
             self._actor_cls = ray.remote(RayWorker).options(
                 num_cpus=self.threads, num_gpus=self.num_gpus_per_worker, max_restarts=0, max_task_retries=0
             )
-            self._frozen_hash = _frozen_hash(workload)
+            self._frozen_hash, self._workload = [], workload
             self._workload_ref, self._log_dir = ray.put(workload), workload.log_dir
             warm = ray_warm.take(ray, self.threads, self.num_gpus_per_worker, self.workers if self.reuse_actors else 0)
             self._slots = [_Slot(index, None, f"r{index}") for index in range(self.workers)]
@@ -225,7 +232,8 @@ class RayExecutor(Executor):
             log.warning("%s; starting it again", reason)
             self._launch(slot)
             return
-        _check_frozen_base(slot.name, details, self._frozen_hash)
+        assert self._workload is not None  # set by start() before any actor is launched
+        _check_frozen_base(slot.name, details, self._workload, self._frozen_hash)
         slot.starting, slot.failed_starts = None, 0
         slot.started_at = time.monotonic()
         log.debug("ray worker %s ready: %s", slot.name, details)
@@ -356,7 +364,7 @@ class RayExecutor(Executor):
                 kill_quietly(ray, slot.actor)
         if idle and ray.is_initialized():
             ray_warm.keep(ray, self.threads, self.num_gpus_per_worker, [slot.actor for slot in idle])
-        self._slots, self._workload_ref, self._actor_cls = [], None, None
+        self._slots, self._workload_ref, self._workload, self._actor_cls = [], None, None, None
         if self._owns_ray and not idle and ray.is_initialized():
             ray.shutdown()
         self._owns_ray = False
