@@ -39,6 +39,7 @@ RAY_FILES = frozenset(
         "tests/executor/test_malformed_updates.py",
         "tests/state/test_client_state_runs.py",
         "tests/llm/test_lora_ray.py",
+        "tests/llm/test_lora_executors.py",
     }
 )
 # the files that took longest outside the Ray unit (--durations, 2026-12-05), longest first: handed out first

@@ -87,8 +87,8 @@ class RoundStage:
 @dataclass(frozen=True)
 class Plan(RoundStage):
     """Who trains and with which config: the strategy's sample (Poisson sampling under central DP), the config of
-    each task (a straggler's fewer epochs), and with a simulated clock the round's schedule (who finishes by the
-    deadline, who drops out)."""
+    each task (a straggler's fewer epochs), which entries the clients upload (all but the strategy's personal
+    entries), and with a simulated clock the round's schedule (who finishes by the deadline, who drops out)."""
 
     strategy: Strategy
     clients: Sequence[Client]
@@ -104,6 +104,7 @@ class Plan(RoundStage):
 
     def run(self, record: RoundRecord) -> None:
         round_num, rng = record.round_num, sampling_rng(self.seed, record.round_num)
+        self.comm.keep_on_clients(self.strategy.personal_entries())  # what is uploaded: the bytes the clock sends
         if self.clock is None:
             ids = (
                 self.privacy.sample(rng, len(self.clients))

@@ -4,8 +4,8 @@ One method is required, :meth:`Strategy.aggregate`. The other hooks have sensibl
 :meth:`sample` (uniform without replacement), :meth:`client_config` (a fresh dict per client),
 :meth:`state_dict` / :meth:`load_state_dict` (for checkpoints; stateless strategies return ``{}``) and
 :meth:`check` (reject an unworkable number of clients per round before any training), :meth:`setup`
-(told about the run once: parameter layout, clients, seed, run directory) and :meth:`round_metrics`
-(scalars of its own, logged as ``strategy/<name>``).
+(told about the run once: parameter layout, clients, seed, run directory), :meth:`round_metrics`
+(scalars of its own, logged as ``strategy/<name>``) and :meth:`personal_entries` (what clients never upload).
 """
 
 from __future__ import annotations
@@ -35,6 +35,14 @@ class Strategy:
         like a bad config value), and again on a resume, just before :meth:`load_state_dict`: the parameter
         layout, client count and sizes, seed and run directory. Keep what you need on ``self``; the
         default keeps nothing."""
+
+    def personal_entries(self) -> torch.Tensor | None:
+        """The entries of the flat vector that never leave the clients (a boolean mask, True on each; known after
+        :meth:`setup`), or ``None`` (the default): clients upload every entry. A client uploads only the other
+        entries: the codecs, error feedback and an attack see those alone, the bytes count those alone, and the
+        server rebuilds each update with its personal entries equal to the global weights' (what it sent), so
+        :meth:`aggregate` still receives full vectors. FedPer, FedRep, FedBN and FedSA-LoRA declare theirs."""
+        return None
 
     def local_training(self) -> LocalTraining | None:
         """The client half of this algorithm, or ``None`` when clients train plainly (the default)."""

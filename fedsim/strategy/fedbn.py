@@ -111,6 +111,10 @@ class FedBN(Strategy):
             )
         self.names, self.local = names, layout.mask(names)
 
+    def personal_entries(self) -> torch.Tensor | None:
+        """The normalisation entries: never uploaded (None before :meth:`setup`)."""
+        return self.local
+
     def local_training(self) -> LocalTraining:
         if self.local is None:
             raise RuntimeError("FedBN.local_training called before setup(); the Server calls setup() first")

@@ -90,6 +90,10 @@ class FedPer(Strategy):
             )
         self.names, self.personal = names, context.layout.mask(names)
 
+    def personal_entries(self) -> torch.Tensor | None:
+        """The personal layers: never uploaded (None before :meth:`setup`)."""
+        return self.personal
+
     def local_training(self) -> LocalTraining:
         if self.personal is None:
             raise RuntimeError("FedPer.local_training called before setup(); the Server calls setup() first")

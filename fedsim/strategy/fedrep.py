@@ -73,6 +73,10 @@ class FedRep(Strategy):
         self.split.setup(context)
         self.body = tuple(name for name in context.layout.names if name not in self.split.names)
 
+    def personal_entries(self) -> torch.Tensor | None:
+        """The head: never uploaded (None before :meth:`setup`)."""
+        return self.split.personal
+
     def local_training(self) -> LocalTraining:
         if not self.body:
             raise RuntimeError("FedRep.local_training called before setup(); the Server calls setup() first")

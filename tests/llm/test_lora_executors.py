@@ -1,0 +1,53 @@
+"""FedIT (FedAvg on the LoRA adapters) and FedSA-LoRA (each client's B in its client state) give bitwise the same
+adapters, client states and metrics under the serial, process and Ray executors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_fedsa_upload import fedsa_args
+
+from fedsim.cli.run import build_server, compose
+from fedsim.server import Server
+from fedsim.strategy.fedper import STATE_KEY
+
+pytest.importorskip("ray")
+
+EXECUTORS = {
+    "serial": ["executor=serial"],
+    "process": ["executor=process", "executor.workers=2"],
+    "ray": ["executor=ray", "executor.workers=2", "executor.reuse_actors=true"],
+}
+
+
+def run(files: dict[str, Path], strategy: str, executor: str) -> tuple[Server, list[dict[str, Any]]]:
+    """2 rounds of 2 of the 4 users, 2 local epochs (so that A moves as well as B), every client evaluated."""
+    overrides = fedsa_args(files, f"strategy={strategy}", "client.epochs=2", "evaluate_clients=all")
+    server = build_server(compose([*overrides, "client_test_fraction=0.25", *EXECUTORS[executor]]))
+    history = server.run().history
+    return server, [{k: v for k, v in r.items() if not k.startswith(("time/", "system/"))} for r in history]
+
+
+def states(server: Server) -> dict[int, dict[str, torch.Tensor]]:
+    """Every client's kept entries (FedSA-LoRA's B), by client id."""
+    return {cid: server.client_states.get(cid).get(STATE_KEY, {}) for cid in server.client_states.clients()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["fedavg", "fedsa_lora"])
+def test_serial_process_and_ray_are_bitwise_equal(strategy: str, llm_files: dict[str, Path], local_ray: Any) -> None:
+    reference, reference_history = run(llm_files, strategy, "serial")
+    kept = states(reference)
+    assert bool(kept) == (strategy == "fedsa_lora")  # FedIT keeps nothing on its clients
+    for executor in ("process", "ray"):
+        server, history = run(llm_files, strategy, executor)
+        assert torch.equal(server.params, reference.params), executor
+        assert history == reference_history, executor  # losses, perplexities, bytes
+        theirs = states(server)
+        assert theirs.keys() == kept.keys(), executor
+        for cid, entries in kept.items():
+            assert entries.keys() == theirs[cid].keys()
+            assert all(torch.equal(value, theirs[cid][name]) for name, value in entries.items()), (executor, cid)
