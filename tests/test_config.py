@@ -69,6 +69,7 @@ GROUPS = (
     "experiment",
 )
 SYNTHETIC = "fedsim.data.synthetic.synthetic"
+GENERATED = (SYNTHETIC, "fedsim.data.synthetic_text.synthetic_text")  # data made from the seed: no file
 
 # --- tiny real-format files for the torchvision datasets --------------------------------------------
 
@@ -134,6 +135,7 @@ TOKEN_LABELS = {  # options whose labels are a token per position ([N, T]): thei
     "fedsim.data.instructions.jsonl_instructions": False,
     "fedsim.data.text_corpus.text_corpus": True,
     "fedsim.data.text_corpus.shakespeare_lm": True,
+    "fedsim.data.synthetic_text.synthetic_text": True,
 }
 
 
@@ -142,7 +144,7 @@ def _with_data(overrides: list[str], root: Path, n_train: int, n_test: int) -> l
     ``None`` when the dataset is neither synthetic nor one we can write."""
     cfg = compose(overrides)
     target = cfg.data._target_
-    if target == SYNTHETIC:
+    if target in GENERATED:
         return list(overrides)
     if target in DATA_WRITERS:
         return [*overrides, *DATA_WRITERS[target](root, n_train, n_test, cfg)]

@@ -93,7 +93,7 @@ def _group_scores(model: nn.Module, members: list[Client], data: TensorData) -> 
     hits = np.bincount(owner, weights=correct.numpy(), minlength=len(members)).tolist()
     score = _score_type(data)
     return [
-        score(c.client_id, n, s / n, int(h) / n) if n else score(c.client_id, 0, math.nan, math.nan)
+        score(c.client_id, n, s / n, h / n) if n else score(c.client_id, 0, math.nan, math.nan)  # h: a float sum
         for c, n, s, h in zip(members, sizes, loss_sums, hits, strict=True)
     ]
 

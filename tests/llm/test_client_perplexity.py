@@ -63,3 +63,27 @@ def test_an_evaluation_task_on_token_data_gives_token_scores(llm_files: dict[str
     assert metrics["eval_global/perplexity_best10"] == perplexities[0] > 1.0
     assert metrics["eval_global/perplexity_worst10"] == perplexities[1]
     assert torch.isfinite(torch.tensor(perplexities)).all()
+
+
+def test_a_clients_token_accuracy_is_the_mean_of_its_examples_shares(llm_files: dict[str, Path]) -> None:
+    """Not a count: each example contributes its share of correct scored tokens (a fraction, never floored)."""
+    split = jsonl_instructions(path=str(llm_files["data"]), tokenizer=str(llm_files["tokenizer"]), seq_len=24)
+    model = hf_causal_lm(input_shape=(24,), num_classes=split.train.num_classes, hidden_size=32, seed=0)
+    clients = [Client(0, [0], [2, 3, 4]), Client(1, [1], [5, 6, 7])]
+    rows = torch.arange(2, 8)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(3):  # fit the test rows a little, so that some tokens and not all are right
+        optimizer.zero_grad()
+        Client(0, [0]).loss(model, split.train.x[rows], split.train.y[rows]).backward()
+        optimizer.step()
+    result = run_eval_task(model, clients, split.train, flatten(model), EvalTask((0, 1), 1), "main")
+    assert isinstance(result, EvalResult)
+    model.eval()
+    for score, client in zip(result.scores, clients, strict=True):
+        with torch.no_grad():
+            x, y = split.train.x[client.test_indices], split.train.y[client.test_indices]
+            scored = y != -100
+            shares = ((model(x).argmax(-1) == y) & scored).sum(1) / scored.sum(1)
+        # each share is rounded to float32 once (2^-24 relative) before the float64 mean: 1e-6 covers it
+        assert abs(score.accuracy - shares.double().mean().item()) <= 1e-6
+    assert any(0 < s.accuracy < 1 and s.accuracy * 3 != round(s.accuracy * 3) for s in result.scores)

