@@ -37,11 +37,12 @@ class AttackStage:
 
     def poison_data(
         self, train: TensorData, test: TensorData | None, clients: Sequence[Client]
-    ) -> tuple[TensorData, list[Client]]:
+    ) -> tuple[TensorData, Sequence[Client]]:
         """For a data attack: the training tensors with the malicious clients' poisoned copies and the clients
-        pointing at them (and, for a backdoor, the triggered test set); otherwise both unchanged."""
+        pointing at them (and, for a backdoor, the triggered test set); otherwise both unchanged, ``clients`` itself
+        (a :class:`~fedsim.client.federation.Population` stays one: no client is built here)."""
         if not isinstance(self.attack, DataAttack):
-            return train, list(clients)
+            return train, clients
         poisoned = self.attack.poisoned_federation(train, clients, self.malicious(0), self.seed)
         if isinstance(self.attack, Backdoor) and test is not None and len(test):
             self.backdoor_test = self.attack.test_set(test)

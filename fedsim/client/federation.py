@@ -189,6 +189,17 @@ def train_sizes(clients: Sequence[Client]) -> np.ndarray:
     return np.fromiter((c.num_train for c in clients), dtype=np.int64, count=len(clients))
 
 
+def training_rows(clients: Sequence[Client]) -> np.ndarray:
+    """Every client's ``train_indices``, concatenated in client order (``int64``): for a :class:`Population` whose
+    :attr:`~Population.client_class` is known, its flat index array, without building a client (every client holds
+    the indices the factory gave it); otherwise read from every client."""
+    if isinstance(clients, Population) and clients.client_class is not None:
+        return clients.train.flat
+    if not len(clients):
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([np.asarray(c.train_indices, dtype=np.int64) for c in clients])
+
+
 def representatives(clients: Sequence[Client]) -> Sequence[Client]:
     """The clients a start-up check of classes needs to see: :meth:`Population.representatives`, or all of them."""
     return clients.representatives() if isinstance(clients, Population) else clients

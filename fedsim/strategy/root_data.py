@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsim.client.federation import training_rows
 from fedsim.client.scoring import example_losses
 from fedsim.core.params import load_flat
 from fedsim.core.seeding import root_rng, root_seed
@@ -82,7 +83,7 @@ def root_trainer(
     ``model`` is copied (the caller's is never trained); ``field`` names the setting in the one-line ``ValueError``
     for a ``size`` the clients' data cannot supply.
     """
-    pool = np.unique(np.concatenate([np.asarray(c.train_indices, dtype=np.int64) for c in clients]))
+    pool = np.unique(training_rows(clients))
     if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= len(pool):
         raise ValueError(
             f"{field} must be an integer between 1 and the {len(pool)} training examples the clients "
