@@ -246,16 +246,16 @@ def resume_target(resume: Any, run_dir: str | Path | None) -> str | Path | None:
 
 
 def label_counts(data: FederatedData, max_clients: int = 200) -> np.ndarray:
-    """Examples per class of the first ``max_clients`` clients' training parts (clients × classes)."""
+    """Examples per class of the first ``max_clients`` clients' training parts (clients × classes); for text data
+    with a category column (what its partitioners split by), examples per category."""
     labels = data.train.labels
-    if labels.ndim != 1:  # token labels (a language model's data) have no class per example
+    if labels.ndim != 1:  # token labels (a language model's data) without categories: no class per example
         return np.zeros((0, data.train.num_classes))
+    classes = data.train.num_classes if data.train.categories is None else int(labels.max(initial=-1)) + 1
     return (
-        np.stack(
-            [np.bincount(labels[idx], minlength=data.train.num_classes) for idx in data.client_train[:max_clients]]
-        )
+        np.stack([np.bincount(labels[idx], minlength=classes) for idx in data.client_train[:max_clients]])
         if data.num_clients
-        else np.zeros((0, data.train.num_classes))
+        else np.zeros((0, classes))
     )
 
 

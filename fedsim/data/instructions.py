@@ -1,8 +1,10 @@
 """Instruction data from local JSON Lines, tokenised once, for causal language models (``data=jsonl_instructions``).
 
 Every line is one JSON object in the Alpaca layout: ``instruction``, ``input`` (may be empty or absent) and
-``output``, plus optionally a user column (``partition=natural`` makes one client of each user). A row becomes the
-Alpaca prompt (Taori et al., Stanford Alpaca, 2023)::
+``output``, plus optionally a user column (``partition=natural`` makes one client of each user) and a category
+column (``data.category_column``: any JSON string, number or boolean; the sorted categories are ids 0, 1, ... that
+``partition=dirichlet`` and ``shards`` split by, :attr:`TensorData.categories`). A row becomes the Alpaca prompt
+(Taori et al., Stanford Alpaca, 2023)::
 
     ### Instruction:
     {instruction}
@@ -28,6 +30,7 @@ names of the training and test files together, sorted, are classes 0, 1, ...).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,10 +99,15 @@ def encode_example(prompt: list[int], response: list[int], seq_len: int, pad_id:
 
 
 def read_rows(
-    path: Path, user_column: str | None, fields: tuple[str, ...] = ("instruction", "output"), strings: int = 2
+    path: Path,
+    user_column: str | None,
+    fields: tuple[str, ...] = ("instruction", "output"),
+    strings: int = 2,
+    category_column: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The rows of the JSON Lines file ``path``, each holding ``fields`` (the first ``strings`` of them strings);
-    a bad line is refused in one line naming the file and line."""
+    """The rows of the JSON Lines file ``path``, each holding ``fields`` (the first ``strings`` of them strings), the
+    user column and the category column (a JSON string, finite number or boolean); a bad line is refused in one line
+    naming the file and line."""
     if not path.is_file():
         raise FileNotFoundError(f"data: {path} does not exist; point data.path at a local JSON Lines file")
     rows = []
@@ -110,16 +118,38 @@ def read_rows(
             row = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"data: {path} line {number} is not JSON ({error.msg})") from None
-        needed = fields + ((user_column,) if user_column else ())
+        needed = fields + tuple(c for c in (user_column, category_column) if c)
         missing = [k for k in needed if not isinstance(row, dict) or k not in row]
         if missing:
             raise ValueError(f"data: {path} line {number} has no {missing[0]!r} field")
         if not all(isinstance(row[k], str) for k in fields[:strings]):
             raise ValueError(f"data: {path} line {number}: {' and '.join(fields[:strings])} must be strings")
+        if category_column and _category_key(row[category_column]) is None:
+            raise ValueError(
+                f"data: {path} line {number}: data.category_column {category_column!r} must be a string, number or "
+                f"boolean (got {json.dumps(row[category_column])})"
+            )
         rows.append(row)
     if not rows:
         raise ValueError(f"data: {path} holds no rows")
     return rows
+
+
+def _category_key(value: Any) -> tuple[int, bool | float | str] | None:
+    """The sort key of a category value (booleans, then numbers, then strings; ``1`` and ``1.0`` are one category),
+    or None for a value that is no category (null, a list, an object, a non-finite number)."""
+    if isinstance(value, bool):
+        return (0, value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return (1, value)
+    return (2, value) if isinstance(value, str) else None
+
+
+def category_ids(rows: list[dict[str, Any]], column: str) -> np.ndarray:
+    """The ``column`` value of every row as an id: the sorted distinct values are 0, 1, ... (``int64``)."""
+    keys = [key for key in (_category_key(row[column]) for row in rows) if key is not None]  # read_rows refused None
+    index = {key: i for i, key in enumerate(sorted(set(keys)))}
+    return np.array([index[key] for key in keys], dtype=np.int64)
 
 
 def tokenise(rows: list[dict[str, Any]], tokenizer: Tokenizer, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,16 +173,19 @@ def jsonl_instructions(
     test_fraction: float = 0.1,
     user_column: str | None = None,
     eos_token: str = "<|endoftext|>",
+    category_column: str | None = None,
 ) -> DataSplit:
     """Instruction data of the JSON Lines file ``path`` (see the module's docstring), tokenised with ``tokenizer``
     (:func:`load_tokenizer`). The centralized test set is ``test_path``, or without one the last ``test_fraction``
-    of the rows. ``user_column``: the field naming each row's user, which ``partition=natural`` makes clients of."""
+    of the rows. ``user_column``: the field naming each row's user, which ``partition=natural`` makes clients of;
+    ``category_column``: the field whose sorted values are the training rows' categories (:func:`category_ids`),
+    which ``partition=dirichlet`` and ``shards`` split by."""
     if seq_len < 2:
         raise ValueError(f"data.seq_len must be >= 2 (got {seq_len})")
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"data.test_fraction must be in [0, 1) (got {test_fraction})")
     tok = load_tokenizer(tokenizer, eos_token)
-    rows = read_rows(Path(path).expanduser(), user_column)
+    rows = read_rows(Path(path).expanduser(), user_column, category_column=category_column)
     if test_path is not None:
         test_rows = read_rows(Path(test_path).expanduser(), None)
     else:
@@ -168,7 +201,8 @@ def jsonl_instructions(
         if test_rows
         else (torch.zeros(0, seq_len, dtype=torch.int64), torch.zeros(0, seq_len, dtype=torch.int64))
     )
-    return DataSplit(TensorData(x, y, tok.vocab_size, groups), TensorData(test_x, test_y, tok.vocab_size))
+    categories = category_ids(rows, category_column) if category_column is not None else None
+    return DataSplit(TensorData(x, y, tok.vocab_size, groups, categories), TensorData(test_x, test_y, tok.vocab_size))
 
 
 def class_ids(labels: list[Any], where: str) -> tuple[list[int], list[str] | None]:
@@ -209,17 +243,18 @@ def jsonl_classification(
     test_fraction: float = 0.1,
     user_column: str | None = None,
     eos_token: str = "<|endoftext|>",
+    category_column: str | None = None,
 ) -> DataSplit:
     """Text classification rows of the JSON Lines file ``path`` (see the module's docstring), tokenised with
-    ``tokenizer`` (:func:`load_tokenizer`; no end-of-sequence token is added). The test set and ``user_column`` as
-    :func:`jsonl_instructions`."""
+    ``tokenizer`` (:func:`load_tokenizer`; no end-of-sequence token is added). The test set, ``user_column`` and
+    ``category_column`` (partition by it instead of by the label) as :func:`jsonl_instructions`."""
     if seq_len < 1:
         raise ValueError(f"data.seq_len must be >= 1 (got {seq_len})")
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"data.test_fraction must be in [0, 1) (got {test_fraction})")
     tok = load_tokenizer(tokenizer, eos_token)
     train_file = Path(path).expanduser()
-    rows = read_rows(train_file, user_column, (text_column, label_column), strings=1)
+    rows = read_rows(train_file, user_column, (text_column, label_column), strings=1, category_column=category_column)
     test_file = Path(test_path).expanduser() if test_path is not None else train_file
     if test_path is not None:
         test_rows = read_rows(test_file, None, (text_column, label_column), strings=1)
@@ -235,4 +270,7 @@ def jsonl_classification(
         groups = np.unique(np.asarray(names), return_inverse=True)[1].astype(np.int64)
     x = encode_texts([r[text_column] for r in rows], tok, seq_len, train_file)
     test_x = encode_texts([r[text_column] for r in test_rows], tok, seq_len, test_file)
-    return DataSplit(TensorData(x, y[: len(rows)], classes, groups), TensorData(test_x, y[len(rows) :], classes))
+    categories = category_ids(rows, category_column) if category_column is not None else None
+    return DataSplit(
+        TensorData(x, y[: len(rows)], classes, groups, categories), TensorData(test_x, y[len(rows) :], classes)
+    )

@@ -58,7 +58,8 @@ def _as_labels(labels: np.ndarray) -> np.ndarray:
     if arr.ndim == 2:
         raise ValueError(
             f"partition: this partitioner needs one class label per example, but the data has token labels of shape "
-            f"{arr.shape}; use partition=iid, lognormal or natural (with the data's user column)"
+            f"{arr.shape}; set data.category_column to a field of the rows to split by (data=jsonl_instructions), or "
+            "use partition=iid, lognormal or natural (with the data's user column)"
         )
     if arr.ndim != 1:
         raise ValueError(f"partition: labels must be 1-D (got shape {arr.shape})")

@@ -27,19 +27,26 @@ class TensorData:
     taken: :mod:`fedsim.data.instructions`).
 
     ``groups`` optionally gives the natural owner of every example (e.g. the device of the FedProx
-    Synthetic data); the ``natural`` partitioner uses it.
+    Synthetic data); the ``natural`` partitioner uses it. ``categories`` optionally gives every example a class id
+    to partition by in place of ``y`` (e.g. the topic of an instruction: ``data.category_column``), so that
+    ``dirichlet`` and ``shards`` work on token labels; training and evaluation never read it.
     """
 
     x: torch.Tensor
     y: torch.Tensor
     num_classes: int
     groups: np.ndarray | None = None
+    categories: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.x.shape[0] != self.y.shape[0]:
             raise ValueError(f"TensorData: x has {self.x.shape[0]} rows but y has {self.y.shape[0]}")
         if self.groups is not None and len(self.groups) != len(self.y):
             raise ValueError(f"TensorData: groups has {len(self.groups)} entries but y has {len(self.y)}")
+        if self.categories is not None and np.shape(self.categories) != (len(self.y),):
+            raise ValueError(
+                f"TensorData: categories has shape {np.shape(self.categories)} but y has {len(self.y)} rows"
+            )
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -51,8 +58,8 @@ class TensorData:
 
     @property
     def labels(self) -> np.ndarray:
-        """Labels as a numpy array (what partitioners take)."""
-        return self.y.numpy()
+        """What partitioners take: ``categories`` when given, else the labels ``y`` as a numpy array."""
+        return self.y.numpy() if self.categories is None else self.categories
 
 
 @dataclass(frozen=True)

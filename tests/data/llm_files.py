@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+TOPICS = ("nature", "animals", "motion")
+"""The ``topic`` of instruction row ``i`` is ``TOPICS[i % 3]`` (sorted: animals 0, motion 1, nature 2)."""
+
 WORDS = ("red", "green", "blue", "cat", "dog", "bird", "runs", "jumps", "sleeps", "big", "small", "fast", "slow")
 
 
@@ -38,13 +41,19 @@ def _tokenizer(root: Path) -> Path:
 
 
 def write_instructions(root: Path, n_train: int, n_test: int) -> list[str]:
-    """Alpaca rows (``instruction``, ``input``, ``output``, ``user`` of 4 users): ``n_train`` in train.jsonl,
-    ``n_test`` in test.jsonl."""
+    """Alpaca rows (``instruction``, ``input``, ``output``, ``user`` of 4 users, ``topic`` of :data:`TOPICS`):
+    ``n_train`` in train.jsonl, ``n_test`` in test.jsonl."""
     root.mkdir(parents=True, exist_ok=True)
 
     def rows(count: int, start: int) -> list[dict[str, object]]:
         return [
-            {"instruction": sentence(i, 2), "input": sentence(i + 1, 1), "output": sentence(i, 3), "user": f"u{i % 4}"}
+            {
+                "instruction": sentence(i, 2),
+                "input": sentence(i + 1, 1),
+                "output": sentence(i, 3),
+                "user": f"u{i % 4}",
+                "topic": TOPICS[i % 3],
+            }
             for i in range(start, start + count)
         ]
 
