@@ -51,10 +51,12 @@ def test_the_arrays_are_np_loads_and_only_finite_native_float32_ones_are_named(
 
 
 @pytest.mark.parametrize("where", [0, 9, 39])  # the first value, inside the second piece of 32 bytes, the last
+@pytest.mark.parametrize("group", [1, 2, 8])  # pieces tested at a time: 5 pieces as 5, as 2 + 2 + 1, as 5
 def test_a_non_finite_value_in_any_piece_leaves_the_array_unnamed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: int, group: int
 ) -> None:
     monkeypatch.setattr(npz_read, "CHUNK_BYTES", 32)
+    monkeypatch.setattr(npz_read, "TEST_PIECES", group)
     x = np.arange(40, dtype=np.float32).reshape(10, 4)
     x.reshape(-1)[where] = np.inf
     np.savez(tmp_path / "one.npz", x=x)
