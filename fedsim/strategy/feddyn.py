@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedsim.core.params import ParamLayout
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.strategy.context import RunContext
@@ -43,19 +44,11 @@ def _flat(state: dict[str, Any]) -> torch.Tensor | None:
 
 
 def _trained_pieces(model: nn.Module, flat: torch.Tensor) -> list[torch.Tensor]:
-    """``flat`` (in the flat vector's ``state_dict`` order) cut into the model's trained parameters' shapes, in
-    the order of :func:`gradients`."""
-    offsets, offset = {}, 0
-    for name, value in model.state_dict().items():
-        if value.is_floating_point():
-            offsets[name] = offset
-            offset += value.numel()
+    """``flat`` (in the flat vector's order, :class:`~fedsim.core.params.ParamLayout`) cut into the model's trained
+    parameters' shapes, in the order of :func:`gradients`."""
+    where = ParamLayout.of(model).slices()  # the federated entries' places (a LoRA model's: its adapters only)
     device = next(model.parameters()).device
-    return [
-        flat[offsets[name] : offsets[name] + p.numel()].view(p.shape).to(device)
-        for name, p in model.named_parameters()
-        if p.requires_grad
-    ]
+    return [flat[where[name]].view(p.shape).to(device) for name, p in model.named_parameters() if p.requires_grad]
 
 
 class DynamicRegulariser(LocalTraining):

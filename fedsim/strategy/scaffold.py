@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsim.core.params import ParamLayout
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.strategy.context import RunContext
@@ -64,16 +65,11 @@ class ControlCorrection(LocalTraining):
         if flat is None:
             return
         device = next(model.parameters()).device
-        offsets, offset = {}, 0
-        for name, value in model.state_dict().items():
-            if value.is_floating_point():
-                offsets[name] = (offset, value.shape)
-                offset += value.numel()
+        where = ParamLayout.of(model).slices()  # the federated entries' places in the flat vector
         for name, param in model.named_parameters():
             if not param.requires_grad:  # frozen: no gradient to correct (and not in gradients(model))
                 continue
-            start, shape = offsets[name]
-            self.pieces.append((param, flat[start : start + param.numel()].view(shape).to(device)))
+            self.pieces.append((param, flat[where[name]].view(param.shape).to(device)))
 
     def before_step(self, model: nn.Module) -> None:
         if not self.pieces:
