@@ -9,6 +9,11 @@ it up to float rounding (not bitwise: batched kernels sum in a different order).
 clients train with DP-SGD's loop instead (Poisson batches, clipped per-example gradients, each task's
 own noise; :mod:`fedsim.executor.vmap_dpsgd`), matching the serial executor the same way.
 
+A language model that federates only its trainable parameters (LoRA adapters over a frozen ``transformers`` base,
+:mod:`fedsim.models.hf_lm`) stacks only those per client: the frozen base, a tied embedding and output weight
+included, stays the model's own tensors, held once and used unbatched by every client of a chunk. Its attention runs
+as transformers' ``eager`` implementation while training (:func:`batchable_forward`); dropout is refused.
+
 Chunks are formed from the round's tasks alone (grouped by optimizer kind, longest first), never from
 the number of devices, so a run gives the same result on one device or several of the same kind.
 With several ``devices`` each one vectorises its share of the chunks, from one thread per device.
@@ -95,14 +100,13 @@ class VmapExecutor(Executor):
         self._chunk = self.chunk_size or auto_chunk_size(
             layout.numel, self.devices[0], gpu_free_bytes=_free_bytes(self.devices)
         )
+        # evaluation loads weights into its own model (as built: the serial executor's forward); training's stays
+        self._eval_model = copy.deepcopy(models[0])
         self._contexts = [
-            ChunkModel(model, layout, _to_device(workload.train_data, model), local, f"vmap{i}")
+            ChunkModel(batchable_forward(model), layout, _to_device(workload.train_data, model), local, f"vmap{i}")
             for i, model in enumerate(models)
         ]
         self._workload = workload
-        self._eval_model = copy.deepcopy(
-            models[0]
-        )  # evaluation loads weights into its model; training's stays as it is
         probe_vectorisation(self._contexts[0], workload.clients)
 
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
@@ -232,13 +236,18 @@ def _run_chunk(ctx: ChunkModel, global_params: torch.Tensor, chunk: list[ClientP
 
 def check_model(model: nn.Module) -> None:
     """Refuse BatchNorm: its batch statistics would mix padded examples in and its running statistics
-    cannot be vectorised per client. Refuse a model that federates only its trainable parameters (a language
-    model with a frozen base, :mod:`fedsim.models.hf_lm`): vmap over its adapters is not built yet."""
+    cannot be vectorised per client. Refuse dropout in a model that federates only its trainable parameters (a
+    language model, :mod:`fedsim.models.hf_lm`; vmap has no per-client random numbers), naming its keys; other
+    models' random ops are caught by :func:`probe_vectorisation`. Such a model's frozen base is not vectorised:
+    only its federated entries (the adapters) are stacked per client, see :mod:`fedsim.executor.vmap_train`."""
     if getattr(model, "federates_trainable_only", False):
-        raise VmapUnsupportedError(
-            f"executor=vmap cannot train {type(model).__name__} yet (a model that federates only its trainable "
-            "parameters: its tied and frozen weights are not vectorised per client); use executor=process"
-        )
+        for name, module in model.named_modules():
+            if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+                raise VmapUnsupportedError(
+                    f"executor=vmap cannot vectorise dropout ({name}: p={module.p}; vmap has no per-client random "
+                    "numbers): set adapter.dropout=0 and model.dropout=0 (a model from model.path keeps its "
+                    "config's dropouts), or use executor=process"
+                )
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             raise VmapUnsupportedError(
@@ -339,6 +348,19 @@ def replace_indices(client: Client, indices: object) -> Client:
     probe.__dict__.update(client.__dict__)
     probe.train_indices = torch.as_tensor(indices).numpy()
     return probe
+
+
+def batchable_forward(model: nn.Module) -> nn.Module:
+    """``model`` with the forward ``torch.func.vmap`` batches: a ``transformers`` model's attention as plain matrix
+    products and softmax (``attn_implementation="eager"``; PyTorch has no batching rule for the CPU kernel of
+    ``scaled_dot_product_attention`` and would loop over the chunk's clients). The same function up to float
+    rounding."""
+    for module in model.modules():
+        setter: object = getattr(module, "set_attn_implementation", None)  # transformers' PreTrainedModel (PEFT's too)
+        if callable(setter):
+            setter("eager")
+            break
+    return model
 
 
 def _to_device(data: TensorData, model: nn.Module) -> TensorData:

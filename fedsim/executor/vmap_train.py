@@ -72,8 +72,8 @@ def _train_longest_first(
     left are exactly the first ``live[t]``: every call works on that prefix of the stacked tensors (views,
     updated in place) and no client computes steps it does not have."""
     device, k = ctx.device, len(plans)
-    trainable, fixed = _split_state(ctx, global_params)
-    params = {n: v.unsqueeze(0).repeat(k, *([1] * v.dim())) for n, v in trainable.items()}
+    trainable, fixed = split_state(ctx, global_params)
+    params = stack(trainable, k)
     spec = plans[0].optimizer
     hyper = vmap_optim.stack_hyper([p.optimizer for p in plans], device)
     decay = vmap_optim.any_decay([p.optimizer for p in plans])
@@ -203,16 +203,22 @@ def _prefix(tensors: dict[str, Any], n: int) -> dict[str, Any]:
     return {name: _prefix(value, n) if isinstance(value, dict) else value[:n] for name, value in tensors.items()}
 
 
-def _split_state(ctx: ChunkModel, global_params: torch.Tensor) -> tuple[Tensors, Tensors]:
-    """The global weights as named tensors on the device: trained parameters, and the rest (frozen
-    parameters and buffers, shared by every client unchanged)."""
+def stack(tensors: Tensors, k: int) -> Tensors:
+    """``k`` copies of every tensor, stacked along a new leading client dimension (one client's values each)."""
+    return {n: v.unsqueeze(0).repeat(k, *([1] * v.dim())) for n, v in tensors.items()}
+
+
+def split_state(ctx: ChunkModel, global_params: torch.Tensor) -> tuple[Tensors, Tensors]:
+    """The global weights as named tensors on the device: trained parameters (stacked per client by the
+    caller), and the federated rest (frozen parameters and float buffers, shared by every client unchanged).
+
+    What is not federated (non-float buffers; the frozen base of a ``federates_trainable_only`` model, LoRA's
+    base with GPT-2's tied embedding and output weight) is not listed: ``functional_call`` leaves the model's
+    own tensors there, once and unbatched, for every client of the chunk (and a tied weight stays tied)."""
     trainable_names = {n for n, p in ctx.model.named_parameters() if p.requires_grad}
     pieces = {n: v[0] for n, v in _split_flat(global_params.to(ctx.device).unsqueeze(0), ctx.layout).items()}
     trainable = {n: v for n, v in pieces.items() if n in trainable_names}
     fixed = {n: v for n, v in pieces.items() if n not in trainable_names}
-    for name, value in ctx.model.state_dict().items():  # non-float buffers are not federated
-        if name not in trainable and name not in fixed:
-            fixed[name] = value
     return trainable, fixed
 
 
@@ -224,7 +230,11 @@ def _objective(
 ) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """One client's batch objective as a pure function of its parameters: the masked mean of the
     per-example loss, plus the strategy's functional client-side term (e.g. FedProx's); and, as the
-    auxiliary output, the loss to report (the term only if it is a ``loss_term``, as in ``Client.fit``)."""
+    auxiliary output, the loss to report (the term only if it is a ``loss_term``, as in ``Client.fit``).
+
+    With token labels (``y`` of shape ``[B, T]``, -100 where no loss is taken) each example weighs its number of
+    scored tokens, so the mean is over the batch's scored tokens, as :meth:`Client.loss` takes it (the default
+    per-example loss is each example's mean over its scored tokens)."""
     model, local = ctx.model, ctx.local
     reports_term = local is not None and type(local).loss_term is not LocalTraining.loss_term
 
@@ -232,7 +242,8 @@ def _objective(
         params: Tensors, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, numbers: Tensors
     ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = functional_call(model, {**fixed, **params}, (x,))
-        loss = (per_example_loss(logits, y) * mask).sum() / mask.sum().clamp(min=1)
+        weights = mask if y.ndim == 1 else mask * (y != -100).sum(dim=1)  # token labels: by scored tokens
+        loss = (per_example_loss(logits, y) * weights).sum() / weights.sum().clamp(min=1)
         term = local.functional_term(params, anchor, numbers) if local is not None else None
         if term is None:
             return loss, loss.detach()

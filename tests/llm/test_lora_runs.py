@@ -1,5 +1,5 @@
 """LoRA and full fine-tuning of a tiny causal LM from the command line: only the trainable parameters are federated,
-serial equals process bitwise, the checkpoint holds no base, and what cannot run yet is refused in one line."""
+serial equals process bitwise, the checkpoint holds no base, and what cannot run is refused in one line."""
 
 from __future__ import annotations
 
@@ -115,8 +115,12 @@ def test_missing_model_path_is_one_line(llm_files: dict[str, Path], tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_vmap_refuses_in_one_line(llm_files: dict[str, Path], tmp_path: Path) -> None:
-    run = run_cli(args(llm_files, tmp_path / "run", "executor=vmap", "adapter=lora"))
+def test_vmap_refuses_dropout_in_one_line(llm_files: dict[str, Path], tmp_path: Path) -> None:
+    """executor=vmap trains LoRA (tests/llm/test_lora_vmap.py) but has no per-client random numbers."""
+    run = run_cli(args(llm_files, tmp_path / "run", "executor=vmap", "adapter=lora", "adapter.dropout=0.1"))
     assert run.returncode == 2
-    assert "executor=vmap cannot train CausalLM yet" in run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.startswith("fedsim: error")]
+    assert len(lines) == 1 and "executor=vmap cannot vectorise dropout" in lines[0], run.stderr
+    assert "set adapter.dropout=0 and model.dropout=0" in lines[0]
     assert "Traceback" not in run.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before any training
