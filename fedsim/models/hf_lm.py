@@ -52,6 +52,37 @@ class CausalLM(nn.Module):
         return logits
 
 
+@dataclass(frozen=True)
+class _Size:
+    """The architecture keys of a randomly initialised model (``model.path=null``)."""
+
+    model_type: str
+    vocab_size: int
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    dropout: float
+
+    def config(self, transformers: Any, context_length: int, **extra: Any) -> Any:
+        """The ``transformers`` config of this size, no BOS/EOS ids, every dropout the model has set to ``dropout``
+        (residual, embedding, attention; the names differ between architectures)."""
+        config = transformers.AutoConfig.for_model(
+            self.model_type,
+            vocab_size=self.vocab_size,
+            num_hidden_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_heads,
+            max_position_embeddings=context_length,
+            bos_token_id=None,
+            eos_token_id=None,
+            **extra,
+        )
+        for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if hasattr(config, name):
+                setattr(config, name, self.dropout)
+        return config
+
+
 def hf_causal_lm(
     *,
     input_shape: Sequence[int],
@@ -74,19 +105,8 @@ def hf_causal_lm(
     if path is not None:
         return CausalLM(_pretrained(path))
     transformers = require("transformers", "model=hf_causal_lm", "llm")
-    config = transformers.AutoConfig.for_model(
-        model_type,
-        vocab_size=vocab_size or num_classes,
-        num_hidden_layers=num_layers,
-        hidden_size=hidden_size,
-        num_attention_heads=num_heads,
-        max_position_embeddings=context_length or int(input_shape[0]),
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-    for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob"):
-        if hasattr(config, name):
-            setattr(config, name, dropout)
+    size = _Size(model_type, vocab_size or num_classes, num_layers, hidden_size, num_heads, dropout)
+    config = size.config(transformers, context_length or int(input_shape[0]))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return CausalLM(transformers.AutoModelForCausalLM.from_config(config))
@@ -225,21 +245,11 @@ def hf_seq_cls(
         torch.manual_seed(seed)
         if path is not None:
             return SequenceClassifier(_pretrained_classifier(path, num_classes, pad_token_id), pad_token_id)
-        config = transformers.AutoConfig.for_model(
-            model_type,
-            vocab_size=vocab_size,
-            num_hidden_layers=num_layers,
-            hidden_size=hidden_size,
-            num_attention_heads=num_heads,
-            max_position_embeddings=context_length or int(input_shape[0]),
-            num_labels=num_classes,
-            pad_token_id=pad_token_id,
-            bos_token_id=None,
-            eos_token_id=None,
+        assert vocab_size is not None  # refused above without one
+        size = _Size(model_type, vocab_size, num_layers, hidden_size, num_heads, dropout)
+        config = size.config(
+            transformers, context_length or int(input_shape[0]), num_labels=num_classes, pad_token_id=pad_token_id
         )
-        for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if hasattr(config, name):
-                setattr(config, name, dropout)
         return SequenceClassifier(transformers.AutoModelForSequenceClassification.from_config(config), pad_token_id)
 
 

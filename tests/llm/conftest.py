@@ -4,9 +4,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))  # tests/data: the LLM file writers
+
+from llm_files import train_tokenizer  # noqa: E402
 
 WORDS = [
     "red",
@@ -36,18 +41,6 @@ def rows(count: int) -> list[dict[str, str]]:
             {"instruction": f"say {a} {b}", "input": c if i % 2 else "", "output": f"{b} {a} {c}", "user": f"u{i % 4}"}
         )
     return out
-
-
-def train_tokenizer(texts: list[str], path: Path) -> Path:
-    """A word-level tokenizer trained on ``texts``, saved as ``path`` (a tokenizer.json)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    trainer = trainers.WordLevelTrainer(special_tokens=["<pad>", "<|endoftext|>", "<unk>"])
-    tokenizer.train_from_iterator(texts, trainer)
-    tokenizer.save(str(path))
-    return path
 
 
 @pytest.fixture(scope="module")
