@@ -16,12 +16,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from fedsim.cli.dir_lock import release_command_line_leases
 from fedsim.cli.hydra_entry import fail, run_hydra_entry
 from fedsim.cli.objective import objective_value
 from fedsim.cli.run import CONFIG_DIR, build_server
 from fedsim.cli.run_summary import record_error, record_summary, write_failed_summary
 from fedsim.core.checkpoint import CheckpointError, resume_hint
 from fedsim.core.errors import JobFailed, RoundFailedError, WorkerStartupError
+from fedsim.core.run_lock import Lease, RunDirectoryInUse, hold
 from fedsim.core.storage import LogFileErrors, is_write_failure, write_failure_text, write_remedy
 from fedsim.observe.run_names import register_run_label_resolver
 from fedsim.server.server import RunResult, Server
@@ -32,14 +34,24 @@ register_run_label_resolver()  # conf/config.yaml names a sweep's job directorie
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float:
     """One run; returns the objective (fedsim/cli/objective.py) for sweepers such as Optuna."""
-    with LogFileErrors() as log_file:  # a full disk: run.log's failures are not a traceback per line
-        history = _run_from_command_line(cfg, HydraConfig.get().runtime.output_dir)
+    run_dir = HydraConfig.get().runtime.output_dir
+    with _own(run_dir), LogFileErrors() as log_file:  # a full disk: run.log's failures are not a traceback per line
+        history = _run_from_command_line(cfg, run_dir)
     if log_file.first is not None:
         print(
             f"fedsim: warning: {log_file.first}; that log misses lines (the run's own files are complete)",
             file=sys.stderr,
         )
     return objective_value(history, cfg.objective.metric, cfg.objective.reduce)
+
+
+def _own(run_dir: str) -> Lease:
+    """The run's lease on its directory (a single run's callback took it already: the same lock, shared); a
+    directory another process holds stops this run, or this job of a sweep, in one line, and writes nothing there."""
+    try:
+        return hold(run_dir)
+    except RunDirectoryInUse as error:
+        _stop(str(error), 2)
 
 
 def _stop(message: str, status: int, run_dir: str | None = None) -> NoReturn:
@@ -144,12 +156,11 @@ def main(argv: list[str] | None = None) -> None:
 
     ``argv`` (the arguments after the program name; default: ``sys.argv[1:]``) runs the command line in this
     process, e.g. from a notebook or a test: the same output, files and exit statuses (as ``SystemExit``)."""
-    if argv is None:
-        run_hydra_entry(_hydra_main)
-        return
     saved = sys.argv
-    sys.argv = [saved[0] if saved else "fedsim", *argv]  # Hydra reads its overrides from sys.argv
+    if argv is not None:
+        sys.argv = [saved[0] if saved else "fedsim", *argv]  # Hydra reads its overrides from sys.argv
     try:
         run_hydra_entry(_hydra_main)
     finally:
         sys.argv = saved
+        release_command_line_leases()  # the run's and the sweep's directories (fedsim.cli.dir_lock)

@@ -7,6 +7,7 @@ From Python: ``run_config(compose(["strategy=fedavg", "num_rounds=5"]), run_dir=
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
@@ -29,6 +30,7 @@ from fedsim.client.federation import FederatedData, federate, make_population
 from fedsim.comm.names import codec_from
 from fedsim.comm.pipeline import Compression
 from fedsim.core.checkpoint import check_writable, list_checkpoints
+from fedsim.core.run_lock import hold
 from fedsim.core.seeding import partition_seed
 from fedsim.executor.base import Executor
 from fedsim.models.hf_lm import with_adapter
@@ -260,7 +262,14 @@ def label_counts(data: FederatedData, max_clients: int = 200) -> np.ndarray:
 
 
 def run_config(cfg: DictConfig, run_dir: str | Path | None = None) -> RunResult:
-    """Build and run one configuration; writes ``summary.json`` into ``run_dir`` when given."""
+    """Build and run one configuration; writes ``summary.json`` into ``run_dir`` when given. The run holds
+    ``run_dir`` from start to end: another process's run there is refused before anything is written
+    (:class:`~fedsim.core.run_lock.RunDirectoryInUse`)."""
+    with hold(run_dir) if run_dir is not None else contextlib.nullcontext():
+        return _run_config(cfg, run_dir)
+
+
+def _run_config(cfg: DictConfig, run_dir: str | Path | None) -> RunResult:
     start = time.perf_counter()
     server = build_server(cfg, run_dir)
     if server.finished:

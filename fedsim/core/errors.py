@@ -42,6 +42,10 @@ class JobFailed(Exception):
         super().__init__(message)
         self.status = status
 
+    def __reduce__(self) -> tuple[type[JobFailed], tuple[str, int]]:
+        """Pickled with its status: a launcher that runs jobs in other processes (submitit) sends it back."""
+        return (type(self), (str(self), self.status))
+
 
 class RunWriteError(OSError):
     """A file of the run could not be written (disk full, read-only filesystem, ...). ``str()`` is one line naming

@@ -30,6 +30,7 @@ with warnings.catch_warnings():  # in Jupyter without ipywidgets, tqdm.contrib.l
 from fedsim.client.evaluation import csv_text, describe
 from fedsim.core.checkpoint import write_text_atomic
 from fedsim.core.errors import RunWriteError
+from fedsim.core.run_lock import Lease, hold
 from fedsim.core.storage import closing_naming_errors, naming_write_errors, quiet_writer_thread_errors
 from fedsim.core.types import ClientScore
 from fedsim.observe.metrics_records import add_client_rows, read_records, without_client_rows
@@ -49,12 +50,13 @@ log = logging.getLogger("fedsim")
 class RunLogger:
     """Writes one record per round to ``run_dir/metrics.jsonl`` and ``run_dir/tensorboard``.
 
-    With ``run_dir=None`` nothing is written to disk (the history is still kept in memory).
-    ``progress=None`` shows the bar only on a terminal. ``client_rows_in_memory=False`` keeps only each
-    round's scalars in :attr:`history`: the per-client rows (about 0.6 KiB per client and round as
-    Python objects, so 60 MB over 1,000 rounds of 100 clients) then live only in ``metrics.jsonl``, where
-    :func:`read_records` finds them, and memory stays flat however long the run. ``python -m fedsim``
-    runs this way.
+    With ``run_dir=None`` nothing is written to disk (the history is still kept in memory). The directory is the
+    logger's from construction to :meth:`close`: another process's logger or run there is refused with
+    :class:`~fedsim.core.run_lock.RunDirectoryInUse` (:mod:`fedsim.core.run_lock`).
+    ``progress=None`` shows the bar only on a terminal. ``client_rows_in_memory=False`` keeps only each round's
+    scalars in :attr:`history`: the per-client rows (about 0.6 KiB per client and round as Python objects, so 60 MB
+    over 1,000 rounds of 100 clients) then live only in ``metrics.jsonl``, where :func:`read_records` finds them, and
+    memory stays flat however long the run. ``python -m fedsim`` runs this way.
     """
 
     def __init__(
@@ -77,8 +79,9 @@ class RunLogger:
         self._failed = False  # a write failed (close() then does not raise again)
         self._bar: tqdm | None = None
         self._counters_shown: set[str] = set()  # counters that were non-zero once: in TensorBoard from then on
+        self._lease: Lease | None = None
         if self.run_dir is not None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._lease = hold(self.run_dir)  # another process's run there: refused before anything is written
             # not truncated yet: a resumed run reads the per-client rows back from it (see restore)
             self._jsonl = open(self.run_dir / "metrics.jsonl", "a+", encoding="utf-8")  # noqa: SIM115 - closed by close()
             self._fresh = True
@@ -268,6 +271,9 @@ class RunLogger:
         if self._jsonl is not None:
             jsonl, self._jsonl = self._jsonl, None
             problems.append(closing_naming_errors(jsonl.close, Path(jsonl.name)))
+        if self._lease is not None:
+            lease, self._lease = self._lease, None
+            lease.release()
         problem = next((p for p in problems if p is not None), None)
         if problem is not None and (self._failed or sys.exc_info()[1] is not None):
             log.warning("%s", problem)

@@ -36,8 +36,9 @@ to target, every column) and marked in the table (``damaged``: the configuration
 exist only when a run is damaged. A damaged run counts as a finished seed only when it would count undamaged
 (``summary.json`` says ``finished``; an older one without it, every configured round logged) and its last
 round (``summary.json``'s ``rounds``, else ``num_rounds`` of ``.hydra/config.yaml``) is among its usable rows;
-otherwise its note ends ``not counted as finished: ...`` and it is listed as unfinished. A run still being written
-can show its last line cut short: run the report again once it has ended.
+otherwise its note ends ``not counted as finished: ...`` and it is listed as unfinished. A run whose process still
+holds its directory (``.fedsim.lock``; every fedsim run holds it while it writes) is listed as ``running``, never as
+unfinished or damaged: its last line may be half written (that line is left out until the run has ended).
 """
 
 from __future__ import annotations
@@ -173,6 +174,7 @@ def aggregate(
         mb_to_target=mean_std(megabytes),
         mb_reached=len(megabytes),
         private=sum(bool(r.epsilon) for r in runs),
+        running=sum(r.running for r in runs),
         within_budget=mean_std(within),
         within_reached=len(within),
     )
@@ -197,12 +199,15 @@ def plot_accuracy(groups: dict[tuple[str, ...], list[Run]], path: Path, target: 
 
 
 def unfinished_lines(runs: Sequence[Run], root: Path) -> list[str]:
-    """One line per run that has not finished: ``failed: <dir> (<n> rounds logged): error: ...`` for a run
-    stopped by an error, else ``unfinished: <dir> (<n> rounds logged[, no summary.json])``."""
+    """One line per run that has not finished: ``running: <dir> (<n> rounds logged so far)`` for a run whose process
+    still holds its directory, ``failed: <dir> (<n> rounds logged): error: ...`` for a run stopped by an error, else
+    ``unfinished: <dir> (<n> rounds logged[, no summary.json])``."""
     lines = []
     for r in runs:
         where = r.path.relative_to(root) if r.path != root else r.path
-        if r.failed:
+        if r.running:
+            lines.append(f"running: {where} ({r.rounds} rounds logged so far)")
+        elif r.failed:
             lines.append(f"failed: {where} ({r.rounds} rounds logged): {r.stop_reason}")
         elif not r.finished:
             lines.append(

@@ -2,12 +2,15 @@
 and Hydra's ``.hydra/`` files of every run, finished, unfinished or failed. Files only; no Hydra, no torch.
 
 A line of ``metrics.jsonl`` is used when it is a round record as fedsim writes it (:func:`is_round_record`); any
-other non-blank line is skipped and makes the file damaged (:func:`scan_metrics`, :attr:`Run.skipped`)."""
+other non-blank line is skipped and makes the file damaged (:func:`scan_metrics`, :attr:`Run.skipped`). A run whose
+process still holds its directory's lock (``.fedsim.lock``, :func:`is_running`) is running: neither unfinished nor
+damaged (its last line may be half written)."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+try:
+    import fcntl
+except ImportError:  # Windows: runs do not lock their directories there
+    fcntl = None  # type: ignore[assignment]  # (absent on Windows; is_running checks for None)
 
 Series = tuple[tuple[int, float], ...]  # (round, value) of the rounds that logged a scalar
 SIM_TIME = "sim/time_s"  # the simulated clock at the end of a round (clock=sampled|trace; docs/system-heterogeneity.md)
@@ -50,6 +58,7 @@ class Run:
     lines: int = 0  # non-blank lines of metrics.jsonl
     uncounted: str | None = None  # why a damaged run that summary.json calls finished is not counted as finished
     epsilon: Series = ()
+    running: bool = False  # its process holds the directory's lock: still being written
 
     @property
     def failed(self) -> bool:
@@ -58,8 +67,31 @@ class Run:
 
     @property
     def damaged(self) -> bool:
-        """``metrics.jsonl`` holds lines that are not round records (see :func:`scan_metrics`)."""
-        return bool(self.skipped)
+        """``metrics.jsonl`` holds lines that are not round records (see :func:`scan_metrics`), and the run is not
+        running (a running run's last line may be half written)."""
+        return bool(self.skipped) and not self.running
+
+
+def is_running(run_dir: Path) -> bool:
+    """Whether a live process holds ``run_dir``'s lock file (``.fedsim.lock``, taken by every fedsim run for as long
+    as it writes the directory: fedsim.core.run_lock). A shared, non-blocking probe, released at once; a run that
+    asks for the lock at that instant retries. (The same probe as fedsim.core.run_lock.is_held: the report imports
+    nothing of the training side.)"""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(run_dir / ".fedsim.lock", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
 
 
 RUN_FILES = ("metrics.jsonl", "summary.json")  # a directory holding either is a run (a job that failed
@@ -218,6 +250,7 @@ def load_run(run_dir: Path, root: Path, series: Sequence[str] = ()) -> Run:
         scanned.lines,
         uncounted,
         spent,
+        is_running(run_dir),
     )
 
 

@@ -52,6 +52,7 @@ class ConfigStats:
     private: int = 0  # seeds that logged dp/epsilon (ran with differential privacy)
     within_budget: tuple[float | None, float | None] = (None, None)  # accuracy at dp/epsilon <= budget: mean, std
     within_reached: int = 0  # seeds with an evaluated round within the budget
+    running: int = 0  # seeds whose run still holds its directory (being written)
 
 
 def _pm(pair: tuple[float | None, float | None], digits: int = 4) -> str:
@@ -193,5 +194,8 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def status(s: ConfigStats) -> str:
-    """``failed`` if a seed failed, else ``finished`` when every seed finished, else ``unfinished``."""
-    return "failed" if s.failures else "finished" if s.finished == s.total else "unfinished"
+    """``failed`` if a seed failed, else ``finished`` when every seed finished, else ``running`` while a seed's run
+    still holds its directory, else ``unfinished``."""
+    if s.failures:
+        return "failed"
+    return "finished" if s.finished == s.total else "running" if s.running else "unfinished"

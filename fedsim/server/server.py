@@ -21,6 +21,7 @@ from fedsim.core.checkpoint import CheckpointError, save_checkpoint, save_if_mis
 from fedsim.core.checkpoint import resolve as resolve_checkpoint
 from fedsim.core.errors import ClientMisuseError, RoundFailedError, StrategyError  # noqa: F401 (re-exported)
 from fedsim.core.params import ParamLayout, flatten, load_flat
+from fedsim.core.run_lock import hold
 from fedsim.core.threads import torch_threads
 from fedsim.executor.base import Executor, Workload
 from fedsim.observe.metrics_records import without_client_rows
@@ -151,6 +152,8 @@ class Server:
         self.checkpoint_dir = Path(checkpoints.dir) if checkpoints is not None else None
         self.checkpoint_every = checkpoints.every if checkpoints is not None else 0
         self.keep_checkpoints = checkpoints.keep if checkpoints is not None else 3
+        # the checkpoint directory is this run's until run() returns (fedsim.core.run_lock): refused if in use
+        self._dir_lease = hold(self.checkpoint_dir) if self.checkpoint_dir is not None else None
         self.start_round, self.stopped_early, self.stop_reason = 1, False, "completed"
         self._stop_requested = False
         self.early_stop = schedule.early_stop or EarlyStop()
@@ -189,6 +192,7 @@ class Server:
     def _run(self) -> RunResult:
         if self.finished:  # a resume of a run that had already done all its rounds
             self.logger.close()
+            self._release_dir()
             load_flat(self.model, self.params)
             return RunResult(self.params, self.model, self.logger.history, False, "already finished")
         if self.start_round == 1:
@@ -213,9 +217,16 @@ class Server:
             raise
         finally:
             self.executor.close()
-            self.logger.close()
+            try:
+                self.logger.close()
+            finally:
+                self._release_dir()
         load_flat(self.model, self.params)
         return RunResult(self.params, self.model, self.logger.history, self.stopped_early, self.stop_reason)
+
+    def _release_dir(self) -> None:
+        if self._dir_lease is not None:
+            self._dir_lease.release()
 
     def _workload(self) -> Workload:
         return Workload(
