@@ -23,6 +23,8 @@ _EXPORTS = {
     "FitTask": "fedsim.core.types",
     "ProcessExecutor": "fedsim.executor",
     "RoundFailedError": "fedsim.core.errors",
+    "RoundRecord": "fedsim.server.record",
+    "RoundStage": "fedsim.server.stage",
     "RunContext": "fedsim.strategy.context",
     "RunLogger": "fedsim.observe.run_logger",
     "RunResult": "fedsim.server.server",

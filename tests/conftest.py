@@ -40,6 +40,7 @@ RAY_FILES = frozenset(
         "tests/state/test_client_state_runs.py",
         "tests/llm/test_lora_ray.py",
         "tests/llm/test_lora_executors.py",
+        "tests/server/test_round_steps.py",
     }
 )
 # the files that took longest outside the Ray unit (--durations, 2026-12-05), longest first: handed out first

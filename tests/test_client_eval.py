@@ -142,7 +142,7 @@ def test_sampled_clients_accuracy_is_the_example_weighted_mean_of_their_own_eval
     last = server.run().history[-1]
     sampled = FedAvg().sample(2, 12, 4, sampling_rng(0, 2))
     results = [
-        evaluate_indices(server.model, server.train_data, torch.from_numpy(server.clients[c].test_indices))
+        evaluate_indices(server.model, server.parts.train_data, torch.from_numpy(server.clients[c].test_indices))
         for c in sampled
     ]
     n = sum(r["num_examples"] for r in results)

@@ -398,7 +398,7 @@ def test_every_experiment_composes_and_builds(option: str, tmp_path: Path) -> No
     cfg = compose(overrides)
     server = build_server(cfg)
     assert isinstance(server, Server)
-    assert server.num_rounds == base.num_rounds and server.clients_per_round == base.clients_per_round
+    assert server.num_rounds == base.num_rounds and server.parts.schedule.clients_per_round == base.clients_per_round
     assert all(c.epochs == cfg.client.epochs and c.batch_size == cfg.client.batch_size for c in server.clients)
     assert type(server.strategy) is type(instantiate(cfg.strategy))  # (a _target_ may be a factory, e.g. FedAvgM)
 

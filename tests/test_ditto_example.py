@@ -153,7 +153,7 @@ def test_server_hands_each_client_its_committed_personal_model() -> None:
     one, two = server(1), server(2)
     after_round_1 = one.run().params
     two.run()
-    state_1, state_2 = one.client_states.get(0), two.client_states.get(0)
+    state_1, state_2 = one.parts.client_states.get(0), two.parts.client_states.get(0)
     assert set(state_1) == set(state_2) == {"personal"}
 
     def replay(state: dict[str, Any]) -> torch.Tensor:

@@ -3,6 +3,7 @@ failures, user strategies, very large federations)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections import Counter
@@ -341,7 +342,7 @@ def test_server_work_runs_on_its_thread_budget_and_the_callers_setting_comes_bac
         assert torch.get_num_threads() == 3
         untouched = _ThreadsSeen()
         server = _server(strategy=untouched)
-        server.threads = None
+        server.parts.schedule = dataclasses.replace(server.parts.schedule, threads=None)
         other = server.run()
         assert untouched.seen == [3, 3, 3]
     finally:

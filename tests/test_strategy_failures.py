@@ -213,7 +213,7 @@ def test_an_executor_error_also_leaves_the_last_good_checkpoint(tmp_path: Path) 
             return super().fit(params, tasks)
 
     server = _server(FlakyFedAdam(server_lr=0.01), tmp_path, num_rounds=4, checkpoint=True)
-    server.executor = BrokenExecutor()
+    server.parts.executor = BrokenExecutor()
     with pytest.raises(OSError, match="lost the worker pool"):
         server.run()
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["round-000002.ckpt"]

@@ -45,15 +45,15 @@ class ServerRounds:
         self.name, self.server = name, build_server(compose([*BASE, *overrides]))
 
     def start(self) -> None:
-        workload = self.server._workload()
-        self.server.local = workload.local
-        self.server.executor.start(workload)
+        workload = self.server.workload()
+        self.server.parts.local = workload.local
+        self.server.parts.executor.start(workload)
 
     def run_round(self, round_num: int) -> None:
         self.last = self.server.run_round(round_num)
 
     def close(self) -> None:
-        self.server.executor.close()
+        self.server.parts.executor.close()
         self.server.logger.close()
 
     def info(self) -> dict[str, Any]:
@@ -67,23 +67,26 @@ def planning_us(server: Server, rounds: int, clocked: bool) -> float:
         start = time.perf_counter()
         if clocked:
             schedule, _ = clocked_round(
-                server.clock,
+                server.parts.clock,
                 server.strategy,
                 round_num,
-                sampling_rng(server.seed, round_num),
+                sampling_rng(server.parts.seed, round_num),
                 clients=server.clients,
-                clients_per_round=server.clients_per_round,
-                config_of=functools.partial(server._client_config, round_num),
-                model_bytes=server.comm.down_bytes,
-                update_bytes=server.comm.up_bytes,
+                clients_per_round=server.parts.schedule.clients_per_round,
+                config_of=functools.partial(server.parts.client_config, round_num),
+                model_bytes=server.parts.comm.down_bytes,
+                update_bytes=server.parts.comm.up_bytes,
             )
             schedule.metrics()
-            server.clock.advance(schedule)
+            server.parts.clock.advance(schedule)
         else:
             ids = server.strategy.sample(
-                round_num, len(server.clients), server.clients_per_round, sampling_rng(server.seed, round_num)
+                round_num,
+                len(server.clients),
+                server.parts.schedule.clients_per_round,
+                sampling_rng(server.parts.seed, round_num),
             )
-            {c: server._client_config(round_num, c) for c in ids}
+            {c: server.parts.client_config(round_num, c) for c in ids}
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e6
 

@@ -91,7 +91,7 @@ class CodecRounds:
         self.bytes_up: list[float] = []
         self._in_codec = 0.0
         for method in ("broadcast", "receive"):
-            harness.time_calls(self.server.comm, method, self._add_codec_time)
+            harness.time_calls(self.server.parts.comm, method, self._add_codec_time)
 
     def _add_codec_time(self, seconds: float) -> None:
         self._in_codec += seconds
@@ -104,8 +104,8 @@ class CodecRounds:
             log_dir=self.log_dir,
             local=self.server.strategy.local_training(),
         )
-        self.server.local = workload_.local
-        self.server.executor.start(workload_)
+        self.server.parts.local = workload_.local
+        self.server.parts.executor.start(workload_)
 
     def run_round(self, round_num: int) -> None:
         self._in_codec = 0.0
@@ -115,7 +115,7 @@ class CodecRounds:
         self.bytes_up.append(metrics["comm/bytes_up"])
 
     def close(self) -> None:
-        self.server.executor.close()
+        self.server.parts.executor.close()
 
     def info(self) -> dict[str, Any]:
         return {

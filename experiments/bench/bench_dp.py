@@ -75,8 +75,8 @@ class DPRounds:
         )
         self.dp_s: list[float] = []
         self.cohorts: list[int] = []
-        if self.server.privacy is not None:
-            harness.time_calls(self.server.privacy, "aggregate_input", self.dp_s.append)
+        if self.server.parts.privacy is not None:
+            harness.time_calls(self.server.parts.privacy, "aggregate_input", self.dp_s.append)
 
     def start(self) -> None:
         workload_ = Workload(
@@ -86,8 +86,8 @@ class DPRounds:
             log_dir=self.log_dir,
             local=self.server.strategy.local_training(),
         )
-        self.server.local = workload_.local
-        self.server.executor.start(workload_)
+        self.server.parts.local = workload_.local
+        self.server.parts.executor.start(workload_)
 
     def run_round(self, round_num: int) -> None:
         with torch_threads(self.server.threads):  # as Server.run
@@ -95,7 +95,7 @@ class DPRounds:
         self.cohorts.append(int(metrics["client/num_sampled"]))
 
     def close(self) -> None:
-        self.server.executor.close()
+        self.server.parts.executor.close()
 
     def info(self) -> dict[str, Any]:
         return {"dp_s": self.dp_s, "cohorts": self.cohorts}

@@ -55,32 +55,32 @@ class ServerRounds:
             for client in self.server.clients:
                 client.batch_size = max(1, math.ceil(batch_fraction * client.num_train))
         self.steps: list[float] = []  # local steps of every round's clients together
-        fit = self.server.executor.fit
+        fit = self.server.parts.executor.fit
 
         def counted(global_params: torch.Tensor, tasks: Any) -> Any:
             results = fit(global_params, tasks)
             self.steps.append(sum(getattr(r, "metrics", {}).get("local_steps", 0.0) for r in results))
             return results
 
-        self.server.executor.fit = counted  # type: ignore[method-assign]
+        self.server.parts.executor.fit = counted  # type: ignore[method-assign]
 
     def start(self) -> None:
-        workload = self.server._workload()
-        self.server.local = workload.local
-        self.server.executor.start(workload)
+        workload = self.server.workload()
+        self.server.parts.local = workload.local
+        self.server.parts.executor.start(workload)
 
     def run_round(self, round_num: int) -> None:
         self.server.run_round(round_num)
 
     def close(self) -> None:
-        self.server.executor.close()
+        self.server.parts.executor.close()
         self.server.logger.close()
 
     def info(self) -> dict[str, Any]:
         return {
             "params": self.server.params.clone(),
             "local_steps_per_round": sum(self.steps) / max(len(self.steps), 1),
-            "chunk_size": getattr(self.server.executor, "_chunk", None),
+            "chunk_size": getattr(self.server.parts.executor, "_chunk", None),
         }
 
 

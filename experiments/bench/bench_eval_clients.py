@@ -134,7 +134,7 @@ def make_contenders(
                 Contender(
                     name,
                     functools.partial(server.evaluate_clients, 1, []),
-                    functools.partial(ex.start, server._workload()),
+                    functools.partial(ex.start, server.workload()),
                     ex.close,
                 )
             )  # noqa: SLF001 (what run() starts)

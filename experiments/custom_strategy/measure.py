@@ -45,7 +45,7 @@ class Probe(Strategy):
 
 def run(inner: Strategy) -> tuple[Probe, float]:
     server = build_server(compose([f"num_rounds={ROUNDS}", "logger=quiet"]))
-    server.strategy = probe = Probe(inner)  # replaces FedAvg after build: same data, seed and clients
+    server.parts.strategy = probe = Probe(inner)  # replaces FedAvg after build: same data, seed and clients
     history = server.run().history
     return probe, history[-1]["eval/accuracy"]
 
@@ -74,7 +74,7 @@ def main() -> None:
             return new
 
     server = build_server(compose([f"num_rounds={ROUNDS}", "logger=quiet"]))
-    server.strategy = Recording(adaptive)
+    server.parts.strategy = Recording(adaptive)
     accuracy = server.run().history[-1]["eval/accuracy"]
     print(
         f"AdaptiveClippedFedAvg: final test accuracy {accuracy:.4f}; bound C before each round and after the last: "

@@ -64,15 +64,15 @@ class RunContender:
         self.server: Server = build_server(compose(overrides), run_dir)
 
     def start(self) -> None:
-        workload = self.server._workload()  # what Server.run starts its executor with
-        self.server.local = workload.local
-        self.server.executor.start(workload)
+        workload = self.server.workload()  # what Server.run starts its executor with
+        self.server.parts.local = workload.local
+        self.server.parts.executor.start(workload)
 
     def run_round(self, round_num: int) -> None:
         self.server.run_round(round_num)
 
     def close(self) -> None:
-        self.server.executor.close()
+        self.server.parts.executor.close()
         self.server.logger.close()
 
     def info(self) -> dict[str, Any]:

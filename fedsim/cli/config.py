@@ -50,6 +50,14 @@ class ObjectiveSchema:
 
 
 @dataclass
+class RoundSchema:
+    """Stages of one's own (docs/writing-a-round-step.md): each entry ``{_target_: module.Class, ...}``, with optional
+    ``position`` and ``name`` overriding the class's."""
+
+    extra: list[Any] = field(default_factory=list)
+
+
+@dataclass
 class ClientEvalSchema:
     """Who is scored on their local test splits, and how often (see fedsim/client/evaluation.py)."""
 
@@ -92,6 +100,7 @@ class RunSchema:
     early_stop: EarlyStopSchema = field(default_factory=lambda: EarlyStopSchema())
     objective: ObjectiveSchema = field(default_factory=lambda: ObjectiveSchema())
     evaluate_clients: ClientEvalSchema = field(default_factory=lambda: ClientEvalSchema())
+    round: RoundSchema = field(default_factory=lambda: RoundSchema())
 
 
 RANGES: dict[str, str] = {  # the allowed values of each number of the schema, as "<key> must be <range>" says them
@@ -176,6 +185,7 @@ def validate(cfg: DictConfig) -> None:
     _validate_evaluate_clients(cfg.evaluate_clients)
     _validate_compression(cfg.compression)
     _validate_tracker(cfg.tracker)
+    _validate_round(cfg.round)
 
 
 def _first_missing(node: Any, path: str) -> str | None:
@@ -346,3 +356,13 @@ def _validate_tracker(section: DictConfig) -> None:
 def to_yaml(cfg: DictConfig) -> str:
     """The resolved configuration as YAML text (for logs and TensorBoard)."""
     return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def _validate_round(node: DictConfig) -> None:
+    """Each ``round.extra`` entry is a ``{_target_: ...}`` mapping (its class checks the rest when it is built)."""
+    for i, entry in enumerate(node.extra or []):
+        if not OmegaConf.is_dict(entry) or not isinstance(entry.get("_target_"), str):
+            raise ConfigError(
+                f"round.extra[{i}] must be a stage entry {{_target_: your_module.YourStage, ...}} (got {entry!r}); "
+                "docs/writing-a-round-step.md"
+            )

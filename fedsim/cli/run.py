@@ -40,6 +40,7 @@ from fedsim.server.early_stop import EarlyStop
 from fedsim.server.resume_check import computation_settings
 from fedsim.server.server import RunResult, Server
 from fedsim.server.settings import Checkpoints, Evaluation, Federation, Schedule, Stages
+from fedsim.server.stage import RoundStage
 from fedsim.server.stragglers import Stragglers
 from fedsim.sim.clock import SyncClock
 from fedsim.strategy.base import Strategy
@@ -152,6 +153,21 @@ def build_attack(cfg: DictConfig) -> Attack | None:
     return _instantiate_a(cfg.attack, Attack, "attack", "fedsim.attacks.Attack")
 
 
+def build_extra_stages(cfg: DictConfig) -> list[RoundStage]:
+    """The stages of ``round.extra``, each built from its ``_target_`` entry; an entry's ``position`` and ``name``
+    (optional) are set on the stage instead of being passed to its constructor."""
+    stages = []
+    for i, entry in enumerate(cfg.round.extra or []):
+        node = OmegaConf.to_container(entry, resolve=True)
+        assert isinstance(node, dict)  # validate() refused anything else
+        placed = {key: node.pop(key) for key in ("position", "name") if key in node}
+        stage = _instantiate_a(OmegaConf.create(node), RoundStage, f"round.extra[{i}]", "fedsim.server.RoundStage")
+        for key, value in placed.items():
+            object.__setattr__(stage, key, value)  # also on a frozen dataclass: the entry says where it goes
+        stages.append(stage)
+    return stages
+
+
 def build_clock(cfg: DictConfig, num_clients: int) -> SyncClock | None:
     """The simulated clock of ``cfg.clock`` for ``num_clients`` clients, or None (``clock=none``)."""
     if cfg.clock.get("_target_") is None:
@@ -226,6 +242,7 @@ def _components(cfg: DictConfig, run_dir: str | Path | None) -> tuple[FederatedD
             compression=build_compression(cfg),
             privacy=build_privacy(cfg),
             attack=build_attack(cfg),
+            extra=build_extra_stages(cfg),
         ),
     )
 

@@ -28,7 +28,6 @@ from fedsim.privacy.central import CentralDP
 from fedsim.privacy.sampling import poisson_sample
 from fedsim.strategy.base import Strategy
 
-MEAN_OF_UPDATES = ("FedAvg", "FedProx", "FedOpt")  # strategies whose server step is a function of the mean update
 log = logging.getLogger("fedsim")
 
 
@@ -57,12 +56,13 @@ def check_delta(delta: float, num_clients: int) -> None:
 
 
 def check_strategy(strategy: Strategy) -> None:
-    """Refuse, in one line, a strategy that aggregates more than the mean update (what the noise protects)."""
-    names = {c.__name__ for c in type(strategy).__mro__}
-    if not names & set(MEAN_OF_UPDATES) or getattr(strategy, "asynchronous", False):
+    """Refuse, in one line, an asynchronous strategy (its server steps are not DP-FedAvg's rounds) or one that samples
+    its own way. (A strategy that reads the individual updates is refused by the round's declarations: DP's noisy
+    mean passes only the aggregate on; :mod:`fedsim.server.stage`.)"""
+    if getattr(strategy, "asynchronous", False):
         raise ValueError(
-            f"dp=central: {type(strategy).__name__} aggregates per-client information that DP-FedAvg's noisy sum "
-            "does not cover; use strategy=fedavg, fedprox, fedavgm, fedadam, fedyogi or fedadagrad"
+            f"dp=central: {type(strategy).__name__} is asynchronous, and DP-FedAvg's accounting is per synchronous "
+            "round; use strategy=fedavg, fedprox, fedavgm, fedadam, fedyogi or fedadagrad"
         )
     if type(strategy).sample is not Strategy.sample:
         raise ValueError(

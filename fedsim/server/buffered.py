@@ -321,8 +321,3 @@ class BufferedLoop:
         self.in_flight = [Task(**t) for t in state["in_flight"]]
         self.start_params = {int(v): p for v, p in state["start_params"].items()}
         self.results = {}
-
-
-def consumed_ids(updates: Sequence[ClientUpdate]) -> list[int]:
-    """The clients whose updates a server step used, sorted (what the round's client evaluation scores)."""
-    return sorted({u.client_id for u in updates})

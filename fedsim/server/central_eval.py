@@ -15,6 +15,7 @@ from typing import cast
 import torch
 from torch import nn
 
+from fedsim.client.scoring import evaluate_indices
 from fedsim.core.params import load_flat
 from fedsim.data.tensor_data import TensorData
 
@@ -63,3 +64,13 @@ class DeviceEvaluator:
             copied = replace(data, x=data.x.to(self.device), y=data.y.to(self.device))
             self._data[id(data)] = (data, copied)
         return cast(TensorData, copied)  # set just above when it was not yet
+
+
+def evaluate_global(evaluator: DeviceEvaluator, test_data: TensorData | None, params: torch.Tensor) -> dict[str, float]:
+    """Loss and accuracy of ``params`` on the centralized test set (empty without one); for a language model's token
+    labels, token loss, token accuracy and perplexity."""
+    if test_data is None or len(test_data) == 0:
+        return {}
+    result = evaluate_indices(evaluator.load(params), evaluator.on_device(test_data))
+    perplexity = {"eval/perplexity": result["perplexity"]} if "perplexity" in result else {}  # token labels
+    return {"eval/loss": result["loss"], "eval/accuracy": result["accuracy"]} | perplexity

@@ -1,51 +1,76 @@
-"""What a round works with besides the global weights, as one small object handed to the round's helpers (the
-metrics of a round, every-client evaluation, FedBuff's event loop) instead of the :class:`~fedsim.server.Server`:
-a helper sees the parts, never the server that owns them."""
+"""What a run works with besides the global weights, held once: the one bag of parts the server, its round's stages
+and their helpers (every-client evaluation, FedBuff's event loop, checkpointing) share. A helper sees the parts,
+never the server that owns them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any
 
 from fedsim.attacks.stage import AttackStage
 from fedsim.client.base import Client
 from fedsim.client.evaluation import ClientEvaluation
 from fedsim.client.local_training import LocalTraining
 from fedsim.client.state import ClientStateStore
+from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor
 from fedsim.observe.run_logger import RunLogger
 from fedsim.privacy.local import LocalLedger
+from fedsim.privacy.rounds import PrivateRounds
+from fedsim.server.central_eval import DeviceEvaluator
 from fedsim.server.exchange import Exchange
+from fedsim.server.settings import Evaluation, Schedule
+from fedsim.server.stragglers import Stragglers
+from fedsim.sim.clock import SyncClock
 from fedsim.strategy.base import Strategy
 
 
-class Stateful(Protocol):
-    """A part of the run with its own entry in the checkpoint (the clock, the exchange's byte ledger, ...)."""
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-@dataclass(frozen=True)
+@dataclass
 class RoundParts:
-    """The run's collaborators as a round uses them (references, not copies).
+    """The run's collaborators (references, not copies), built once by :func:`fedsim.server.setup.build_parts`.
 
-    ``client_config(round_num, client_id)``: a task's config (the strategy's, with a straggler's fewer epochs);
-    ``local``: the strategy's client half of this run (None before the run starts or when clients train plainly);
-    ``local_dp``: DP-SGD clients' privacy ledger; ``attack``: the attack stage (None without an attack)."""
+    ``clients`` and ``train_data``: the federation as the run trains it (a data attack's poisoned copies replace the
+    malicious clients' own); ``clean_clients``: the clients before that (the root data's pool); ``schedule`` and
+    ``evaluation``: the server's setting groups. The optional capabilities are ``None`` when not used: ``clock``
+    (simulated time), ``privacy`` (central DP), ``attack``, ``local_dp`` (DP-SGD clients' privacy ledger).
+    ``local``: the strategy's client half of this run, set when the run starts (``None`` before, or when clients
+    train plainly); ``checkpoint_dir``: where checkpoints go (``None``: nowhere)."""
 
     clients: Sequence[Client]
+    clean_clients: Sequence[Client]
+    train_data: TensorData
+    test_data: TensorData | None
     executor: Executor
     strategy: Strategy
     comm: Exchange
-    attack: AttackStage | None
-    local_dp: LocalLedger | None
     client_states: ClientStateStore
     logger: RunLogger
-    client_eval: ClientEvaluation
-    client_config: Callable[[int, int], dict[str, Any]]
-    local: LocalTraining | None
-    min_success_fraction: float
+    evaluator: DeviceEvaluator
+    schedule: Schedule
+    evaluation: Evaluation
+    stragglers: Stragglers
     seed: int
+    clock: SyncClock | None = None
+    privacy: PrivateRounds | None = None
+    attack: AttackStage | None = None
+    local_dp: LocalLedger | None = None
+    local: LocalTraining | None = None
+    checkpoint_dir: Path | None = None
+
+    @property
+    def min_success_fraction(self) -> float:
+        """The share of a round's clients that must succeed for it to aggregate."""
+        return self.schedule.min_success_fraction
+
+    @property
+    def client_eval(self) -> ClientEvaluation:
+        """Who is scored on their local test splits, and how often."""
+        return self.evaluation.clients
+
+    def client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
+        """A task's config: the strategy's, with fewer epochs for a simulated straggler."""
+        config = self.strategy.client_config(round_num, client_id)
+        epochs = self.stragglers.epochs_for(round_num, client_id)
+        return config if epochs is None else {**config, "epochs": epochs}

@@ -27,6 +27,7 @@ ADDED_LATER = {
     "compression.error_feedback": False,
     "attack.fraction": 0.2,
     "attack.per_round": False,
+    "round.extra": [],
 }
 FREE_KEYS = {
     "resume",

@@ -17,6 +17,7 @@ from fedsim.comm.pipeline import Compression
 from fedsim.data.tensor_data import TensorData
 from fedsim.privacy.central import CentralDP
 from fedsim.server.early_stop import EarlyStop
+from fedsim.server.stage import RoundStage
 from fedsim.server.stragglers import Stragglers
 from fedsim.sim.clock import SyncClock
 
@@ -77,13 +78,15 @@ class Stages:
     FedBuff; :mod:`fedsim.sim`); ``compression``: the codecs of each direction (:mod:`fedsim.comm`; default float32
     both ways, and every round reports its ``comm/`` bytes); ``privacy``: DP-FedAvg (:mod:`fedsim.privacy`): Poisson
     sampling, a noisy mean update, ε every round; ``attack``: malicious clients (:mod:`fedsim.attacks`), never
-    revealed to the strategy."""
+    revealed to the strategy; ``extra``: stages of your own, each at its position
+    (:class:`~fedsim.server.stage.RoundStage`, docs/writing-a-round-step.md)."""
 
     stragglers: Stragglers | None = None
     clock: SyncClock | None = None
     compression: Compression | None = None
     privacy: CentralDP | None = None
     attack: Attack | None = None
+    extra: Sequence[RoundStage] = ()
 
 
 # the keyword arguments Server took before they were grouped, and where each went (a one-line TypeError names it)
@@ -100,3 +103,14 @@ MOVED = {
     "keep_checkpoints": "checkpoints=Checkpoints(keep=...)",
     **dict.fromkeys(("stragglers", "clock", "compression", "privacy", "attack"), "stages=Stages(...)"),
 }
+
+
+def refuse_moved(kwargs: dict[str, object]) -> None:
+    """Refuse, in one line naming where each went, the keyword arguments of the ungrouped ``Server`` constructor."""
+    moved = [name for name in kwargs if name in MOVED]
+    if moved:
+        where = "; ".join(f"{name} -> {MOVED[name]}" for name in moved)
+        raise TypeError(
+            f"Server no longer takes {', '.join(moved)}: they moved into groups ({where}; "
+            "from fedsim.server.settings, also importable from fedsim; docs/python-api.md)"
+        )

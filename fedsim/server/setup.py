@@ -1,23 +1,34 @@
-"""What the :class:`~fedsim.server.Server` does once: check its settings, build the round-0 model and the update
-pipeline, and restore the parts of a resumed run."""
+"""What the :class:`~fedsim.server.Server` does once: check its settings, build the round-0 model, the update
+pipeline and the run's parts."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from fedsim.client.federation import representatives
-from fedsim.client.state import ClientStateStore, restore_states, source_store
-from fedsim.core.checkpoint import CheckpointError, drop_checkpoints_after, list_checkpoints, load_checkpoint
+from fedsim.client.federation import representatives, train_sizes
+from fedsim.client.state import ClientStateStore
+from fedsim.core.params import ParamLayout
 from fedsim.core.seeding import init_seed
-from fedsim.server.resume_check import record_changes
+from fedsim.executor.base import Executor
+from fedsim.observe.run_logger import RunLogger
+from fedsim.privacy.rounds import PrivateRounds, private_rounds
+from fedsim.server.buffered import BufferedLoop, event_loop
+from fedsim.server.central_eval import DeviceEvaluator, eval_device
+from fedsim.server.parts import RoundParts
+from fedsim.server.settings import Evaluation, Federation, Schedule, Stages
 from fedsim.server.stragglers import Stragglers
+from fedsim.sim.rounds import check_sampling
+from fedsim.strategy.base import Strategy
+from fedsim.strategy.context import RunContext
+from fedsim.strategy.root_data import root_trainer
 
 if TYPE_CHECKING:
     from fedsim.attacks.base import Attack
@@ -25,11 +36,8 @@ if TYPE_CHECKING:
     from fedsim.client.base import Client
     from fedsim.comm.pipeline import Compression
     from fedsim.data.tensor_data import TensorData
-    from fedsim.observe.run_logger import RunLogger
     from fedsim.privacy.local import LocalLedger
-    from fedsim.server.early_stop import EarlyStop
     from fedsim.server.exchange import Exchange
-    from fedsim.server.parts import Stateful
 
 log = logging.getLogger("fedsim")
 
@@ -48,6 +56,93 @@ def check_settings(
             stragglers.fraction,
             stragglers.epochs,
         )
+
+
+def check_run(
+    federation: Federation, strategy: Strategy, schedule: Schedule, evaluation: Evaluation, stages: Stages, seed: int
+) -> tuple[Stragglers, BufferedLoop | None, PrivateRounds | None]:
+    """Every setting checked, before any work, with one line naming it; returns the run's stragglers, the event loop
+    of an asynchronous strategy (FedBuff; else ``None``) and central DP's rounds (``None`` without DP)."""
+    num_clients, clock = len(federation.clients), stages.clock
+    stragglers = stages.stragglers or Stragglers()
+    check_settings(schedule.num_rounds, evaluation.every, schedule.clients_per_round, num_clients, stragglers)
+    evaluation.clients.check(num_clients)
+    strategy.check(schedule.clients_per_round)
+    if clock is not None:
+        clock.check(num_clients)
+        check_sampling(clock, strategy)
+    loop = event_loop(clock, strategy, num_clients, seed)
+    privacy = private_rounds(stages.privacy, strategy, clock, num_clients, schedule.clients_per_round, seed)
+    return stragglers, loop, privacy
+
+
+def build_parts(
+    model: nn.Module,
+    params: torch.Tensor,
+    federation: Federation,
+    strategy: Strategy,
+    executor: Executor,
+    groups: tuple[Schedule, Evaluation, Stages],
+    *,
+    logger: RunLogger,
+    checkpoint_dir: Path | None,
+    seed: int,
+    checked: tuple[Stragglers, BufferedLoop | None, PrivateRounds | None],
+) -> RoundParts:
+    """The run's :class:`~fedsim.server.parts.RoundParts`, from the round-0 ``model`` and its ``params``, the setting
+    ``groups`` and what :func:`check_run` made of them (``checked``)."""
+    (schedule, evaluation, stages), (stragglers, _, privacy) = groups, checked
+    pipeline = build_pipeline(
+        stages.compression,
+        stages.attack,
+        params=params,
+        model=model,
+        seed=seed,
+        clients=federation.clients,
+        train_data=federation.train_data,
+        test_data=federation.test_data,
+        run_dir=logger.run_dir,
+    )
+    state_dir = checkpoint_dir / "client_state" if checkpoint_dir is not None else None
+    return RoundParts(
+        clients=pipeline.clients,  # a data attack's poisoned copies
+        clean_clients=federation.clients,
+        train_data=pipeline.train_data,
+        test_data=federation.test_data,
+        executor=executor,
+        strategy=strategy,
+        comm=pipeline.comm,
+        client_states=ClientStateStore(federation.state_store, state_dir),
+        logger=logger,
+        evaluator=DeviceEvaluator(model, eval_device(evaluation.device)),
+        schedule=schedule,
+        evaluation=evaluation,
+        stragglers=stragglers,
+        seed=seed,
+        clock=stages.clock,
+        privacy=privacy,
+        attack=pipeline.attack,
+        local_dp=pipeline.local_dp,
+        checkpoint_dir=checkpoint_dir,
+    )
+
+
+def run_context(parts: RoundParts, model: nn.Module, start_round: int) -> RunContext:
+    """What the strategy is told about the run (:meth:`~fedsim.strategy.Strategy.setup`), continuing at
+    ``start_round``."""
+    return RunContext(
+        layout=ParamLayout.of(model),
+        num_clients=len(parts.clients),
+        num_examples=tuple(train_sizes(parts.clients).tolist()),  # a Population's sizes without its clients
+        clients_per_round=parts.schedule.clients_per_round,
+        num_rounds=parts.schedule.num_rounds,
+        seed=parts.seed,
+        run_dir=parts.logger.run_dir,
+        start_round=start_round,
+        root_trainer=functools.partial(
+            root_trainer, model=model, clients=parts.clean_clients, data=parts.train_data, seed=parts.seed
+        ),
+    )
 
 
 def initial_model(model_factory: Callable[[], nn.Module], seed: int) -> nn.Module:
@@ -136,87 +231,3 @@ def build_pipeline(
     if stage is not None:
         train_data, clients = stage.poison_data(train_data, test_data, clients)
     return Pipeline(comm, local_dp, stage, train_data, clients)
-
-
-# what a checkpoint written without a part's entry means for a resume that has the part
-_MISSING = {
-    "clock": "was written without a simulated clock; resume it without one (clock=none)",
-    "privacy": "was written without differential privacy; resume it with dp=none",
-    "async": "was written by a synchronous run; resume it with the strategy it was started with",
-}
-_DEFAULT: dict[str, Callable[[], dict[str, Any]]] = {"local_dp": lambda: {"steps": {}}}  # DP-SGD's ledger: none spent
-
-
-def restore_parts(path: Path, state: dict[str, Any], parts: dict[str, Stateful]) -> None:
-    """Put the run's stateful ``parts`` (by checkpoint entry, as the round's stages own them) back as the checkpoint
-    at ``path`` (read as ``state``) recorded them. A part the checkpoint was written without is refused in one line
-    saying how to resume, except the byte ledger (``comm``, counted from 0 for checkpoints older than it) and
-    DP-SGD's ledger (empty)."""
-    for key, part in parts.items():
-        if key not in state and key in _MISSING:
-            raise CheckpointError(f"{path} {_MISSING[key]}")
-        if key not in state and key not in _DEFAULT:
-            continue  # checkpoints written before fedsim counted bytes start the totals at 0
-        try:
-            part.load_state_dict(state[key] if key in state else _DEFAULT[key]())
-        except ValueError as error:
-            if key != "privacy":
-                raise
-            raise CheckpointError(f"{path}: {error}; resume with the run's dp settings") from None
-
-
-def _states_problem(path: Path, state: dict[str, Any], store: ClientStateStore) -> str | None:
-    """Why the client states the checkpoint ``state`` (read from ``path``) recorded cannot all be read back; None when
-    they can, or when the checkpoint was written before checkpoints listed them."""
-    manifest = state.get("client_state_manifest")
-    if manifest is None:
-        return None
-    source = source_store(store, path)
-    if source is None:
-        return f"its client states ({path.parent / 'client_state'}) are missing" if len(manifest) else None
-    return source.problem(manifest, int(state.get("client_state_round", state["round"])))
-
-
-def check_client_states(path: Path, state: dict[str, Any], store: ClientStateStore) -> None:
-    """Refuse, in one line, a resume from ``path`` whose client states are not all there and intact (the resumed run
-    would otherwise train some clients from an older state, or none, and silently differ), naming the first bad
-    entry and the newest earlier checkpoint whose states are intact."""
-    problem = _states_problem(path, state, store)
-    if problem is None:
-        return
-    this_round = int(state["round"])
-    for earlier in reversed(list_checkpoints(path.parent)):
-        if int(earlier.stem.split("-")[1]) >= this_round:
-            continue
-        try:
-            earlier_state = load_checkpoint(earlier)
-        except CheckpointError:
-            continue
-        if "client_state_manifest" in earlier_state and _states_problem(earlier, earlier_state, store) is None:
-            raise CheckpointError(f"{path}: {problem}; resume from {earlier} instead (resume={earlier})")
-    raise CheckpointError(f"{path}: {problem}; no earlier checkpoint has its client states intact: start afresh")
-
-
-def continue_records(
-    path: Path,
-    state: dict[str, Any],
-    changes: dict[str, list[Any]],
-    *,
-    start_round: int,
-    client_states: ClientStateStore,
-    logger: RunLogger,
-    early_stop: EarlyStop,
-) -> None:
-    """After a resume from ``path`` of a run that has rounds left: check that every client state the checkpoint
-    needs is there and intact, record the allowed setting ``changes``, bring back the clients' states of the
-    checkpoint's round (removing checkpoints of the abandoned later rounds), and the metrics history and early
-    stopping up to it."""
-    check_client_states(path, state, client_states)
-    record_changes(logger.run_dir, path, int(state["round"]), changes)
-    if restore_states(client_states, path, int(state.get("client_state_round", state["round"]))):
-        for later in drop_checkpoints_after(path.parent, int(state["round"])):  # rounds the resume abandons
-            log.warning(
-                "resume from round %d: removed %s, a checkpoint of the abandoned later rounds", state["round"], later
-            )
-    logger.restore(state["history"], start_round, earlier=path.parent.parent / "metrics.jsonl")
-    early_stop.replay(state["history"])

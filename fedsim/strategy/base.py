@@ -26,9 +26,23 @@ class Strategy:
 
     ``keeps_stragglers``: whether updates of simulated stragglers (clients told to do fewer local
     epochs, see :mod:`fedsim.server.stragglers`) reach :meth:`aggregate`; the server drops them otherwise.
+
+    ``needs``: what :meth:`aggregate` reads of the round (:mod:`fedsim.server.stage`): ``{"updates"}`` (the default)
+    when it looks at each client's update on its own (Krum, the median, FLTrust, q-FFL...); ``frozenset()`` when it
+    is a function of their (example-weighted) mean alone, as FedAvg, FedProx and the server optimizers are: then it
+    also runs where only the aggregate reaches the server (central DP's noisy mean, secure aggregation). A subclass
+    that overrides :meth:`aggregate` without declaring ``needs`` itself is taken to need the individual updates.
     """
 
     keeps_stragglers: bool = True
+    needs: frozenset[str] = frozenset({"updates"})
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that overrides :meth:`aggregate` does not inherit a parent's ``needs``: undeclared, it needs
+        the individual updates (a FedAvg subclass that weighs each update must not pass for a mean)."""
+        super().__init_subclass__(**kwargs)
+        if "aggregate" in cls.__dict__ and "needs" not in cls.__dict__:
+            cls.needs = frozenset({"updates"})
 
     def setup(self, context: RunContext) -> None:
         """Called once when the server is built (before any training, so a ``ValueError`` here is reported

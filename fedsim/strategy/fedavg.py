@@ -20,6 +20,7 @@ class FedAvg(Strategy):
     """w ← Σₖ (nₖ / n) wₖ over the clients that reported this round."""
 
     keeps_stragglers = False
+    needs = frozenset()  # a function of the mean update alone (runs under central DP and secure aggregation)
 
     def aggregate(self, round_num: int, global_params: torch.Tensor, updates: Sequence[ClientUpdate]) -> torch.Tensor:
         return weighted_average([u.params for u in updates], [u.num_examples for u in updates])

@@ -52,6 +52,7 @@ class FedProx(Strategy):
     """Server half: example-weighted mean of all updates, stragglers included; sends μ to clients."""
 
     keeps_stragglers = True
+    needs = frozenset()  # a function of the mean update alone (runs under central DP and secure aggregation)
 
     def __init__(self, *, mu: float = 0.01) -> None:
         if mu < 0:

@@ -64,6 +64,8 @@ class FedOpt(Strategy):
     apply to sgdm. Pass ``initial_accumulator`` to choose v's start value yourself.
     """
 
+    needs = frozenset()  # a function of the mean update alone (runs under central DP and secure aggregation)
+
     def __init__(
         self,
         *,

@@ -65,7 +65,7 @@ def test_the_strategy_cannot_tell_malicious_updates_apart() -> None:
     aggregate = server.strategy.aggregate
     server.strategy.aggregate = lambda r, g, updates: (seen.append(list(updates)), aggregate(r, g, updates))[1]
     server.run()
-    bad = server.attack.malicious(1)
+    bad = server.parts.attack.malicious(1)
     for updates in seen:
         honest = [u for u in updates if u.client_id not in bad]
         malicious = [u for u in updates if u.client_id in bad]

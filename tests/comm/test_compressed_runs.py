@@ -39,7 +39,7 @@ def test_bytes_are_those_of_the_encodings(stacked_reference) -> None:  # noqa: A
     n = server.params.numel()
     k = -(-n // 10)
     up = 4 * k + (-(-k // 64)) * 4 + -(-k * 4 // 8)  # int32 positions, a float32 norm per bucket, 4 bits per value
-    assert (server.comm.down_bytes, server.comm.up_bytes) == (2 * n, up)
+    assert (server.parts.comm.down_bytes, server.parts.comm.up_bytes) == (2 * n, up)
     for i, record in enumerate(result.history, start=1):
         assert record["comm/bytes_down"] == 5 * 2 * n and record["comm/bytes_up"] == 5 * up
         assert record["comm/bytes_up_total"] == i * 5 * up and record["comm/mb_total"] == pytest.approx(
@@ -50,7 +50,7 @@ def test_bytes_are_those_of_the_encodings(stacked_reference) -> None:  # noqa: A
 def test_without_compression_weights_are_unchanged_and_float32_bytes_are_counted() -> None:
     server = build_server(compose(SHORT))
     plain = server.run()
-    assert server.comm.compression.lossless
+    assert server.parts.comm.compression.lossless
     n = server.params.numel()
     assert all(r["comm/bytes_down"] == r["comm/bytes_up"] == 5 * 4 * n for r in plain.history)
     cast = build_server(compose([*SHORT, "compression=fp16"])).run()
@@ -72,11 +72,11 @@ class RecordingExecutor(SerialExecutor):
 
 def test_error_feedback_residuals_live_in_client_state_and_never_reach_the_worker(stacked_reference) -> None:  # noqa: ANN001
     server, reference = stacked_reference
-    states = {c: server.client_states.get(c) for c in server.client_states.clients()}
+    states = {c: server.parts.client_states.get(c) for c in server.parts.client_states.clients()}
     assert states and all(RESIDUAL in s and s[RESIDUAL].shape == server.params.shape for s in states.values())
     assert any(s[RESIDUAL].abs().sum() > 0 for s in states.values())
     again = build_server(compose(STACKED))
-    again.executor = recording = RecordingExecutor()
+    again.parts.executor = recording = RecordingExecutor()
     assert torch.equal(again.run().params, reference.params)
     assert len(recording.state_keys) == 4 * 5 and not any(RESIDUAL in keys for keys in recording.state_keys)
 
@@ -104,8 +104,8 @@ def test_the_clock_times_uploads_with_the_encoded_size() -> None:
     clocked = [*SHORT, "clock=sampled", "clock.upload_mbps=0.01", "clock.upload_sigma=0"]
     plain = build_server(compose(clocked))
     sparse = build_server(compose([*clocked, "compression=topk"]))
-    saved_bytes = plain.comm.up_bytes - sparse.comm.up_bytes
-    assert saved_bytes > 0.9 * plain.comm.up_bytes  # 1 % of the values with their positions
+    saved_bytes = plain.parts.comm.up_bytes - sparse.parts.comm.up_bytes
+    assert saved_bytes > 0.9 * plain.parts.comm.up_bytes  # 1 % of the values with their positions
     # every client uploads at exactly 0.01 Mbit/s, so each round ends sooner by the saved bytes' upload time
     for a, b in zip(plain.run().history, sparse.run().history, strict=True):
         assert a["sim/round_s"] - b["sim/round_s"] == pytest.approx(saved_bytes * 8 / 0.01e6, rel=1e-9)

@@ -50,7 +50,7 @@ def _run(strategy: Strategy, executor: Any) -> tuple[torch.Tensor, dict[int, Any
         evaluation=Evaluation(clients=ClientEvaluation("all")),
     )
     result = server.run()
-    states = {cid: server.client_states.get(cid) for cid in server.client_states.clients()}
+    states = {cid: server.parts.client_states.get(cid) for cid in server.parts.client_states.clients()}
     return (
         result.params,
         states,

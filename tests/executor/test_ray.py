@@ -470,7 +470,7 @@ def _algorithm_run(strategy, executor):  # type: ignore[no-untyped-def]
         evaluation=Evaluation(clients=ClientEvaluation("all")),
     )
     result = server.run()
-    states = {cid: server.client_states.get(cid) for cid in server.client_states.clients()}
+    states = {cid: server.parts.client_states.get(cid) for cid in server.parts.client_states.clients()}
     evaluated = [{k: v for k, v in r.items() if k.startswith("eval")} for r in result.history]
     return result.params, states, evaluated
 

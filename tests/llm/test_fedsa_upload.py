@@ -61,7 +61,7 @@ def test_a_round_uploads_a_alone_and_the_server_never_sees_a_trained_b(llm_files
     assert len(updates) == 2 and torch.equal(global_params, start)
     for update in updates:  # what reached the strategy: the trained A (B moved in epoch 1, A in 2), the global B
         assert torch.equal(update[b_rows], start[b_rows]) and not torch.equal(update[~b_rows], start[~b_rows])
-    kept = [server.client_states.get(cid)[STATE_KEY] for cid in server.client_states.clients()]
+    kept = [server.parts.client_states.get(cid)[STATE_KEY] for cid in server.parts.client_states.clients()]
     assert len(kept) == 2  # each client trained its B, which stayed in its state
     assert all(any(bool(b.abs().gt(0).any()) for b in own.values()) for own in kept)
     assert torch.equal(result.params[b_rows], start[b_rows])

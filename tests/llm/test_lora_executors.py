@@ -33,7 +33,7 @@ def run(files: dict[str, Path], strategy: str, executor: str) -> tuple[Server, l
 
 def states(server: Server) -> dict[int, dict[str, torch.Tensor]]:
     """Every client's kept entries (FedSA-LoRA's B), by client id."""
-    return {cid: server.client_states.get(cid).get(STATE_KEY, {}) for cid in server.client_states.clients()}
+    return {cid: server.parts.client_states.get(cid).get(STATE_KEY, {}) for cid in server.parts.client_states.clients()}
 
 
 @pytest.mark.slow

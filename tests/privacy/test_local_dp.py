@@ -61,7 +61,7 @@ def test_each_clients_epsilon_is_the_librarys_for_its_poisson_steps(local_refere
     import dp_accounting
 
     server, result = local_reference
-    steps = server.local_dp.steps
+    steps = server.parts.local_dp.steps
     assert set(steps.values()) <= {4, 8, 12} and max(steps.values()) == result.history[-1]["dp/local_steps_max"]
     accountant = dp_accounting.rdp.RdpAccountant()
     accountant.compose(
@@ -87,7 +87,7 @@ def test_resume_continues_every_clients_ledger(tmp_path: Path, local_reference) 
     build_server(compose([*SHORT, "num_rounds=2", "checkpoint_every=1"]), first).run()
     again = build_server(compose([*SHORT, f"resume={first}"]), tmp_path / "second")
     result = again.run()
-    assert torch.equal(result.params, reference.params) and again.local_dp.steps == server.local_dp.steps
+    assert torch.equal(result.params, reference.params) and again.parts.local_dp.steps == server.parts.local_dp.steps
 
 
 @pytest.mark.parametrize(
@@ -154,9 +154,9 @@ def test_a_clip_only_run_trains_warns_and_reports_infinite_epsilon(caplog: pytes
     assert "client.noise_multiplier=0: DP-SGD clips the per-example gradients but adds no noise" in caplog.text
     result = server.run()
     assert bool(torch.isfinite(result.params).all())
-    steps = server.local_dp.steps
-    assert steps and all(server.local_dp.epsilon(c) == math.inf for c in steps)
-    assert server.local_dp.epsilon(max(steps) + 1000) == 0.0  # a client that never trained has spent nothing
+    steps = server.parts.local_dp.steps
+    assert steps and all(server.parts.local_dp.epsilon(c) == math.inf for c in steps)
+    assert server.parts.local_dp.epsilon(max(steps) + 1000) == 0.0  # a client that never trained has spent nothing
     # inf in the round's metrics; the history (as metrics.jsonl) holds it as null, like every non-finite metric
     assert [r["dp/local_epsilon_max"] for r in result.history] == [None] * 3
     assert result.history[-1]["dp/local_steps_max"] == max(steps.values())

@@ -71,7 +71,9 @@ def test_vmap_gives_the_serial_weights_and_the_same_epsilon(model: str) -> None:
     error = relative_error(result.params, reference.params)
     assert error <= tolerance(3 * 4, max(PARAMETERS[model], max(sizes)))
     assert [r["dp/local_epsilon_max"] for r in result.history] == [r["dp/local_epsilon_max"] for r in reference.history]
-    assert vmapped.local_dp.steps == serial.local_dp.steps and set(serial.local_dp.steps.values()) <= {4, 8, 12}
+    assert vmapped.parts.local_dp.steps == serial.parts.local_dp.steps and set(
+        serial.parts.local_dp.steps.values()
+    ) <= {4, 8, 12}
     for mine, theirs in zip(result.history, reference.history, strict=True):
         assert mine["train/loss"] == pytest.approx(theirs["train/loss"], rel=1e-5)
     assert len(set(sizes)) > 3 and min(sizes) < max(sizes) / 10, "the clients should have very different sizes"
@@ -86,8 +88,8 @@ def test_clip_only_dp_sgd_under_vmap_gives_the_serial_weights() -> None:
     serial, reference, vmapped, result = run_both(["client.noise_multiplier=0"])
     sizes = [len(rows) for rows in build_data(compose(SHORT)).client_train]
     assert relative_error(result.params, reference.params) <= tolerance(3 * 4, max(PARAMETERS["logreg"], max(sizes)))
-    assert vmapped.local_dp.steps == serial.local_dp.steps
-    assert all(vmapped.local_dp.epsilon(c) == math.inf for c in vmapped.local_dp.steps)
+    assert vmapped.parts.local_dp.steps == serial.parts.local_dp.steps
+    assert all(vmapped.parts.local_dp.epsilon(c) == math.inf for c in vmapped.parts.local_dp.steps)
     assert [r["dp/local_epsilon_max"] for r in result.history] == [None] * 3  # inf, written as null
 
 
@@ -103,10 +105,10 @@ def test_fedprox_stragglers_and_momentum_match_serial() -> None:
         "client.optimizer.momentum=0.9",
     ]
     serial, reference, vmapped, result = run_both(overrides, chunk_size=6)
-    assert len({s for s in serial.local_dp.steps.values()}) > 1, "clients should do different numbers of steps"
+    assert len({s for s in serial.parts.local_dp.steps.values()}) > 1, "clients should do different numbers of steps"
     largest = max(len(rows) for rows in build_data(compose(SHORT)).client_train)
     assert relative_error(result.params, reference.params) <= tolerance(3 * 3 * 4, max(PARAMETERS["mlp"], largest))
-    assert vmapped.local_dp.steps == serial.local_dp.steps
+    assert vmapped.parts.local_dp.steps == serial.parts.local_dp.steps
 
 
 @pytest.mark.parametrize("n", [0, 1, 5, 16, 17, 60, 333])

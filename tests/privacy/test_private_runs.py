@@ -88,9 +88,21 @@ def test_an_empty_round_still_adds_noise_and_counts() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["strategy=scaffold"], "dp=central: Scaffold aggregates per-client information"),
-        (["strategy=qffl"], "dp=central: QFFL aggregates per-client information"),
-        (["strategy=fedbuff", "clock=sampled"], "dp=central: FedBuff aggregates per-client information"),
+        (
+            ["strategy=scaffold"],
+            "round: stage 'aggregate' (the strategy fedsim.strategy.scaffold.Scaffold) needs the individual client "
+            "updates, which stage 'dp' (dp=central's noisy mean) before it does not pass on; use a strategy of the "
+            "mean update",
+        ),
+        (
+            ["strategy=qffl"],
+            "dp=central samples clients by Poisson sampling (what the accountant assumes); QFFL samples",
+        ),
+        (
+            ["strategy=krum", "clients_per_round=8"],
+            "round: stage 'aggregate' (the strategy fedsim.strategy.robust.Krum)",
+        ),
+        (["strategy=fedbuff", "clock=sampled"], "dp=central: FedBuff is asynchronous"),
         (["clock=sampled"], "dp=central samples every client with the same probability"),
         (["dp.epsilon_max=0.01"], "dp.epsilon_max=0.01 is below ε="),
         (["dp.noise_multiplier=-1"], "dp.noise_multiplier must be > 0"),
@@ -117,10 +129,10 @@ def test_pld_reports_the_librarys_pld_epsilon_below_rdps(pld_reference) -> None:
 
     server, result = pld_reference
     epsilons = [r["dp/epsilon"] for r in result.history]
-    assert server.privacy.ledger.state_dict()["accountant"] == "pld"
+    assert server.parts.privacy.ledger.state_dict()["accountant"] == "pld"
     for rounds in (1, 5):
         accountant = dp_accounting.pld.PLDAccountant()
-        event = dp_accounting.PoissonSampledDpEvent(server.privacy.rate, dp_accounting.GaussianDpEvent(1.0))
+        event = dp_accounting.PoissonSampledDpEvent(server.parts.privacy.rate, dp_accounting.GaussianDpEvent(1.0))
         accountant.compose(event, rounds)
         assert epsilons[rounds - 1] == accountant.get_epsilon(1e-5)
     rdp = build_server(compose([*PLD, "dp.accountant=rdp"])).run()
@@ -142,7 +154,7 @@ def test_pld_resume_continues_the_ledger_exactly(tmp_path: Path, pld_reference) 
         build_server(compose([*PLD, "dp.accountant=rdp", f"resume={first}"]), tmp_path / "third").run()
     allowed = [*PLD, "dp.accountant=rdp", f"resume={first}", "resume_allow_changes=[dp.accountant]"]
     switched = build_server(compose(allowed), tmp_path / "fourth").run()
-    rdp = PrivacyLedger(server.privacy.rate, 1.0, 1e-5)
+    rdp = PrivacyLedger(server.parts.privacy.rate, 1.0, 1e-5)
     assert [r["dp/epsilon"] for r in switched.history[2:]] == [rdp.epsilon(t) for t in (3, 4, 5)]
 
 
@@ -150,7 +162,9 @@ def test_the_pld_budget_stop_uses_pld_epsilon(tmp_path: Path, pld_reference) -> 
     server, reference = pld_reference
     full = reference.history
     budget = (full[2]["dp/epsilon"] + full[3]["dp/epsilon"]) / 2  # between PLD's ε of rounds 3 and 4
-    assert budget < PrivacyLedger(server.privacy.rate, 1.0, 1e-5).epsilon(3)  # RDP would have stopped before round 3
+    assert budget < PrivacyLedger(server.parts.privacy.rate, 1.0, 1e-5).epsilon(
+        3
+    )  # RDP would have stopped before round 3
     result = run_config(compose([*PLD, f"dp.epsilon_max={budget}"]), tmp_path)
     assert len(result.history) == 3 and result.history[-1]["dp/epsilon"] == full[2]["dp/epsilon"]
     assert result.stop_reason.startswith(

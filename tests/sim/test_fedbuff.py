@@ -36,7 +36,7 @@ def test_server_step_is_the_staleness_weighted_mean_of_the_buffer() -> None:
 
 def test_events_come_in_finish_order_and_staleness_counts_the_steps_in_between() -> None:
     server = build_server(compose(BUFFERED))
-    loop, events = server.loop, []
+    loop, events = server.stages[0].loop, []
     received = loop._received
 
     def record(srv, round_num, task, trained):  # noqa: ANN001, ANN202
@@ -132,7 +132,7 @@ def test_compressed_updates_are_what_the_server_consumes(compressed_reference) -
     """Each consumed update moved the version it started from by a decoded top-10 % delta (plus the residual the
     client carried), and the bytes are the encodings'; the run is not the uncompressed one."""
     server = build_server(compose(COMPRESSED))
-    loop, moved = server.loop, []
+    loop, moved = server.stages[0].loop, []
     received = loop._received
 
     def record(srv, round_num, task, trained):  # noqa: ANN001, ANN202
@@ -145,9 +145,14 @@ def test_compressed_updates_are_what_the_server_consumes(compressed_reference) -
     history = server.run().history
     n = server.params.numel()
     # (start + d) - start is exactly 0 where the decoded d is 0, so at most top-k's kept values move
-    assert moved and max(moved) <= server.comm.compression.uplink.sparsifiers[0].kept(n) == math.ceil(0.1 * n)
-    assert server.comm.up_bytes <= 0.2 * 4 * n and server.comm.down_bytes < 0.2 * 4 * n  # 10 % and positions; 4 bits
-    assert history[-1]["comm/bytes_up_total"] == sum(r["client/num_aggregated"] for r in history) * server.comm.up_bytes
+    assert moved and max(moved) <= server.parts.comm.compression.uplink.sparsifiers[0].kept(n) == math.ceil(0.1 * n)
+    assert (
+        server.parts.comm.up_bytes <= 0.2 * 4 * n and server.parts.comm.down_bytes < 0.2 * 4 * n
+    )  # 10 % and positions; 4 bits
+    assert (
+        history[-1]["comm/bytes_up_total"]
+        == sum(r["client/num_aggregated"] for r in history) * server.parts.comm.up_bytes
+    )
     assert _sim(history) == _sim(compressed_reference.history)  # the same run again: seeded, not drawn anew
     plain = build_server(compose(BUFFERED)).run()
     assert not torch.equal(compressed_reference.params, plain.params)
@@ -166,7 +171,7 @@ def test_compressed_resume_continues_bitwise_with_the_residuals(tmp_path, compre
     build_server(compose([*compressed, "num_rounds=3"]), run_dir=tmp_path / "cut").run()
     resumed = build_server(compose(compressed), run_dir=tmp_path / "cut")
     assert resumed.resume(tmp_path / "cut").name == "round-000003.ckpt"
-    assert any("fedsim.comm.residual" in resumed.client_states.get(c) for c in range(len(resumed.clients)))
+    assert any("fedsim.comm.residual" in resumed.parts.client_states.get(c) for c in range(len(resumed.clients)))
     result = resumed.run()
     assert _sim(result.history) == _sim(compressed_reference.history)
     assert torch.equal(result.params, compressed_reference.params)
@@ -175,7 +180,7 @@ def test_compressed_resume_continues_bitwise_with_the_residuals(tmp_path, compre
 def test_client_rows_measure_each_update_from_the_version_it_started_from(tmp_path) -> None:  # noqa: ANN001
     """A stale update's ``update_norm`` is its distance from its own start weights, not from the current model."""
     server = build_server(compose([*BUFFERED, "logger=default", "logger.tensorboard=false"]), run_dir=tmp_path)
-    loop, norms = server.loop, {}
+    loop, norms = server.stages[0].loop, {}
     received = loop._received
 
     def record(srv, round_num, task, trained):  # noqa: ANN001, ANN202

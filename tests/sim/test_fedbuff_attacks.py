@@ -108,12 +108,12 @@ def test_malicious_clients_are_flagged_per_server_step(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     sets = set()
     for row in rows:
-        bad = server.attack.attack.malicious(cfg.seed, row["round"], 30)
+        bad = server.parts.attack.attack.malicious(cfg.seed, row["round"], 30)
         sets.add(bad)
         flagged = [c["client_id"] for c in row["clients"] if c["malicious"]]
         assert flagged == [c["client_id"] for c in row["clients"] if c["client_id"] in bad]
         assert row["attack/malicious_aggregated"] == row["attack/malicious_sampled"] == len(flagged)
-        assert all(c["bytes_up"] == server.comm.up_bytes for c in row["clients"])
+        assert all(c["bytes_up"] == server.parts.comm.up_bytes for c in row["clients"])
     assert len(rows) == 6 and len(sets) > 1 and sum(r["attack/malicious_aggregated"] for r in rows) > 0
 
 
@@ -148,7 +148,9 @@ def test_clients_that_all_diverge_do_not_stall_the_run() -> None:
     assert torch.equal(result.params, start)
     assert [(r["client/num_aggregated"], r["client/num_rejected"]) for r in result.history] == [(0.0, 3.0), (0.0, 3.0)]
     # the rejected updates were still sent: their bytes are counted, and they count as failed arrivals
-    assert all(r["comm/bytes_up"] == 3 * server.comm.up_bytes and r["client/num_failed"] == 3 for r in result.history)
+    assert all(
+        r["comm/bytes_up"] == 3 * server.parts.comm.up_bytes and r["client/num_failed"] == 3 for r in result.history
+    )
 
 
 def test_a_rejected_dp_sgd_update_still_spends_its_clients_privacy() -> None:

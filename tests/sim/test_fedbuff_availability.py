@@ -33,7 +33,7 @@ def _sim(history: list[dict]) -> list[dict]:
 
 def test_tasks_start_online_drop_out_when_their_window_closes_and_slots_wait() -> None:
     server = build_server(compose(AVAILABLE))
-    loop, started, arrived = server.loop, {}, []
+    loop, started, arrived = server.stages[0].loop, {}, []
     fill, received = loop._fill, loop._received
 
     def record_fill(srv, buffered):  # noqa: ANN001, ANN202
@@ -54,8 +54,8 @@ def test_tasks_start_online_drop_out_when_their_window_closes_and_slots_wait() -
             task.client_id,
             epochs=server.clients[task.client_id].epochs,
             num_train=server.clients[task.client_id].num_train,
-            model_bytes=server.comm.down_bytes,
-            update_bytes=server.comm.up_bytes,
+            model_bytes=server.parts.comm.down_bytes,
+            update_bytes=server.parts.comm.up_bytes,
         ).total_s
         if task.arrives:
             assert task.finish_s == task.start_s + planned and leaves >= task.finish_s

@@ -162,10 +162,10 @@ def test_worker_processes_equal_serial_personal_models_included(make) -> None:  
         _run(make(), ProcessExecutor(devices="cpu", workers=2)),
     )
     assert torch.equal(serial.params, process.params)
-    clients = serial_server.client_states.clients()
-    assert clients == process_server.client_states.clients() and len(clients) >= 6
+    clients = serial_server.parts.client_states.clients()
+    assert clients == process_server.parts.client_states.clients() and len(clients) >= 6
     for cid in clients:
-        ours, theirs = serial_server.client_states.get(cid), process_server.client_states.get(cid)
+        ours, theirs = serial_server.parts.client_states.get(cid), process_server.parts.client_states.get(cid)
         assert ours.keys() == theirs.keys() and all(torch.equal(*pair) for pair in _tensors(ours, theirs))
     evaluated = [{k: v for k, v in r.items() if k.startswith("eval")} for r in serial.history]
     assert evaluated == [{k: v for k, v in r.items() if k.startswith("eval")} for r in process.history]

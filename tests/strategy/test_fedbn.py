@@ -218,10 +218,10 @@ def test_worker_processes_equal_the_serial_executor_bitwise() -> None:
     assert torch.equal(serial.params, process.params)
     trained = Counter(c["client_id"] for record in serial.logger.history for c in record["clients"])
     assert max(trained.values()) >= 2, "some client must train again from its kept BatchNorm for this to mean anything"
-    assert serial.client_states.clients() == process.client_states.clients() == sorted(trained)
+    assert serial.parts.client_states.clients() == process.parts.client_states.clients() == sorted(trained)
     layout = ParamLayout.of(serial.model)
-    for cid in serial.client_states.clients():
-        mine, theirs = serial.client_states.get(cid)[STATE_KEY], process.client_states.get(cid)[STATE_KEY]
+    for cid in serial.parts.client_states.clients():
+        mine, theirs = serial.parts.client_states.get(cid)[STATE_KEY], process.parts.client_states.get(cid)[STATE_KEY]
         assert set(mine) == set(theirs) == set(norm_entries(layout))
         assert all(torch.equal(mine[name], theirs[name]) for name in mine), cid
         assert not torch.equal(mine["features.1.running_mean"], serial.params[layout.slice("features.1.running_mean")])

@@ -92,8 +92,8 @@ def test_a_context_without_a_root_dataset_is_refused_in_one_line() -> None:
 
 def test_the_root_dataset_holds_no_poisoned_copy() -> None:
     server = build_server(compose([*IID, "num_rounds=1", "attack=label_flip", "attack.fraction=0.5"]))
-    poisoned_rows = np.concatenate([server.clients[c].train_indices for c in server.attack.malicious(1)])
-    clean_rows = len(server.train_data) - len(poisoned_rows)
+    poisoned_rows = np.concatenate([server.clients[c].train_indices for c in server.parts.attack.malicious(1)])
+    clean_rows = len(server.parts.train_data) - len(poisoned_rows)
     assert poisoned_rows.min() == clean_rows  # the poisoned copies are appended after the clean rows
     assert server.strategy.root.indices.max() < clean_rows
 
@@ -193,7 +193,10 @@ def test_a_resumed_run_is_bitwise_the_uninterrupted_one(tmp_path: Path, attacked
             r"the clients hold \(got 100000\)$",
         ),
         (["strategy.server_lr=0"], r"^strategy\.server_lr must be a finite number > 0 \(got 0\)$"),
-        (["dp=central"], r"^dp=central: FLTrust aggregates per-client information"),
+        (
+            ["dp=central"],
+            r"^round: stage 'aggregate' \(the strategy fedsim\.strategy\.fltrust\.FLTrust\) needs the individual",
+        ),
     ],
 )
 def test_bad_settings_are_refused_in_one_line_before_any_work(overrides: list[str], line: str, tmp_path: Path) -> None:

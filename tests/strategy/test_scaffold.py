@@ -165,9 +165,12 @@ def _run(strategy, executor, state_store: str = "memory") -> Server:  # type: ig
 def test_client_states_persist_and_memory_equals_disk() -> None:
     memory, disk = _run(Scaffold(), SerialExecutor()), _run(Scaffold(), SerialExecutor(), state_store="disk")
     assert torch.equal(memory.params, disk.params)
-    assert memory.client_states.clients() == disk.client_states.clients() and len(memory.client_states.clients()) >= 4
-    for cid in memory.client_states.clients():  # every client that trained keeps its c_i, the same in both stores
-        assert torch.equal(memory.client_states.get(cid)[STATE_KEY], disk.client_states.get(cid)[STATE_KEY])
+    assert (
+        memory.parts.client_states.clients() == disk.parts.client_states.clients()
+        and len(memory.parts.client_states.clients()) >= 4
+    )
+    for cid in memory.parts.client_states.clients():  # every client that trained keeps its c_i, the same in both stores
+        assert torch.equal(memory.parts.client_states.get(cid)[STATE_KEY], disk.parts.client_states.get(cid)[STATE_KEY])
     assert not torch.equal(memory.params, _run(FedAvg(), SerialExecutor()).params)  # the corrections matter
 
 
