@@ -46,8 +46,8 @@ RAY_FILES = frozenset(
 LONGEST_FILES = (
     "tests/test_checkpoint.py",
     "tests/test_config.py",
-    "tests/executor/test_process.py",
-    "tests/executor/test_worker_kill_loop.py",
+    "tests/executor/process/test_process.py",
+    "tests/executor/process/test_worker_kill_loop.py",
     "tests/test_multirun_leaks.py",
     "tests/test_sweep.py",
     "tests/test_trackers.py",

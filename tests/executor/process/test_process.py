@@ -31,7 +31,7 @@ from fedsim.server.server import RoundFailedError, RunResult, Server
 from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import FedAvg
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/executor: fault_clients
 import fault_clients  # noqa: E402  (workers import it by the same name: spawn copies sys.path)
 from own_processes import live_tagged, new_tag, tagged_environment  # noqa: E402
 
