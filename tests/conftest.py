@@ -31,10 +31,10 @@ UNMARKED_LIMIT_S = 5.0
 # ``local_ray`` from another file stops the collection, so the list stays complete
 RAY_FILES = frozenset(
     {
-        "tests/executor/test_ray.py",
-        "tests/executor/test_ray_faults.py",
-        "tests/executor/test_ray_reuse.py",
-        "tests/executor/test_ray_cluster.py",
+        "tests/executor/ray/test_ray.py",
+        "tests/executor/ray/test_ray_faults.py",
+        "tests/executor/ray/test_ray_reuse.py",
+        "tests/executor/ray/test_ray_cluster.py",
         "tests/executor/test_per_batch_executors.py",
         "tests/executor/test_malformed_updates.py",
         "tests/state/test_client_state_runs.py",
