@@ -106,6 +106,7 @@ def test_the_server_takes_at_most_ten_parameters() -> None:
         ("fedsim.executor.process", ["ProcessExecutor"]),
         ("fedsim.executor.ray", ["RayExecutor", "release_warm_actors"]),
         ("fedsim.executor.ray_warm", ["release_warm_actors"]),
+        ("fedsim.executor.vmap", ["VmapExecutor", "VmapUnsupportedError"]),
     ],
 )
 def test_the_import_paths_researchers_use_still_resolve(module: str, names: list[str]) -> None:
