@@ -6,7 +6,7 @@ import sys
 def main() -> None:
     """Start the process workers' forkserver first when the command line asks for them (its imports then overlap
     with this process's own), then hand over to the command line proper."""
-    from fedsim.executor.forkserver import start_early
+    from fedsim.executor.process.forkserver import start_early
 
     start_early(sys.argv[1:])
     from fedsim.cli.command import main as cli_main

@@ -77,6 +77,13 @@ def test_at_most_ten_modules_sit_directly_under_fedsim() -> None:
     assert len(top) <= 10, top
 
 
+def test_nothing_in_fedsim_imports_the_executor_s_kept_path() -> None:
+    """``fedsim.executor.ray_warm`` is kept for researchers' code only; the contract on the other thin re-exports
+    (pyproject.toml) cannot see imports from inside ``fedsim.executor``, its own package."""
+    graph = grimp.build_graph("fedsim")
+    assert graph.find_modules_that_directly_import("fedsim.executor.ray_warm") == set()
+
+
 def test_the_server_takes_at_most_ten_parameters() -> None:
     from fedsim.server import Server
 
@@ -95,6 +102,11 @@ def test_the_server_takes_at_most_ten_parameters() -> None:
         ("fedsim.server", ["Server", "RunResult", "RoundFailedError", "Federation", "Schedule", "Stages"]),
         ("fedsim.strategy", ["Strategy", "LocalTraining", "gradients", "FedAvg"]),
         ("fedsim.cli", ["main"]),
+        ("fedsim.executor", ["ProcessExecutor", "RayExecutor", "SerialExecutor", "VmapExecutor", "Workload"]),
+        ("fedsim.executor.process", ["ProcessExecutor"]),
+        ("fedsim.executor.ray", ["RayExecutor", "release_warm_actors"]),
+        ("fedsim.executor.ray_warm", ["release_warm_actors"]),
+        ("fedsim.executor.vmap", ["VmapExecutor", "VmapUnsupportedError"]),
     ],
 )
 def test_the_import_paths_researchers_use_still_resolve(module: str, names: list[str]) -> None:

@@ -81,7 +81,7 @@ def test_no_worker_process_outlives_its_job(samples: dict[str, list[dict[str, An
     forkservers = set()
     for job, record in enumerate(samples[executor]):
         # multiprocessing's resource tracker and the workers' forkserver are started once per process and stay,
-        # so that later jobs get warm workers (fedsim/executor/forkserver.py): not workers
+        # so that later jobs get warm workers (fedsim/executor/process/forkserver.py): not workers
         workers = [
             cmd
             for cmd in record["children"]

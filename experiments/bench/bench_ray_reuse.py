@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=args.workers, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    from fedsim.executor.ray_warm import release_warm_actors
+    from fedsim.executor.ray import release_warm_actors
 
     _, reference = one_run(args, reuse=False)
     times: dict[str, list[float]] = {"new actors": [], "reused actors": []}

@@ -36,8 +36,9 @@ from fedsim import Workload
 from fedsim.client.federation import federate, make_clients
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
-from fedsim.executor import ProcessExecutor, SerialExecutor, pool
+from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.executor.base import Executor
+from fedsim.executor.process import pool
 from fedsim.models import MLP2NN, LogisticRegression
 from fedsim.params import flatten
 from fedsim.types import FitTask

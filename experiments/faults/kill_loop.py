@@ -28,10 +28,10 @@ import torch
 
 from fedsim.client import Client
 from fedsim.client.federation import federate, make_clients
+from fedsim.core.errors import WorkerStartupError
 from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import Executor, ProcessExecutor, RayExecutor, SerialExecutor
-from fedsim.executor.pool import WorkerStartupError
 from fedsim.models import MLP2NN
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server import Federation, RoundFailedError, Schedule, Server

@@ -2,10 +2,9 @@
 
 from fedsim.executor.base import Executor, Workload
 from fedsim.executor.process import ProcessExecutor
-from fedsim.executor.ray_executor import RayExecutor  # imports ray only when instantiated
+from fedsim.executor.ray import RayExecutor  # imports the ray library only when instantiated
 from fedsim.executor.serial import SerialExecutor
-from fedsim.executor.vmap import VmapExecutor
-from fedsim.executor.vmap_optim import VmapUnsupportedError
+from fedsim.executor.vmap import VmapExecutor, VmapUnsupportedError
 
 __all__ = [
     "Executor",

@@ -28,6 +28,7 @@ from fedsim.data.tensor_data import TensorData
 from fedsim.executor import client_guard
 
 MAX_FAILED_STARTS = 5  # failed starts of one worker slot in a row (killed while starting) before the run stops
+POSSIBLY_OOM = "possibly out of memory"  # the OS OOM killer sends SIGKILL, but so do people and other tools
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,7 @@ def test_process_executor_is_bitwise_serial_for_char_lstm(workers: int) -> None:
         assert len({c["worker"] for r in result.history for c in r["clients"]}) > 1, "tasks should spread over workers"
 
 
-# Ray: tests/executor/test_ray.py::test_char_lstm_bitwise_equal_to_serial (it shares that module's Ray instance)
+# Ray: tests/executor/ray/test_ray.py::test_char_lstm_bitwise_equal_to_serial (it shares that module's Ray instance)
 
 
 UNIT_ROUNDOFF = 2.0**-24  # float32

@@ -18,8 +18,8 @@ from fedsim.cli.run import build_data, build_model_factory, compose, run_config
 from fedsim.core.params import ParamLayout, flatten
 from fedsim.data.instructions import load_tokenizer
 from fedsim.executor import VmapUnsupportedError
-from fedsim.executor.vmap import batchable_forward, check_model
-from fedsim.executor.vmap_train import ChunkModel, split_state, stack
+from fedsim.executor.vmap.executor import batchable_forward, check_model
+from fedsim.executor.vmap.train import ChunkModel, split_state, stack
 
 UNIT_ROUNDOFF = 2.0**-24  # float32
 SEQ_LEN, BATCH, ROUNDS = 24, 5, 2
@@ -27,7 +27,7 @@ SEQ_LEN, BATCH, ROUNDS = 24, 5, 2
 
 def tolerance(sequential_steps: int, longest_sum: int) -> float:
     """The relative error of the final weights that float32 rounding alone can produce between vmap's batched
-    kernels and serial's (tests/executor/test_vmap.py derives it): ``sqrt(longest_sum)`` unit roundoffs per sum
+    kernels and serial's (tests/executor/vmap/test_vmap.py derives it): ``sqrt(longest_sum)`` unit roundoffs per sum
     in another order, one such perturbation per step of the longest chain of dependent steps, added linearly."""
     return sequential_steps * math.sqrt(longest_sum) * UNIT_ROUNDOFF
 

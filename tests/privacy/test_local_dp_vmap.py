@@ -19,7 +19,7 @@ from fedsim.client.federation import federate, make_clients  # noqa: E402
 from fedsim.data.partition import natural  # noqa: E402
 from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.executor import SerialExecutor, VmapExecutor, VmapUnsupportedError, Workload  # noqa: E402
-from fedsim.executor.vmap_dpsgd import ExampleClipping, LinearClipping, linear_layers, poisson_batches  # noqa: E402
+from fedsim.executor.vmap.dpsgd import ExampleClipping, LinearClipping, linear_layers, poisson_batches  # noqa: E402
 from fedsim.models import MLP2NN  # noqa: E402
 from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.privacy.local import DPSGDClient  # noqa: E402
@@ -41,7 +41,7 @@ PARAMETERS = {"logreg": 610, "mlp": 54_410}  # 60 features, 10 classes; the 2NN'
 
 def tolerance(sequential_steps: int, longest_sum: int) -> float:
     """The relative error of the final weights that float32 rounding alone can produce between vmap and serial (the
-    reasoning of tests/executor/test_vmap.py): another summation order changes a sum of ``longest_sum`` float32
+    reasoning of tests/executor/vmap/test_vmap.py): another summation order changes a sum of ``longest_sum`` float32
     terms by about sqrt(longest_sum) unit roundoffs, once per step along the longest chain of ``sequential_steps``
     dependent steps, and successive perturbations add up at most linearly.
 

@@ -17,7 +17,7 @@ from fedsim.core.types import ClientUpdate
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import VmapExecutor
 from fedsim.executor.base import Workload
-from fedsim.executor.vmap_optim import VmapUnsupportedError
+from fedsim.executor.vmap.optim import VmapUnsupportedError
 from fedsim.privacy.local import DPSGDClient
 from fedsim.strategy import APFL, Strategy
 from fedsim.strategy.apfl import ALPHA_KEY, PERSONAL_KEY

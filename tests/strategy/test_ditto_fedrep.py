@@ -19,7 +19,7 @@ from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
-from fedsim.executor.vmap_optim import VmapUnsupportedError
+from fedsim.executor.vmap.optim import VmapUnsupportedError
 from fedsim.models import MLP2NN
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RunResult, Server

@@ -265,11 +265,11 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(tmp_path: Path) -
     assert torch.equal(resumed.run().params, full)
 
 
-UNIT_ROUNDOFF = 2.0**-24  # float32; the tolerance of tests/executor/test_vmap.py
+UNIT_ROUNDOFF = 2.0**-24  # float32; the tolerance of tests/executor/vmap/test_vmap.py
 
 
 def tolerance(sequential_steps: int, longest_sum: int) -> float:
-    """As in tests/executor/test_vmap.py: float32 rounding along the longest chain of dependent steps, each summing
+    """As in tests/executor/vmap/test_vmap.py: float32 rounding along the longest chain of dependent steps, each summing
     up to ``longest_sum`` terms in another order."""
     return sequential_steps * math.sqrt(longest_sum) * UNIT_ROUNDOFF
 

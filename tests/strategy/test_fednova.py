@@ -159,11 +159,11 @@ def test_fednova_in_worker_processes_equals_serial() -> None:
     assert torch.equal(serial, _run(FedNova(), ProcessExecutor(devices="cpu", workers=2), stragglers=stragglers).params)
 
 
-UNIT_ROUNDOFF = 2.0**-24  # float32; the tolerance of tests/executor/test_vmap.py
+UNIT_ROUNDOFF = 2.0**-24  # float32; the tolerance of tests/executor/vmap/test_vmap.py
 
 
 def tolerance(sequential_steps: int, longest_sum: int) -> float:
-    """As in tests/executor/test_vmap.py: float32 rounding along the longest chain of dependent steps, each summing
+    """As in tests/executor/vmap/test_vmap.py: float32 rounding along the longest chain of dependent steps, each summing
     up to ``longest_sum`` terms in another order."""
     return sequential_steps * math.sqrt(longest_sum) * UNIT_ROUNDOFF
 

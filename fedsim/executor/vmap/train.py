@@ -26,9 +26,9 @@ from fedsim.core.params import ParamLayout, load_flat
 from fedsim.core.state_values import copy_state
 from fedsim.core.types import ClientUpdate
 from fedsim.data.tensor_data import TensorData
-from fedsim.executor import vmap_dpsgd, vmap_optim
-from fedsim.executor.vmap_optim import OptimizerSpec, Tensors
-from fedsim.executor.vmap_plan import ClientPlan
+from fedsim.executor.vmap import dpsgd, optim
+from fedsim.executor.vmap.optim import OptimizerSpec, Tensors
+from fedsim.executor.vmap.plan import ClientPlan
 
 # When this few clients are left in a chunk, the rest of their steps run one client at a time with the
 # eager model and torch.optim (a vectorised call costs ~0.7 ms for one client of a small model, an eager
@@ -75,9 +75,9 @@ def _train_longest_first(
     trainable, fixed = split_state(ctx, global_params)
     params = stack(trainable, k)
     spec = plans[0].optimizer
-    hyper = vmap_optim.stack_hyper([p.optimizer for p in plans], device)
-    decay = vmap_optim.any_decay([p.optimizer for p in plans])
-    state = vmap_optim.init_state(spec, params)
+    hyper = optim.stack_hyper([p.optimizer for p in plans], device)
+    decay = optim.any_decay([p.optimizer for p in plans])
+    state = optim.init_state(spec, params)
     numbers = _stack_numbers(plans, device, ctx.layout, set(trainable))
     rows, mask = _step_tensors(plans, device)
     live = [sum(p.num_steps > t for p in plans) for t in range(rows.shape[0])]
@@ -98,9 +98,7 @@ def _train_longest_first(
                 )
             break
         grads, reported = gradient(t, _prefix(params, n), rows[t, :n], mask[t, :n], _prefix(numbers, n))
-        vmap_optim.step(
-            spec, _prefix(params, n), grads, _prefix(state, n), _prefix(hyper, n), first=t == 0, decay=decay
-        )
+        optim.step(spec, _prefix(params, n), grads, _prefix(state, n), _prefix(hyper, n), first=t == 0, decay=decay)
         losses[t, :n] = reported.detach()
     flat = _flatten_stacked(ctx.layout, params, fixed, k)
     per_client = losses.double().cpu().T.tolist()
@@ -114,7 +112,7 @@ def _client_view(tensors: Tensors, i: int) -> Tensors:
 def _client_state(
     spec: OptimizerSpec, state: Tensors, i: int
 ) -> Callable[[torch.optim.Optimizer, dict[str, nn.Parameter]], None]:
-    return lambda optimizer, named: vmap_optim.to_torch_state(spec, optimizer, named, state, i)
+    return lambda optimizer, named: optim.to_torch_state(spec, optimizer, named, state, i)
 
 
 def _finish_eagerly(
@@ -186,10 +184,10 @@ class _BatchGradient:
 
 def _gradient(
     ctx: ChunkModel, fixed: Tensors, anchor: Tensors, plans: Sequence[ClientPlan]
-) -> _BatchGradient | vmap_dpsgd.PrivateGradient:
-    """The chunk's step gradient: DP-SGD's (:mod:`fedsim.executor.vmap_dpsgd`) or the built-in loop's."""
-    if vmap_dpsgd.is_private(plans[0].client):
-        return vmap_dpsgd.PrivateGradient(ctx.model, fixed, anchor, ctx.local, plans, ctx.data, ctx.device)
+) -> _BatchGradient | dpsgd.PrivateGradient:
+    """The chunk's step gradient: DP-SGD's (:mod:`fedsim.executor.vmap.dpsgd`) or the built-in loop's."""
+    if dpsgd.is_private(plans[0].client):
+        return dpsgd.PrivateGradient(ctx.model, fixed, anchor, ctx.local, plans, ctx.data, ctx.device)
     return _BatchGradient(ctx, fixed, anchor, plans)
 
 

@@ -20,9 +20,9 @@ import torch
 from fedsim.client.federation import representatives
 from fedsim.core.errors import WorkerStartupError
 from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
-from fedsim.executor import by_value
-from fedsim.executor.base import Workload
-from fedsim.executor.worker import WorkerSpec, worker_main
+from fedsim.executor.base import POSSIBLY_OOM, Workload
+from fedsim.executor.process import by_value
+from fedsim.executor.process.worker import WorkerSpec, worker_main
 
 if TYPE_CHECKING:
     from multiprocessing.context import ForkServerContext, SpawnContext
@@ -31,9 +31,6 @@ NO_MAIN_GUARD = (
     "fedsim: a worker process was started while your script was being imported by another worker: "
     'put the code that runs the experiment under `if __name__ == "__main__":` (needed by the spawn start method)'
 )
-
-
-POSSIBLY_OOM = "possibly out of memory"  # the OS OOM killer sends SIGKILL, but so do people and other tools
 
 
 QUEUE_DEPTH = 2  # tasks a worker holds at once: the one it trains, and the next, already in its pipe

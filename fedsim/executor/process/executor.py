@@ -22,9 +22,9 @@ import torch
 from fedsim.core.params import flatten, frozen_hash
 from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
-from fedsim.executor.forkserver import worker_context
 from fedsim.executor.placement import physical_cores, plan_workers, resolve_devices
-from fedsim.executor.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker, small_message
+from fedsim.executor.process.forkserver import worker_context
+from fedsim.executor.process.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker, small_message
 
 if TYPE_CHECKING:
     from multiprocessing.context import ForkServerContext, SpawnContext

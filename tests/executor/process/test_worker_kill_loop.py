@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from own_processes import live_tagged, new_tag, tagged_environment
 
-SCRIPT = Path(__file__).parents[2] / "experiments" / "faults" / "kill_loop.py"
+SCRIPT = Path(__file__).parents[3] / "experiments" / "faults" / "kill_loop.py"
 
 
 @pytest.mark.slow

@@ -2,12 +2,12 @@
 
 In cross-device FL most clients are small (a few local steps of a small model); trained one after
 another they leave a GPU, and even a CPU, mostly idle. This executor stacks up to ``chunk_size``
-clients' parameters and trains them in one vectorised pass (see :mod:`fedsim.executor.vmap_train`),
+clients' parameters and trains them in one vectorised pass (see :mod:`fedsim.executor.vmap.train`),
 with the built-in local loop of :meth:`fedsim.client.base.Client.fit`: same batch order, epochs, batch
 sizes and optimizer (SGD with or without momentum, or Adam) as the serial executor, so results match
 it up to float rounding (not bitwise: batched kernels sum in a different order). ``client=dpsgd``
 clients train with DP-SGD's loop instead (Poisson batches, clipped per-example gradients, each task's
-own noise; :mod:`fedsim.executor.vmap_dpsgd`), matching the serial executor the same way.
+own noise; :mod:`fedsim.executor.vmap.dpsgd`), matching the serial executor the same way.
 
 A language model that federates only its trainable parameters (LoRA adapters over a frozen ``transformers`` base,
 :mod:`fedsim.models.hf_lm`) stacks only those per client: the frozen base, a tied embedding and output weight
@@ -42,10 +42,10 @@ from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor, Workload
 from fedsim.executor.eval_task import run_eval_task
 from fedsim.executor.placement import resolve_devices
-from fedsim.executor.vmap_dpsgd import PRIVATE_LOOP
-from fedsim.executor.vmap_optim import VmapUnsupportedError
-from fedsim.executor.vmap_plan import ClientPlan, plan_task
-from fedsim.executor.vmap_train import EAGER_TAIL, ChunkModel, train_chunk
+from fedsim.executor.vmap.dpsgd import PRIVATE_LOOP
+from fedsim.executor.vmap.optim import VmapUnsupportedError
+from fedsim.executor.vmap.plan import ClientPlan, plan_task
+from fedsim.executor.vmap.train import EAGER_TAIL, ChunkModel, train_chunk
 from fedsim.privacy.local import DPSGDClient
 
 log = logging.getLogger("fedsim")
@@ -239,7 +239,7 @@ def check_model(model: nn.Module) -> None:
     cannot be vectorised per client. Refuse dropout in a model that federates only its trainable parameters (a
     language model, :mod:`fedsim.models.hf_lm`; vmap has no per-client random numbers), naming its keys; other
     models' random ops are caught by :func:`probe_vectorisation`. Such a model's frozen base is not vectorised:
-    only its federated entries (the adapters) are stacked per client, see :mod:`fedsim.executor.vmap_train`."""
+    only its federated entries (the adapters) are stacked per client, see :mod:`fedsim.executor.vmap.train`."""
     if getattr(model, "federates_trainable_only", False):
         for name, module in model.named_modules():
             if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
@@ -271,7 +271,7 @@ def warn_unbatched_layers(model: nn.Module) -> None:
 
 def check_clients(clients: Sequence[Client]) -> None:
     """Refuse client classes that replace the built-in training loop or loss (DP-SGD's, for a
-    :class:`~fedsim.privacy.local.DPSGDClient`: :mod:`fedsim.executor.vmap_dpsgd` vectorises it)."""
+    :class:`~fedsim.privacy.local.DPSGDClient`: :mod:`fedsim.executor.vmap.dpsgd` vectorises it)."""
     for cls in {type(c) for c in representatives(clients)}:
         private = issubclass(cls, DPSGDClient)
         reference = DPSGDClient if private else Client

@@ -18,61 +18,29 @@ import pytest
 import torch
 
 from fedsim.client.base import Client
-from fedsim.client.federation import federate, make_clients
+from fedsim.client.federation import make_clients
 from fedsim.core.params import flatten
 from fedsim.core.types import ClientFailure, ClientUpdate, FitTask
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.executor.base import Workload
 from fedsim.models import MLP2NN
 from fedsim.observe.run_logger import RunLogger
-from fedsim.server.server import RoundFailedError, RunResult, Server
+from fedsim.server.server import RoundFailedError, Server
 from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import FedAvg
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/executor: fault_clients, executor_runs
 import fault_clients  # noqa: E402  (workers import it by the same name: spawn copies sys.path)
+from executor_runs import (  # noqa: E402
+    PER_ROUND,
+    assert_all_gone,
+    federation_data,
+    first_sampled_client,
+    run,
+    serial_reference,
+    worker_pids,
+)
 from own_processes import live_tagged, new_tag, tagged_environment  # noqa: E402
-
-ROUNDS, PER_ROUND = 3, 4
-
-
-@functools.lru_cache(maxsize=1)
-def _data():
-    split = synthetic(num_devices=8, min_size=20, size_sigma_log=0.5, max_size=60, seed=3)
-    return federate(split, natural, client_test_fraction=0.2, seed=0)
-
-
-def run(executor, client_cls=Client, run_dir=None, min_success_fraction=1.0, **client_kwargs) -> RunResult:
-    data = _data()
-    clients = make_clients(data, functools.partial(client_cls, epochs=2, batch_size=8, **client_kwargs))
-    server = Server(
-        model_factory=functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32),
-        federation=Federation(clients=clients, train_data=data.train, test_data=data.test),
-        strategy=FedAvg(),
-        executor=executor,
-        schedule=Schedule(num_rounds=ROUNDS, clients_per_round=PER_ROUND, min_success_fraction=min_success_fraction),
-        seed=7,
-        logger=RunLogger(run_dir, tensorboard=run_dir is not None, progress=False),
-    )
-    return server.run()
-
-
-@functools.lru_cache(maxsize=1)
-def serial_reference() -> torch.Tensor:
-    return run(SerialExecutor()).params
-
-
-def worker_pids(run_dir: Path) -> set[int]:
-    text = "".join(p.read_text() for p in (run_dir / "workers").glob("*.log"))
-    return {int(pid) for pid in re.findall(r"\(pid (\d+),", text)}
-
-
-def assert_all_gone(pids: set[int]) -> None:
-    assert pids, "no worker pid was recorded"
-    alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
-    assert not alive, f"worker processes left behind: {alive}"
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
@@ -91,7 +59,7 @@ def test_bitwise_equal_to_serial(workers: int, tmp_path: Path) -> None:
 def test_dropout_is_the_same_in_every_worker_and_in_serial() -> None:
     """Dropout draws from torch's global RNG, which each task seeds from its own seed: the weights do not
     depend on which worker ran a task, after which other tasks, or on the parent's RNG."""
-    data = _data()
+    data = federation_data()
 
     def final(executor) -> torch.Tensor:  # type: ignore[no-untyped-def]
         torch.manual_seed(len(str(executor)))  # a different parent RNG state for every executor
@@ -119,7 +87,7 @@ def test_integer_buffers_start_every_task_as_built() -> None:
     """BatchNorm with ``momentum=None`` averages over ``num_batches_tracked``, an integer buffer that is not
     federated. It must start every task at its built value; if it carried over from earlier tasks (or from a
     worker's warm-up step), the result would depend on which worker ran which clients."""
-    data = _data()
+    data = federation_data()
 
     def final(executor) -> torch.Tensor:  # type: ignore[no-untyped-def]
         return (
@@ -164,7 +132,7 @@ def test_raising_client_is_reported_and_policy_applies(tmp_path: Path) -> None:
 
 def test_sigkilled_worker_is_replaced_and_result_unchanged(tmp_path: Path) -> None:
     marker = tmp_path / "killed"
-    victim = _first_sampled_client()
+    victim = first_sampled_client()
     result = run(
         ProcessExecutor(devices="cpu", workers=2),
         fault_clients.KillOnceClient,
@@ -187,7 +155,7 @@ def test_a_killed_forkserver_takes_its_workers_along_and_they_are_replaced(tmp_p
     from multiprocessing import forkserver
 
     executor = ProcessExecutor(devices="cpu", workers=2)
-    data = _data()
+    data = federation_data()
     factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)
     clients = make_clients(data, functools.partial(Client, epochs=1, batch_size=8))
     params = flatten(factory())
@@ -209,7 +177,7 @@ def test_a_killed_forkserver_takes_its_workers_along_and_they_are_replaced(tmp_p
 def test_tasks_queued_behind_a_killed_worker_run_again_without_using_retries(tmp_path: Path) -> None:
     """One worker holds the task it trains and the next one; it dies on the first. With no retries
     allowed, the first fails, and the queued one (never started) still trains, equal to serial."""
-    data = _data()
+    data = federation_data()
     model_factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)
     tasks = [FitTask(client_id=i, round_num=1, seed=100 + i, config={}) for i in range(4)]
     global_params = flatten(model_factory())
@@ -239,12 +207,12 @@ def test_tasks_queued_behind_a_killed_worker_run_again_without_using_retries(tmp
 def test_sigkilled_worker_without_retries_says_possibly_out_of_memory(tmp_path: Path) -> None:
     executor = ProcessExecutor(devices="cpu", workers=1, max_retries=0)
     with pytest.raises(RoundFailedError, match=r"worker w0 was killed by SIGKILL \(possibly out of memory\)"):
-        run(executor, fault_clients.KillOnceClient, victim=_first_sampled_client(), marker=str(tmp_path / "killed"))
+        run(executor, fault_clients.KillOnceClient, victim=first_sampled_client(), marker=str(tmp_path / "killed"))
 
 
 def test_hanging_client_is_timed_out_and_retried(tmp_path: Path) -> None:
     marker = tmp_path / "hung"
-    victim = _first_sampled_client()
+    victim = first_sampled_client()
     executor = ProcessExecutor(devices="cpu", workers=2, client_timeout_s=3)
     result = run(executor, fault_clients.HangClient, run_dir=tmp_path, victim=victim, marker=str(marker))
     assert marker.exists()
@@ -253,7 +221,7 @@ def test_hanging_client_is_timed_out_and_retried(tmp_path: Path) -> None:
 
 
 def test_client_that_always_hangs_fails_after_bounded_retries(tmp_path: Path) -> None:
-    victim = _first_sampled_client()
+    victim = first_sampled_client()
     executor = ProcessExecutor(devices="cpu", workers=1, client_timeout_s=1, max_retries=1)
     with pytest.raises(RoundFailedError, match="timed out"):
         run(
@@ -277,7 +245,7 @@ def _mlp_with(lock: threading.Lock) -> MLP2NN:
 
 
 def test_unsendable_model_factory_fails_before_training() -> None:
-    data = _data()
+    data = federation_data()
     server = Server(
         model_factory=functools.partial(_mlp_with, threading.Lock()),
         federation=Federation(clients=make_clients(data, Client), train_data=data.train, test_data=data.test),
@@ -302,7 +270,7 @@ def test_lambdas_and_local_classes_go_to_workers_by_value() -> None:
             return super().loss(model, x, y) * 1.0
 
     def build(executor) -> Server:  # type: ignore[no-untyped-def]
-        data = _data()
+        data = federation_data()
         return Server(
             model_factory=lambda: MLP2NN((60,), 10, hidden=32),
             federation=Federation(
@@ -411,12 +379,6 @@ def _wait_for(condition, timeout: float = 90.0) -> None:  # type: ignore[no-unty
     while not condition():
         assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.2)
-
-
-def _first_sampled_client() -> int:
-    from fedsim.core.seeding import sampling_rng
-
-    return FedAvg().sample(1, _data().num_clients, PER_ROUND, sampling_rng(7, 1))[0]
 
 
 def test_no_shared_memory_files_left(tmp_path: Path) -> None:

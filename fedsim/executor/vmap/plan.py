@@ -1,6 +1,6 @@
 """A task of ``executor=vmap``, unrolled before training (:class:`ClientPlan`): every local step's dataset rows,
 drawn from the task's generator exactly as :meth:`fedsim.client.base.Client.fit` (or DP-SGD's Poisson sampling)
-draws them, and the client's optimizer; :mod:`fedsim.executor.vmap_train` then trains a chunk of plans at once."""
+draws them, and the client's optimizer; :mod:`fedsim.executor.vmap.train` then trains a chunk of plans at once."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from torch import nn
 from fedsim.client.base import Client
 from fedsim.client.local_training import LocalTraining
 from fedsim.core.types import FitTask
-from fedsim.executor import vmap_dpsgd, vmap_optim
-from fedsim.executor.vmap_optim import OptimizerSpec
+from fedsim.executor.vmap import dpsgd, optim
+from fedsim.executor.vmap.optim import OptimizerSpec
 
 
 @dataclass(frozen=True)
@@ -54,13 +54,13 @@ def plan_task(
     if cache is not None and key in cache:
         spec = cache[key]
     else:
-        spec = vmap_optim.optimizer_spec(client.make_optimizer(model, config))
+        spec = optim.optimizer_spec(client.make_optimizer(model, config))
         if cache is not None:
             cache[key] = spec
     generator = torch.Generator().manual_seed(task.seed)
-    if vmap_dpsgd.is_private(client):  # DP-SGD: ⌈1/q⌉ Poisson batches per epoch
+    if dpsgd.is_private(client):  # DP-SGD: ⌈1/q⌉ Poisson batches per epoch
         steps = client.steps_per_epoch
-        rows, sizes = vmap_dpsgd.poisson_batches(client, generator, epochs)
+        rows, sizes = dpsgd.poisson_batches(client, generator, epochs)
     else:
         steps = math.ceil(client.num_train / batch_size)
         rows, sizes = _shuffled_batches(client, generator, epochs, batch_size)

@@ -24,14 +24,22 @@ from fedsim.client.federation import make_clients  # noqa: E402
 from fedsim.core.types import ClientFailure, ClientUpdate, FitTask  # noqa: E402
 from fedsim.executor import RayExecutor, SerialExecutor  # noqa: E402
 from fedsim.executor.base import Workload  # noqa: E402
-from fedsim.executor.ray_executor import MISSING_RAY  # noqa: E402
+from fedsim.executor.ray.executor import MISSING_RAY  # noqa: E402
 from fedsim.models import MLP2NN  # noqa: E402
 from fedsim.server.server import RoundFailedError  # noqa: E402
 from fedsim.server.settings import Evaluation, Federation, Schedule  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/executor: fault_clients, executor_runs
 import fault_clients  # noqa: E402
-from test_process import PER_ROUND, ROUNDS, _data, _first_sampled_client, run, serial_reference, worker_pids  # noqa: E402
+from executor_runs import (  # noqa: E402
+    PER_ROUND,
+    ROUNDS,
+    federation_data,
+    first_sampled_client,
+    run,
+    serial_reference,
+    worker_pids,
+)
 
 cloudpickle.register_pickle_by_value(fault_clients)  # Ray workers do not share this test's sys.path
 pytestmark = pytest.mark.slow  # every test here starts Ray actors (a few seconds each)
@@ -66,7 +74,7 @@ def test_char_lstm_bitwise_equal_to_serial() -> None:
 
 def test_simulated_clock_gives_serial_metrics_and_times() -> None:
     """A run with availability, over-selection and a deadline that drops and cuts clients (tests/sim/test_clock.py)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sim"))
     import test_clock as clocked
 
     from fedsim.cli.run import build_server, compose
@@ -93,7 +101,7 @@ def test_fedbuff_gives_serial_metrics_and_times(module: str, settings: str) -> N
     BASGD's buffers and median (tests/sim/test_fedbuff*.py, test_basgd.py)."""
     import importlib
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sim"))
     buffered = importlib.import_module(module)
     from fedsim.cli.run import build_server, compose
 
@@ -107,7 +115,7 @@ def test_fedbuff_gives_serial_metrics_and_times(module: str, settings: str) -> N
 def test_compression_gives_serial_weights_and_metrics() -> None:
     """Top-k then QSGD with error feedback up, float16 down (tests/comm/test_compressed_runs.py): the same weights,
     bytes and residuals on Ray actors."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "comm"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "comm"))
     import test_compressed_runs as compressed
 
     from fedsim.cli.run import build_server, compose
@@ -121,7 +129,7 @@ def test_compression_gives_serial_weights_and_metrics() -> None:
 def test_central_dp_gives_serial_weights_metrics_and_epsilon() -> None:
     """DP-FedAvg with adaptive clipping (tests/privacy/test_private_runs.py): same noise, clip norms and ε on Ray."""
     pytest.importorskip("dp_accounting")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "privacy"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "privacy"))
     import test_private_runs as private
 
     from fedsim.cli.run import build_server, compose
@@ -135,7 +143,7 @@ def test_central_dp_gives_serial_weights_metrics_and_epsilon() -> None:
 def test_local_dp_sgd_gives_serial_weights() -> None:
     """client=dpsgd (tests/privacy/test_local_dp.py): Poisson batches and noise from the task generator on Ray."""
     pytest.importorskip("dp_accounting")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "privacy"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "privacy"))
     import test_local_dp as local
 
     from fedsim.cli.run import build_server, compose
@@ -148,7 +156,7 @@ def test_local_dp_sgd_gives_serial_weights() -> None:
 @pytest.mark.parametrize("attack", ["alie", "backdoor"])
 def test_attacks_give_serial_weights(attack: str) -> None:
     """ALIE against Multi-Krum and a backdoor (tests/attacks/): the same crafted updates and poisoned data on Ray."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "attacks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "attacks"))
     import test_attacked_runs as attacked
     import test_data_poisoning as poisoned
 
@@ -165,7 +173,7 @@ def test_attacks_give_serial_weights(attack: str) -> None:
 def test_new_robust_rules_give_serial_weights(rule: str) -> None:
     """FLTrust and Zeno (their server-side work on the root dataset runs in the driver) and Bulyan, attacked: the Ray
     run's weights are the serial run's (tests/strategy/test_fltrust.py, test_bulyan.py, test_zeno.py)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "strategy"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "strategy"))
     import test_bulyan
     import test_fltrust
     import test_zeno
@@ -195,7 +203,7 @@ def test_raising_client_is_reported_with_traceback_and_policy_applies() -> None:
 
 
 def test_failure_carries_the_traceback() -> None:
-    data = _data()
+    data = federation_data()
     clients = make_clients(data, functools.partial(fault_clients.RaisingClient, bad_ids=(1,), epochs=1, batch_size=8))
     factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)
     params = torch.cat([p.detach().flatten() for p in factory().parameters()])
@@ -213,7 +221,7 @@ def test_sigkilled_actor_is_replaced_and_result_unchanged(tmp_path: Path) -> Non
     result = run(
         RayExecutor(workers=2, reuse_actors=True),
         fault_clients.KillOnceClient,
-        victim=_first_sampled_client(),
+        victim=first_sampled_client(),
         marker=str(marker),
     )
     assert marker.exists(), "the victim never ran"
@@ -224,13 +232,13 @@ def test_sigkilled_actor_is_replaced_and_result_unchanged(tmp_path: Path) -> Non
 def test_sigkilled_actor_without_retries_says_possibly_out_of_memory(tmp_path: Path) -> None:
     executor = RayExecutor(workers=1, max_retries=0, reuse_actors=True)
     with pytest.raises(RoundFailedError, match=r"Ray worker r0 was killed or crashed \(possibly out of memory"):
-        run(executor, fault_clients.KillOnceClient, victim=_first_sampled_client(), marker=str(tmp_path / "killed"))
+        run(executor, fault_clients.KillOnceClient, victim=first_sampled_client(), marker=str(tmp_path / "killed"))
 
 
 def test_tasks_queued_behind_a_dying_client_are_not_charged_a_retry(tmp_path: Path) -> None:
     """One actor gets client 0 and, queued behind it, client 1; client 0 kills the actor. Client 1
     never started, so it is run again on the replacement without using up a retry."""
-    data = _data()
+    data = federation_data()
     kill = functools.partial(
         fault_clients.KillOnceClient, victim=0, marker=str(tmp_path / "killed"), epochs=1, batch_size=8
     )
@@ -252,7 +260,7 @@ def test_tasks_queued_behind_a_dying_client_are_not_charged_a_retry(tmp_path: Pa
 def test_client_that_hangs_once_is_timed_out_retried_and_result_unchanged(tmp_path: Path) -> None:
     marker = tmp_path / "hung"
     executor = RayExecutor(workers=2, client_timeout_s=3, reuse_actors=True)
-    result = run(executor, fault_clients.HangClient, victim=_first_sampled_client(), marker=str(marker))
+    result = run(executor, fault_clients.HangClient, victim=first_sampled_client(), marker=str(marker))
     assert marker.exists(), "the victim never ran"
     assert torch.equal(result.params, serial_reference())
 
@@ -260,7 +268,7 @@ def test_client_that_hangs_once_is_timed_out_retried_and_result_unchanged(tmp_pa
 def test_always_hanging_client_times_out_after_bounded_retries(tmp_path: Path) -> None:
     executor = RayExecutor(workers=1, client_timeout_s=1, max_retries=1, reuse_actors=True)
     with pytest.raises(RoundFailedError, match=r"1 of 4 clients failed .*timed out"):
-        run(executor, fault_clients.HangClient, victim=_first_sampled_client(), marker=str(tmp_path / "m"), always=True)
+        run(executor, fault_clients.HangClient, victim=first_sampled_client(), marker=str(tmp_path / "m"), always=True)
 
 
 def test_actor_logs_are_tagged_and_prints_stay_out_of_ray_output(tmp_path: Path) -> None:
@@ -456,7 +464,7 @@ def _algorithm_run(strategy, executor):  # type: ignore[no-untyped-def]
     from fedsim.observe.run_logger import RunLogger
     from fedsim.server.server import Server
 
-    data = _data()
+    data = federation_data()
     # one batch per epoch (every client has fewer than 64 training examples): BatchNorm never sees a batch of one
     clients = make_clients(data, functools.partial(Client, epochs=2, batch_size=64))
     server = Server(

@@ -6,7 +6,7 @@ import contextlib
 import re
 from typing import Any
 
-from fedsim.executor.pool import POSSIBLY_OOM
+from fedsim.executor.base import POSSIBLY_OOM
 
 _RAY_OOM = re.compile(r"running low on memory|OOM kill reason|NODE_OUT_OF_MEMORY", re.IGNORECASE)
 

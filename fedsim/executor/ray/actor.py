@@ -1,4 +1,4 @@
-"""The body of one Ray actor of :class:`~fedsim.executor.ray_executor.RayExecutor`.
+"""The body of one Ray actor of :class:`~fedsim.executor.ray.RayExecutor`.
 
 An actor pins its thread budget, routes its output into its own log file, builds its model once per
 run, then trains one task per call; with ``reuse_actors`` a later run in the same driver loads its own

@@ -19,10 +19,10 @@ import torch
 ray = pytest.importorskip("ray")
 
 from fedsim.executor import RayExecutor  # noqa: E402
-from fedsim.executor.ray_warm import release_warm_actors  # noqa: E402
+from fedsim.executor.ray import release_warm_actors  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_process import run, serial_reference, worker_pids  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/executor: fault_clients, executor_runs
+from executor_runs import run, serial_reference, worker_pids  # noqa: E402
 
 pytestmark = pytest.mark.slow  # starts Ray actors
 
@@ -90,8 +90,8 @@ import sys
 sys.path[:0] = [{tests!r}, {suite!r}]
 import ray
 from fedsim.executor import RayExecutor
-from fedsim.executor.ray_warm import release_warm_actors
-from test_process import run, serial_reference
+from fedsim.executor.ray import release_warm_actors
+from executor_runs import run, serial_reference
 import torch
 
 first = run(RayExecutor(workers=1, reuse_actors=True))  # no Ray yet: this executor starts one, and keeps it
@@ -106,7 +106,7 @@ print("ok")
 
 def test_a_run_that_started_ray_and_keeps_its_actors_keeps_ray_up_for_the_next(tmp_path: Path) -> None:
     script = tmp_path / "kept_ray.py"
-    script.write_text(KEPT_RAY.format(tests=str(Path(__file__).parent), suite=str(Path(__file__).parents[1])))
+    script.write_text(KEPT_RAY.format(tests=str(Path(__file__).parents[1]), suite=str(Path(__file__).parents[2])))
     env = {**os.environ, "RAY_ADDRESS": "local"}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -24,13 +24,13 @@ from fedsim.executor import RayExecutor, SerialExecutor  # noqa: E402
 from fedsim.executor.base import MAX_FAILED_STARTS, Workload  # noqa: E402
 from fedsim.models import MLP2NN  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/executor: fault_clients, executor_runs
 import fault_clients  # noqa: E402
+from executor_runs import federation_data  # noqa: E402
 from own_processes import live_tagged, new_tag, tagged_environment  # noqa: E402
-from test_process import _data  # noqa: E402
 
 cloudpickle.register_pickle_by_value(fault_clients)  # Ray workers do not share this test's sys.path
-KILL_LOOP = Path(__file__).parents[2] / "experiments" / "faults" / "kill_loop.py"
+KILL_LOOP = Path(__file__).parents[3] / "experiments" / "faults" / "kill_loop.py"
 TASKS = [FitTask(0, 1, 10), FitTask(1, 1, 11), FitTask(2, 1, 12)]
 
 
@@ -77,7 +77,7 @@ def test_killing_a_ray_worker_every_second_never_hangs() -> None:
 def _fit(executor, factory) -> list:  # type: ignore[no-untyped-def]
     """Train ``TASKS`` from the same global weights with ``executor``, whose workers build their model with
     ``factory``."""
-    data = _data()
+    data = federation_data()
     clients = make_clients(data, functools.partial(Client, epochs=1, batch_size=8))
     torch.manual_seed(0)
     params = torch.cat(

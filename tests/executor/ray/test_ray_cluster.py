@@ -21,9 +21,9 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from fedsim.executor import RayExecutor  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/executor: fault_clients, executor_runs
 import fault_clients  # noqa: E402
-from test_process import ROUNDS, run, serial_reference  # noqa: E402
+from executor_runs import ROUNDS, run, serial_reference  # noqa: E402
 
 cloudpickle.register_pickle_by_value(fault_clients)
 

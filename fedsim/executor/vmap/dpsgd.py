@@ -10,7 +10,7 @@ What :meth:`DPSGDClient._run_epoch` does one client at a time, here for a chunk 
   ``vmap`` over the examples inside the ``vmap`` over the clients); then it adds the Gaussian noise of each
   task's own noise generator (drawn on the CPU, per client one ``randn`` per trainable parameter in
   ``named_parameters`` order, as the client draws it), divides by ``q·n`` and adds the gradient of the
-  strategy's functional term; the optimizer steps in :mod:`fedsim.executor.vmap_train`;
+  strategy's functional term; the optimizer steps in :mod:`fedsim.executor.vmap.train`;
 * the steps of a chunk's last clients run eagerly with the client's own :meth:`DPSGDClient._private_gradient`.
 
 So a client's update equals the serial executor's up to float rounding. A step's batches are padded to the
@@ -345,6 +345,6 @@ def _like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _gather(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``values[rows]`` for a 2-D ``rows`` (as :func:`fedsim.executor.vmap_train._gather`, which imports this
+    """``values[rows]`` for a 2-D ``rows`` (as :func:`fedsim.executor.vmap.train._gather`, which imports this
     module)."""
     return values.index_select(0, rows.reshape(-1)).view(*rows.shape, *values.shape[1:])

@@ -6,7 +6,7 @@ round; every task of the round gets the same reference and each actor fetches it
 Tasks are handed out dynamically (an idle actor gets the next client; while enough remain, each
 actor also has its next client queued, so it never waits for the driver between two clients) and
 results are returned sorted by client id, so answers equal the serial executor's with the same
-``threads``. Weights cross the object store as NumPy arrays (see ``ray_actor.py``).
+``threads``. Weights cross the object store as NumPy arrays (see ``actor.py``).
 An actor that dies (crash, OOM kill, its node lost) or exceeds ``client_timeout_s`` is replaced and its
 client retried with the same seed, at most ``max_retries`` times; a kill by Ray's memory monitor is
 reported as out of memory. A replacement starts in the background: the round goes on with the actors
@@ -15,7 +15,7 @@ joins when the cluster has room for it). An actor killed while starting is start
 ``MAX_FAILED_STARTS`` times in a row; one whose constructor fails (it would again) stops the run at once.
 Every actor logs to its own file in the run directory, tagged with round and client. With
 ``reuse_actors`` the actors that are idle and healthy at the end of a run stay up, empty, for the next run in
-the same process (a sweep, a loop in a notebook), which loads its workload into them (``ray_warm.py``).
+the same process (a sweep, a loop in a notebook), which loads its workload into them (``warm.py``).
 
 Ray is optional: this module imports it only when a :class:`RayExecutor` is created.
 """
@@ -37,11 +37,11 @@ from fedsim.core.errors import WorkerStartupError
 from fedsim.core.extras import missing_text, require
 from fedsim.core.params import NO_FROZEN_WEIGHTS, frozen_hash
 from fedsim.core.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
-from fedsim.executor import ray_warm
 from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
 from fedsim.executor.placement import physical_cores
-from fedsim.executor.ray_actor import RayWorker, to_array, to_tensor
-from fedsim.executor.ray_reasons import death_reason, kill_quietly, start_failure
+from fedsim.executor.ray import warm as ray_warm
+from fedsim.executor.ray.actor import RayWorker, to_array, to_tensor
+from fedsim.executor.ray.reasons import death_reason, kill_quietly, start_failure
 
 log = logging.getLogger("fedsim")
 
@@ -106,7 +106,7 @@ class RayExecutor(Executor):
     ``reuse_actors``: at the end of the run keep the idle, healthy actors (and the Ray this executor started) for
     the next ``RayExecutor`` with the same ``threads`` and ``num_gpus_per_worker`` in this process, which loads its
     workload into them instead of starting new ones (seconds per actor). Kept actors hold their CPUs and GPUs until
-    the next run takes or kills them, :func:`~fedsim.executor.ray_warm.release_warm_actors`, ``ray.shutdown()`` or
+    the next run takes or kills them, :func:`~fedsim.executor.ray.release_warm_actors`, ``ray.shutdown()`` or
     the end of the process; and a module they imported is not imported again, so restart the process after editing
     your client's module.
     """

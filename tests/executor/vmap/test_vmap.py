@@ -20,7 +20,7 @@ from fedsim.data.partition import lognormal, natural
 from fedsim.data.synthetic import synthetic
 from fedsim.data.tensor_data import DataSplit, TensorData
 from fedsim.executor import SerialExecutor, VmapExecutor, VmapUnsupportedError, Workload
-from fedsim.executor.vmap import auto_chunk_size
+from fedsim.executor.vmap.executor import auto_chunk_size
 from fedsim.models import MLP2NN, LogisticRegression, McMahanCNN
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RunResult, Server
