@@ -32,7 +32,7 @@ from fedsim.server.central_eval import eval_device as eval_device_named
 from fedsim.server.early_stop import EarlyStop
 from fedsim.server.federated_eval import evaluate_clients
 from fedsim.server.parts import RoundParts, Stateful
-from fedsim.server.resume_check import check_changes
+from fedsim.server.resume_check import check_changes, check_fingerprint
 from fedsim.server.round import (
     AdvanceClock,
     Aggregate,
@@ -315,11 +315,8 @@ class Server:
         Settings that change the computation must be the checkpoint's, except those in ``allow_changes``
         (see :mod:`fedsim.server.resume_check`)."""
         path, state = resolve_checkpoint(target)
-        if state.get("fingerprint") != self._fingerprint():
-            raise CheckpointError(
-                f"{path} belongs to another run setup: {state.get('fingerprint')} != {self._fingerprint()}"
-            )
-        changes = check_changes(state.get("settings", {}), self.settings, allow_changes, path)
+        changes = check_changes(state.get("settings", {}), self.settings, allow_changes, path)  # names a changed key
+        check_fingerprint(state.get("fingerprint"), self._fingerprint(), path)  # the Python API has no settings
         self.params = state["params"].to(self.params.dtype)
         self.start_round = int(state["round"]) + 1
         self.strategy.setup(self.run_context())  # told again, before its state comes back
