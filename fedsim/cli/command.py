@@ -17,6 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from fedsim.cli.hydra_entry import fail, run_hydra_entry
+from fedsim.cli.library_output import library_output_to_run_log
 from fedsim.cli.objective import objective_value
 from fedsim.cli.run import CONFIG_DIR, build_server
 from fedsim.cli.run_summary import record_error, record_summary, write_failed_summary
@@ -32,7 +33,8 @@ register_run_label_resolver()  # conf/config.yaml names a sweep's job directorie
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float:
     """One run; returns the objective (fedsim/cli/objective.py) for sweepers such as Optuna."""
-    with LogFileErrors() as log_file:  # a full disk: run.log's failures are not a traceback per line
+    # a full disk: run.log's failures are not a traceback per line; library warnings go to run.log only
+    with LogFileErrors() as log_file, library_output_to_run_log():
         history = _run_from_command_line(cfg, HydraConfig.get().runtime.output_dir)
     if log_file.first is not None:
         print(
