@@ -5,15 +5,12 @@ this, are in tests/llm/test_lora_console.py."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import sys
 import sysconfig
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
-from cli_runner import run_cli
+from cli_runner import run_cli, warnings_on_stderr
 
 from fedsim.cli.library_output import library_output_to_run_log, third_party
 
@@ -30,18 +27,6 @@ class Noisy(FedAvg):
         warnings.warn("a warning raised while the run is built", UserWarning)
         logging.getLogger("noisy_strategy").warning("the user's own log line")
 """
-
-
-@contextlib.contextmanager
-def warnings_on_stderr() -> Iterator[None]:
-    """Python warnings printed on stderr, as a fresh interpreter prints them (pytest records them instead)."""
-
-    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: object) -> None:
-        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno))
-
-    with warnings.catch_warnings():
-        warnings.showwarning = show
-        yield
 
 
 def _record(name: str, pathname: str) -> logging.LogRecord:

@@ -5,32 +5,16 @@ refusal after the model is built, such as a resume with another ``adapter.r``, i
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import sys
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import run_cli, warnings_on_stderr
 from test_lora_runs import args
 from test_pretrained_dir import saved_model
 
 LORA = ["adapter=lora", "adapter.target_modules=[c_attn]"]
 LIBRARY_WARNINGS = ("UserWarning: fan_in_fan_out is set to False", "FutureWarning: `is_gradient_checkpointing`")
-
-
-@contextlib.contextmanager
-def warnings_on_stderr() -> Iterator[None]:
-    """Python warnings printed on stderr, as a fresh interpreter prints them (pytest records them instead)."""
-
-    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: object) -> None:
-        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno))
-
-    with warnings.catch_warnings():
-        warnings.showwarning = show
-        yield
 
 
 @pytest.fixture(scope="module")
