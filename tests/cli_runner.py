@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -57,6 +58,19 @@ def run_cli(
             if not isinstance(stop.code, (int, type(None))):
                 print(stop.code, file=sys.stderr)  # as the interpreter does with sys.exit("message")
     return subprocess.CompletedProcess(["fedsim", *args], code, output["stdout"], output["stderr"])
+
+
+@contextlib.contextmanager
+def warnings_on_stderr() -> Iterator[None]:
+    """Python warnings printed on stderr while inside, as a fresh interpreter prints them: pytest records them
+    instead, so a test of what ``fedsim ARGS`` prints wraps :func:`run_cli` in this to see them where a user would."""
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: object) -> None:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno))
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 @contextlib.contextmanager

@@ -275,13 +275,14 @@ def test_resume_errors_are_one_line(tmp_path: Path, uninterrupted: dict[str, Pat
     assert nothing.returncode == 2 and nothing.stderr.strip().startswith("fedsim: error: no checkpoint")
     assert len(nothing.stderr.strip().splitlines()) == 1
     other = run_cli(_args(tmp_path / "b", "strategy=ditto", "clients_per_round=5", f"resume={uninterrupted['ditto']}"))
-    assert other.returncode == 2 and "belongs to another run setup" in other.stderr
+    assert other.returncode == 2 and len(other.stderr.strip().splitlines()) == 1
+    assert "clients_per_round (10 -> 5)" in other.stderr  # the settings check names it (issue #41)
 
 
 # --- checkpoints keep the history's scalars; the per-client rows come back from metrics.jsonl ---------------
 
 
-def _small_server(run_dir: Path, num_rounds: int, rows_in_memory: bool = True):  # noqa: ANN202 - a Server
+def _small_server(run_dir: Path, num_rounds: int, rows_in_memory: bool = True, per_round: int = 3):  # noqa: ANN202
     import functools
 
     from fedsim.client.base import Client
@@ -302,11 +303,22 @@ def _small_server(run_dir: Path, num_rounds: int, rows_in_memory: bool = True): 
         federation=Federation(clients=make_clients(data, Client), train_data=data.train, test_data=data.test),
         strategy=FedAvg(),
         executor=SerialExecutor(),
-        schedule=Schedule(num_rounds=num_rounds, clients_per_round=3),
+        schedule=Schedule(num_rounds=num_rounds, clients_per_round=per_round),
         seed=5,
         logger=RunLogger(run_dir, tensorboard=False, progress=False, client_rows_in_memory=rows_in_memory),
         checkpoints=Checkpoints(dir=run_dir / "checkpoints", every=1),
     )
+
+
+def test_a_python_api_resume_of_another_setup_names_what_differs(tmp_path: Path) -> None:
+    """A Server built from Python has no settings to compare: the fingerprint says what differs, in one line."""
+    _small_server(tmp_path / "run", 2).run()
+    other = _small_server(tmp_path / "run", 4, per_round=4)
+    with pytest.raises(CheckpointError) as caught:
+        other.resume(tmp_path / "run")
+    line = str(caught.value)
+    assert "belongs to another run setup: clients_per_round (3 -> 4); resume with the setup" in line
+    assert "\n" not in line and "num_params" not in line
 
 
 def _records(run_dir: Path) -> list[dict]:

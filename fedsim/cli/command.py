@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from fedsim.cli.dir_lock import release_command_line_leases
 from fedsim.cli.hydra_entry import fail, run_hydra_entry
+from fedsim.cli.library_output import library_output_to_run_log
 from fedsim.cli.objective import objective_value
 from fedsim.cli.run import CONFIG_DIR, build_server
 from fedsim.cli.run_summary import record_error, record_summary, write_failed_summary
@@ -35,7 +36,9 @@ register_run_label_resolver()  # conf/config.yaml names a sweep's job directorie
 def _hydra_main(cfg: DictConfig) -> float:
     """One run; returns the objective (fedsim/cli/objective.py) for sweepers such as Optuna."""
     run_dir = HydraConfig.get().runtime.output_dir
-    with _own(run_dir), LogFileErrors() as log_file:  # a full disk: run.log's failures are not a traceback per line
+    # the run's directory is its own; a full disk: run.log's failures are not a traceback per line; library warnings
+    # go to run.log only
+    with _own(run_dir), LogFileErrors() as log_file, library_output_to_run_log():
         history = _run_from_command_line(cfg, run_dir)
     if log_file.first is not None:
         print(

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hydra.errors import OverrideParseException
 from omegaconf import DictConfig
 from omegaconf.errors import ValidationError
 
@@ -25,6 +26,8 @@ _MERGING = re.compile(r"^Error merging override ([+~]*)([^=\s]+)=(.*)$")
 
 def override_error_line(error: BaseException, argv: Sequence[str] | None = None) -> str | None:
     """The one line for a Hydra composition ``error`` caused by an unknown key or option, else ``None``."""
+    if isinstance(error, OverrideParseException):
+        return unreadable_override_line(error)
     text = str(error)
     argv = list(sys.argv[1:] if argv is None else argv)
     unknown_key = _CANNOT_OVERRIDE.search(text)
@@ -37,6 +40,16 @@ def override_error_line(error: BaseException, argv: Sequence[str] | None = None)
     if merging and isinstance(error.__cause__, ValidationError):  # the schema refused the value's type
         return wrong_type_line(merging.group(2), merging.group(3), error.__cause__)
     return None
+
+
+def unreadable_override_line(error: OverrideParseException) -> str:
+    """``cannot read the override a=x(y (...)``: Hydra's grammar refused it (unquoted brackets, parentheses, ``=``
+    or ``$`` in a value, e.g. a regular expression); Hydra's own report is three lines and exit status 1."""
+    first = error.message.strip().splitlines()[0] if error.message.strip() else "a syntax error"
+    return (
+        f"cannot read the override {error.override} ({first}); quote a value holding brackets, parentheses, = or $ "
+        "for Hydra, inside the shell's quotes: \"key='value'\""
+    )
 
 
 def wrong_type_line(key: str, value: str, error: BaseException) -> str:

@@ -9,10 +9,14 @@ setting) and an :class:`ImportError` (so code that guards an import still catche
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 from fedsim.core.errors import ConfigError
+
+_after_import: list[Callable[[], None]] = []  # see after_each_import
 
 
 class MissingExtraError(ConfigError, ImportError):
@@ -25,11 +29,26 @@ def require(module: str, needed_by: str, extra: str, *, package: str | None = No
     fedsim's distribution is ``fedsim-torch`` (``fedsim`` on the package index is an unrelated project).
     ``package``: the name pip knows it by (default ``module``)."""
     try:
-        return importlib.import_module(module)
+        imported = importlib.import_module(module)
     except ImportError as error:
         broken = error.name is not None and error.name.split(".")[0] != module.split(".")[0]  # its own import failed
         text = missing_text(needed_by, package or module, extra)
         raise MissingExtraError(f"{text}; it is installed but does not import: {error}" if broken else text) from None
+    for hook in list(_after_import):
+        hook()
+    return imported
+
+
+@contextlib.contextmanager
+def after_each_import(hook: Callable[[], None]) -> Iterator[None]:
+    """While inside, :func:`require` calls ``hook()`` after each import, before the package does any work: the
+    command line takes the console handler that some packages install when imported off the console
+    (:mod:`fedsim.cli.library_output`)."""
+    _after_import.append(hook)
+    try:
+        yield
+    finally:
+        _after_import.remove(hook)
 
 
 def missing_text(needed_by: str, package: str, extra: str) -> str:

@@ -63,9 +63,25 @@ class _Size:
     num_heads: int
     dropout: float
 
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "num_layers", "hidden_size", "num_heads"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"model.{key} must be >= 1 (got {getattr(self, key)})")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.hidden_size ({self.hidden_size}) must be a multiple of model.num_heads ({self.num_heads}): "
+                "each attention head takes an equal share"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout must be in [0, 1) (got {self.dropout})")
+
     def config(self, transformers: Any, context_length: int, **extra: Any) -> Any:
         """The ``transformers`` config of this size, no BOS/EOS ids, every dropout the model has set to ``dropout``
         (residual, embedding, attention; the names differ between architectures)."""
+        if self.model_type not in transformers.CONFIG_MAPPING:
+            raise ValueError(
+                f"model.model_type={self.model_type} is not a transformers architecture; use e.g. gpt2 or llama"
+            )
         config = transformers.AutoConfig.for_model(
             self.model_type,
             vocab_size=self.vocab_size,
@@ -104,6 +120,10 @@ def hf_causal_lm(
     (residual, embedding, attention) for a randomly initialised model."""
     if path is not None:
         return CausalLM(_pretrained(path))
+    data_needs = {"vocab_size": (vocab_size, num_classes), "context_length": (context_length, int(input_shape[0]))}
+    for key, (value, data) in data_needs.items():  # the data's token ids, its positions
+        if value is not None and value < data:
+            raise ValueError(f"model.{key}={value} is smaller than the data needs ({data}); null takes the data's")
     transformers = require("transformers", "model=hf_causal_lm", "llm")
     size = _Size(model_type, vocab_size or num_classes, num_layers, hidden_size, num_heads, dropout)
     config = size.config(transformers, context_length or int(input_shape[0]))
@@ -148,6 +168,11 @@ class LoRA:
     def __post_init__(self) -> None:
         if self.r < 1:
             raise ValueError(f"adapter.r must be >= 1 (got {self.r})")
+        if not self.alpha > 0:
+            raise ValueError(
+                f"adapter.alpha must be > 0 (got {self.alpha}): the adapters are scaled by alpha / r (at 0 they "
+                "would train nothing)"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"adapter.dropout must be in [0, 1) (got {self.dropout})")
 
@@ -236,6 +261,8 @@ def hf_seq_cls(
     a ``model_type`` model of the given size initialised from ``seed`` only; ``vocab_size`` (the tokenizer's) is
     then required. ``pad_token_id`` must be the data's padding id (0 for a ``tokenizer.json``, see
     :func:`fedsim.data.instructions.load_tokenizer`). Other keys as :func:`hf_causal_lm`."""
+    if pad_token_id < 0:
+        raise ValueError(f"model.pad_token_id must be >= 0, the data's padding id (got {pad_token_id})")
     transformers = require("transformers", "model=hf_seq_cls", "llm")
     if path is None and vocab_size is None:
         raise ValueError(

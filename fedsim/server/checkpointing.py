@@ -15,7 +15,7 @@ from fedsim.core.checkpoint import resolve as resolve_checkpoint
 from fedsim.observe.metrics_records import without_client_rows
 from fedsim.server.parts import RoundParts
 from fedsim.server.resume import continue_records, restore_parts
-from fedsim.server.resume_check import check_changes
+from fedsim.server.resume_check import check_changes, check_fingerprint
 from fedsim.server.settings import Checkpoints
 from fedsim.server.stage import RoundStage, Stateful
 
@@ -104,10 +104,7 @@ class RunCheckpoints:
         setting that shapes the computation (not in ``allow_changes``) or another run setup is refused in one line."""
         path, state = resolve_checkpoint(target)
         changes = check_changes(state.get("settings", {}), self.settings, allow_changes, path)
-        if state.get("fingerprint") != self.fingerprint(params):
-            raise CheckpointError(
-                f"{path} belongs to another run setup: {state.get('fingerprint')} != {self.fingerprint(params)}"
-            )
+        check_fingerprint(state.get("fingerprint"), self.fingerprint(params), path)
         start_round = int(state["round"]) + 1
         set_up(start_round)  # the strategy is told again, before its state comes back
         try:

@@ -68,6 +68,24 @@ def check_changes(
     return changes
 
 
+def check_fingerprint(saved: dict[str, Any] | None, current: dict[str, int], checkpoint: Path) -> None:
+    """:class:`CheckpointError` (one line naming what differs) when the checkpoint's run had another shape: seed,
+    number of clients, clients per round or size of the federated vector. :func:`check_changes` runs first and
+    names the setting behind such a difference; this is what is left without settings (the Python API) or when
+    the change was allowed but cannot be resumed (e.g. ``adapter.r``)."""
+    if saved == current:
+        return
+    saved = saved or {}
+    listed = ", ".join(
+        f"{k} ({_show(saved.get(k))} -> {_show(current.get(k))})"
+        for k in sorted(set(saved) | set(current))
+        if saved.get(k) != current.get(k)
+    )
+    raise CheckpointError(
+        f"{checkpoint} belongs to another run setup: {listed}; resume with the setup it was written with"
+    )
+
+
 def record_changes(run_dir: Path | None, checkpoint: Path, round_num: int, changes: dict[str, list[Any]]) -> None:
     """Append one line to ``<run dir>/resume_changes.jsonl``: which checkpoint, from which round, what changed."""
     if not changes or run_dir is None:

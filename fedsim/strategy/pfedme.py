@@ -82,8 +82,11 @@ class PFedMe(Strategy):
     def __init__(
         self, *, lam: float = 15.0, personal_lr: float = 0.01, inner_steps: int = 5, beta: float = 1.0
     ) -> None:
-        if not lam >= 0:
-            raise ValueError(f"strategy.lam must be >= 0 (got {lam})")
+        if not lam > 0:
+            raise ValueError(
+                f"strategy.lam must be > 0 (got {lam}): the global model's step is lam (w - theta), so with lam = 0 "
+                "it never moves"
+            )
         if not personal_lr > 0:
             raise ValueError(f"strategy.personal_lr must be > 0 (got {personal_lr}): the step size of θ's K steps")
         if inner_steps < 1:

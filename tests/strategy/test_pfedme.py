@@ -97,6 +97,7 @@ def test_evaluation_scores_the_personal_model() -> None:
     ("kwargs", "field"),
     [
         ({"lam": -1.0}, "strategy.lam"),
+        ({"lam": 0.0}, "strategy.lam"),
         ({"personal_lr": 0.0}, "strategy.personal_lr"),
         ({"inner_steps": 0}, "strategy.inner_steps"),
         ({"beta": 0.0}, "strategy.beta"),
