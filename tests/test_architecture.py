@@ -4,8 +4,10 @@ under ``TYPE_CHECKING`` and inside functions included, as grimp reads them), and
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+import re
 from pathlib import Path
 
 import grimp
@@ -84,6 +86,68 @@ def test_nothing_in_fedsim_imports_the_executor_s_kept_path() -> None:
     assert graph.find_modules_that_directly_import("fedsim.executor.ray_warm") == set()
 
 
+ARCHITECTURE = PACKAGE_DIR.parent / "docs" / "architecture.md"
+THIN = {"run", "types", "params", "seeding", "__main__", "__init__"}  # modules directly under fedsim/, not packages
+
+
+@functools.cache
+def _package_imports() -> dict[str, set[str]]:
+    """Each package of fedsim: the other packages its modules import (TYPE_CHECKING and function-level imports
+    count, as for import-linter)."""
+    graph = grimp.build_graph("fedsim")
+    found: dict[str, set[str]] = {}
+    for module in graph.modules:
+        parts = module.split(".")
+        if len(parts) < 2 or parts[1] in THIN or not (PACKAGE_DIR / parts[1]).is_dir():
+            continue
+        targets = {t.split(".")[1] for t in graph.find_modules_directly_imported_by(module) if t.count(".") >= 1}
+        found.setdefault(parts[1], set()).update(targets - {parts[1]} - THIN)
+    return found
+
+
+def _layer_table() -> dict[str, tuple[int, set[str]]]:
+    """architecture.md's dependency table: package -> (layer, what it imports today)."""
+    text = ARCHITECTURE.read_text()
+    section = text[text.index("## Dependency direction") :]
+    section = section[: section.index("\n## ", 3)]
+    rows = re.findall(r"^\| `(\w+)` \| (\d+) \| ([^|]+) \|", section, flags=re.MULTILINE)
+    return {name: (int(layer), set(re.findall(r"`(\w+)`", imports))) for name, layer, imports in rows}
+
+
+def test_architecture_md_says_what_each_package_imports_today() -> None:
+    table, actual = _layer_table(), _package_imports()
+    assert set(table) == set(actual), "one row per package of fedsim"
+    wrong = {pkg: (sorted(table[pkg][1]), sorted(actual[pkg])) for pkg in actual if table[pkg][1] != actual[pkg]}
+    assert not wrong, f"docs/architecture.md's 'Imports today' (written, actual): {wrong}"
+
+
+def test_architecture_md_copies_the_layer_contract() -> None:
+    toml = (PACKAGE_DIR.parent / "pyproject.toml").read_text()  # (tomllib is 3.11+; fedsim supports 3.10)
+    layers = re.findall(r'"([^"]+)"', re.search(r"^layers = \[(.*?)^\]", toml, re.MULTILINE | re.DOTALL).group(1))
+    expected = {m.strip().removeprefix("fedsim."): i + 1 for i, layer in enumerate(layers) for m in layer.split("|")}
+    assert {pkg: layer for pkg, (layer, _) in _layer_table().items()} == expected
+
+
+def _importers_of(*prefixes: str) -> set[str]:
+    """The fedsim modules that import a module of one of the external packages ``prefixes`` (directly)."""
+    graph = grimp.build_graph("fedsim", include_external_packages=True)
+    return {
+        m
+        for m in graph.modules
+        if m.startswith("fedsim")
+        and any(t.split(".")[0] in prefixes for t in graph.find_modules_directly_imported_by(m))
+    }
+
+
+def test_hydra_and_omegaconf_are_imported_only_by_the_cli_the_trackers_builder_and_the_run_label() -> None:
+    outside = {m for m in _importers_of("hydra", "omegaconf") if not m.startswith("fedsim.cli")}
+    assert outside == {"fedsim.observe.trackers", "fedsim.observe.run_names"}, outside
+
+
+def test_the_report_imports_neither_torch_nor_hydra() -> None:
+    assert not {m for m in _importers_of("torch", "hydra", "omegaconf") if m.startswith("fedsim.report")}
+
+
 def test_the_server_takes_at_most_ten_parameters() -> None:
     from fedsim.server import Server
 
@@ -131,3 +195,18 @@ def test_the_old_keyword_arguments_of_server_are_one_line_naming_their_group() -
         and "checkpoint_dir -> checkpoints=Checkpoints(dir=...)" in message
     )
     assert "compression -> stages=Stages(...)" in message
+
+
+def test_every_fedsim_file_the_docs_and_configs_name_exists() -> None:
+    """A path such as ``fedsim/cli/config.py`` in a guide, the README or a config comment names a real file."""
+    root = PACKAGE_DIR.parent
+    sources = [
+        root / "README.md",
+        root / "CONTRIBUTING.md",
+        *(root / "docs").glob("*.md"),
+        *(root / "conf").rglob("*.yaml"),
+    ]
+    named = {(src.name, m) for src in sources for m in re.findall(r"\bfedsim/[\w/]+\.py\b", src.read_text())}
+    assert len(named) > 50  # the docs were read
+    missing = sorted((src, path) for src, path in named if not (root / path).exists())
+    assert not missing, missing
