@@ -33,7 +33,10 @@ start = time.perf_counter()
 result = server.run()
 print(json.dumps({"run_s": time.perf_counter() - start, "sum": float(result.params.double().sum())}))
 """
-EXECUTORS = {"serial": ["executor=serial"], "process": ["executor=process", "executor.devices=cpu", "executor.workers=2"]}
+EXECUTORS = {
+    "serial": ["executor=serial"],
+    "process": ["executor=process", "executor.devices=cpu", "executor.workers=2"],
+}
 
 
 def timed_run(tree: Path, overrides: list[str]) -> dict[str, float]:
@@ -86,12 +89,18 @@ def compare(here: Path, other: Path, repeats: int, rounds: int) -> dict[str, obj
                 timings[tree], total = per_round(tree, executor, rounds)
                 sums.add(total)
             ratios.append(timings[here] / timings[other])
-            print(f"{name} repeat {repeat}: this {timings[here]*1e3:.1f} ms/round, other {timings[other]*1e3:.1f}, "
-                  f"ratio {ratios[-1]:.3f}", flush=True)
+            print(
+                f"{name} repeat {repeat}: this {timings[here] * 1e3:.1f} ms/round, other {timings[other] * 1e3:.1f}, "
+                f"ratio {ratios[-1]:.3f}",
+                flush=True,
+            )
         assert len(sums) == 1, f"{name}: the two trees end with different weights ({sums})"
         out[name] = {"ratios": ratios, "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
-        print(f"{name}: this / other per round = {statistics.median(ratios):.3f} "
-              f"(range {min(ratios):.3f}-{max(ratios):.3f}, {repeats} interleaved repeats)", flush=True)
+        print(
+            f"{name}: this / other per round = {statistics.median(ratios):.3f} "
+            f"(range {min(ratios):.3f}-{max(ratios):.3f}, {repeats} interleaved repeats)",
+            flush=True,
+        )
     return out
 
 
