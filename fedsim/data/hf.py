@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedsim.core.checks import within
 from fedsim.core.errors import DatasetNotFoundError
 from fedsim.core.extras import require
 from fedsim.data.finite import check_finite
@@ -111,11 +112,8 @@ def hf(
     ``HF_DATASETS_CACHE``); ``save_to_disk`` folders are memory-mapped in place. ``hub_id`` (e.g.
     ``flwrlabs/femnist``) only names the source in the message for a missing ``path``.
     """
-    if not 0 < test_fraction < 1 and test_split is None:
-        raise ValueError(
-            f"data.test_fraction must be in (0, 1) (got {test_fraction!r}): the share of each client's "
-            "rows kept for testing"
-        )
+    if test_split is None:
+        within("data.test_fraction", test_fraction, "(0, 1)", hint=": the share of each client's rows kept for testing")
     datasets = _import_datasets()
     where = os.path.expanduser(str(path))
     with _offline(datasets):

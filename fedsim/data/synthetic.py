@@ -26,14 +26,12 @@ per-device loop it replaced is kept as the reference in tests/data/test_syntheti
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
-from numbers import Integral, Real
-from typing import TypeGuard
 
 import numpy as np
 import torch
 
+from fedsim.core.checks import integer, number, within
 from fedsim.data.finite import check_finite
 from fedsim.data.tensor_data import DataSplit, TensorData
 
@@ -52,26 +50,6 @@ class DeviceModel:
         return logits.argmax(axis=1).astype(np.int64)
 
 
-def _is_int(value: object) -> TypeGuard[Integral]:
-    return isinstance(value, Integral) and not isinstance(value, bool)
-
-
-def _is_finite_real(value: object) -> TypeGuard[Real]:
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_nonnegative(name: str, value: object) -> float:
-    if not _is_finite_real(value) or value < 0:
-        raise ValueError(f"data.{name} must be ≥ 0 (got {value!r})")
-    return float(value)
-
-
-def _check_int(name: str, value: object, lowest: int) -> int:
-    if not _is_int(value) or value < lowest:
-        raise ValueError(f"data.{name} must be an integer ≥ {lowest} (got {value!r})")
-    return int(value)
-
-
 def _validate(
     alpha: float,
     beta: float,
@@ -84,18 +62,16 @@ def _validate(
     max_size: int | None,
 ) -> None:
     """Raise a one-line ``ValueError`` naming the first invalid ``data.*`` field."""
-    _check_nonnegative("alpha", alpha)
-    _check_nonnegative("beta", beta)
-    _check_int("num_devices", num_devices, 1)
-    _check_int("num_features", num_features, 1)
-    _check_int("num_classes", num_classes, 2)
-    _check_nonnegative("size_sigma_log", size_sigma_log)
-    _check_int("min_size", min_size, 1)
+    number("data.alpha", alpha, at_least=0)
+    number("data.beta", beta, at_least=0)
+    integer("data.num_devices", num_devices, 1)
+    integer("data.num_features", num_features, 1)
+    integer("data.num_classes", num_classes, 2)
+    number("data.size_sigma_log", size_sigma_log, at_least=0)
+    integer("data.min_size", min_size, 1)
     if max_size is not None:
-        _check_int("max_size", max_size, min_size)
-    ok = isinstance(test_fraction, Real) and not isinstance(test_fraction, bool)
-    if not ok or not 0 <= test_fraction < 1:
-        raise ValueError(f"data.test_fraction must be in [0, 1) (got {test_fraction!r})")
+        integer("data.max_size", max_size, min_size)
+    within("data.test_fraction", test_fraction, "[0, 1)")
 
 
 def _device_sizes(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedsim.core.checks import integer, number, within
 from fedsim.data.tensor_data import DataSplit
 from fedsim.data.text_corpus import _held_out, _pooled, windows
 
@@ -68,16 +69,14 @@ def client_tokens(
 
 def _check(alpha: float, num_clients: int, vocab_size: int, tokens_per_client: int, seq_len: int) -> None:
     """One line naming the first bad ``data.*`` key."""
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"data.alpha must be in [0, 1] (0: one shared chain, 1: every client its own; got {alpha})")
+    within("data.alpha", alpha, "[0, 1]", hint=": 0 is one shared chain, 1 every client its own")
     for key, value, lowest in (
         ("num_clients", num_clients, 1),
         ("vocab_size", vocab_size, 2),
         ("tokens_per_client", tokens_per_client, 2),
         ("seq_len", seq_len, 1),
     ):
-        if value < lowest:
-            raise ValueError(f"data.{key} must be >= {lowest} (got {value})")
+        integer(f"data.{key}", value, lowest)
 
 
 def synthetic_text(
@@ -94,10 +93,8 @@ def synthetic_text(
     """``num_clients`` clients' Markov-chain text as next-token windows, grouped by client, each client holding out
     its last ``test_fraction`` of windows; see the module's docstring. Deterministic in ``seed``."""
     _check(alpha, num_clients, vocab_size, tokens_per_client, seq_len)
-    if not concentration > 0:
-        raise ValueError(f"data.concentration must be > 0 (got {concentration})")
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"data.test_fraction must be in [0, 1) (got {test_fraction})")
+    number("data.concentration", concentration, above=0)
+    within("data.test_fraction", test_fraction, "[0, 1)")
     shared = np.random.default_rng([seed, 0]).dirichlet(np.full(vocab_size, concentration), size=vocab_size)
 
     def text(k: int) -> list[int]:

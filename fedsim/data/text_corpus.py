@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedsim.core.checks import integer, within
 from fedsim.data import leaf, text
 from fedsim.data.instructions import IGNORE, Tokenizer, load_tokenizer
 from fedsim.data.tensor_data import DataSplit, TensorData
@@ -153,10 +154,8 @@ def text_corpus(
     docstring. ``tokenizer``: a ``tokenizer.json`` or local ``transformers`` tokenizer directory, or ``None`` for
     LEAF's characters. ``test_path`` (files or a folder, whole files are documents) replaces the per-document test
     windows with a centralized test set."""
-    if seq_len < 1:
-        raise ValueError(f"data.seq_len must be >= 1 (got {seq_len})")
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"data.test_fraction must be in [0, 1) (got {test_fraction})")
+    integer("data.seq_len", seq_len, 1)
+    within("data.test_fraction", test_fraction, "[0, 1)")
     tok = corpus_tokenizer(tokenizer, eos_token)
     docs = read_documents(path, document)
     test_docs = read_documents(test_path, "file", "data.test_path") if test_path is not None else []
@@ -203,8 +202,7 @@ def shakespeare_lm(
     """LEAF's Shakespeare as next-token windows, one client per speaking role, LEAF's own train/test split (see the
     module's docstring; the files are found as :func:`fedsim.data.leaf.shakespeare` finds them). ``tokenizer``:
     ``None`` for LEAF's characters, or the run's tokenizer (no end-of-sequence token is added)."""
-    if seq_len < 1:
-        raise ValueError(f"data.seq_len must be >= 1 (got {seq_len})")
+    integer("data.seq_len", seq_len, 1)
     tok = corpus_tokenizer(tokenizer, eos_token)
     layout = leaf._layout("shakespeare", root, folder)
     texts: dict[bool, dict[str, list[str]]] = {False: {}, True: {}}

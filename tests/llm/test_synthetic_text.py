@@ -94,12 +94,15 @@ def test_alpha_zero_is_one_chain_for_every_client() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"alpha": 1.5}, r"^data.alpha must be in \[0, 1\] \(0: one shared chain, 1: every client its own; got 1.5\)$"),
-        ({"num_clients": 0}, r"^data.num_clients must be >= 1 \(got 0\)$"),
-        ({"vocab_size": 1}, r"^data.vocab_size must be >= 2 \(got 1\)$"),
-        ({"tokens_per_client": 1}, r"^data.tokens_per_client must be >= 2 \(got 1\)$"),
-        ({"seq_len": 0}, r"^data.seq_len must be >= 1 \(got 0\)$"),
-        ({"concentration": 0.0}, r"^data.concentration must be > 0 \(got 0.0\)$"),
+        (
+            {"alpha": 1.5},
+            r"^data.alpha must be in \[0, 1\] \(got 1.5\): 0 is one shared chain, 1 every client its own$",
+        ),
+        ({"num_clients": 0}, r"^data.num_clients must be an integer >= 1 \(got 0\)$"),
+        ({"vocab_size": 1}, r"^data.vocab_size must be an integer >= 2 \(got 1\)$"),
+        ({"tokens_per_client": 1}, r"^data.tokens_per_client must be an integer >= 2 \(got 1\)$"),
+        ({"seq_len": 0}, r"^data.seq_len must be an integer >= 1 \(got 0\)$"),
+        ({"concentration": 0.0}, r"^data.concentration must be a finite number > 0 \(got 0.0\)$"),
         ({"test_fraction": 1.0}, r"^data.test_fraction must be in \[0, 1\) \(got 1.0\)$"),
     ],
 )
