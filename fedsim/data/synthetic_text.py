@@ -31,7 +31,7 @@ import numpy as np
 
 from fedsim.core.checks import integer, number, within
 from fedsim.data.tensor_data import DataSplit
-from fedsim.data.text_corpus import _held_out, _pooled, windows
+from fedsim.data.text_corpus import held_out, pooled_windows, windows
 
 PAD = 0
 """The input id on the padding of a client's last window (its labels there are -100, so no loss sees it)."""
@@ -103,5 +103,5 @@ def synthetic_text(
         ).tolist()
 
     pieces = [windows(text(k), seq_len, PAD) for k in range(num_clients)]
-    train, test = zip(*(_held_out(p, test_fraction) for p in pieces), strict=True)
-    return _pooled(range(num_clients), list(train), list(test), vocab_size, seq_len)
+    train, test = zip(*(held_out(p, test_fraction) for p in pieces), strict=True)
+    return pooled_windows(range(num_clients), list(train), list(test), vocab_size, seq_len)
