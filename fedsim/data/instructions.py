@@ -41,6 +41,7 @@ import torch
 
 from fedsim.core.checks import integer, within
 from fedsim.core.extras import require
+from fedsim.data.reading import read_utf8
 from fedsim.data.tensor_data import DataSplit, TensorData
 
 IGNORE = -100
@@ -112,7 +113,7 @@ def read_rows(
     if not path.is_file():
         raise FileNotFoundError(f"data: {path} does not exist; point data.path at a local JSON Lines file")
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(read_utf8(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:

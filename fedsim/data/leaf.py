@@ -42,6 +42,7 @@ from fedsim.core.errors import DatasetNotFoundError
 from fedsim.data import text
 from fedsim.data.finite import check_finite
 from fedsim.data.leaf_images import read_images
+from fedsim.data.reading import not_utf8
 from fedsim.data.tensor_data import DataSplit, pooled_split
 
 LEAF_REPO = "https://github.com/TalwalkarLab/leaf"
@@ -133,11 +134,14 @@ def _json_files(name: str, folder: str, part: str) -> list[str]:
 
 
 def _load(path: str, name: str) -> dict[str, Any]:
-    """A whole JSON file; one line naming the file when it is not valid JSON (e.g. truncated)."""
+    """A whole JSON file; one line naming the file when it is not valid JSON (e.g. truncated), and the line when it
+    is not UTF-8 text (:func:`fedsim.data.reading.not_utf8`)."""
     try:
         with open(path, "rb") as handle:
             data = json.load(handle)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except UnicodeDecodeError as err:
+        raise not_utf8(err, path) from None
+    except json.JSONDecodeError as err:
         raise DatasetNotFoundError(
             f"data={name}: cannot parse {path} as JSON (truncated or not LEAF output: "
             f"{' '.join(str(err).split())[:150]}); {_rerun(name)}"

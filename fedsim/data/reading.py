@@ -1,6 +1,7 @@
 """What the dataset readers share (:mod:`fedsim.data.vision`, :mod:`~fedsim.data.leaf`, :mod:`~fedsim.data.hf`,
 :mod:`~fedsim.data.instructions`, :mod:`~fedsim.data.text_corpus`, :mod:`~fedsim.data.synthetic` and the others):
-the one-line messages their refusals are made of, and the refusal of what cannot fit in memory.
+the one-line messages their refusals are made of (a file that is not UTF-8 text, named with its line), and the
+refusal of what cannot fit in memory.
 
 A reader turns every problem with its input into one line that names the file (and the line, the user or the key)
 and says what to do; these helpers are the parts of those lines that more than one reader writes. A generator whose
@@ -13,6 +14,7 @@ split is :func:`fedsim.data.tensor_data.pooled_split`.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from fedsim.core.errors import ConfigError
 
@@ -22,6 +24,30 @@ def one_line(text: object, limit: int = 300) -> str:
     characters, to quote inside a reader's own one-line message."""
     joined = " ".join(line.strip() for line in str(text).splitlines() if line.strip())
     return joined if len(joined) <= limit else joined[: limit - 3] + "..."
+
+
+def not_utf8(error: UnicodeDecodeError, path: str | Path, line: int | None = None) -> ValueError:
+    """The one-line refusal of a text file that is not UTF-8, from the error of decoding its bytes: "``data: <path>
+    line 3 is not UTF-8 text (byte 0xe9, the line's byte 12); re-encode the file as UTF-8 ...``". ``error.object``
+    is the whole file (its line is counted from its newlines, 1-based), or the one ``line`` given."""
+    data, start = bytes(error.object), error.start
+    if line is None:
+        line = data.count(b"\n", 0, start) + 1
+        start -= data.rfind(b"\n", 0, start) + 1
+    return ValueError(
+        f"data: {path} line {line} is not UTF-8 text (byte 0x{error.object[error.start]:02x}, the line's byte "
+        f"{start + 1}); re-encode the file as UTF-8, e.g. iconv -f latin1 -t utf-8 (if it is Latin-1)"
+    )
+
+
+def read_utf8(path: Path) -> str:
+    """The whole file ``path`` as text; bytes that are not UTF-8 are refused in one line naming the file and the line
+    (:func:`not_utf8`). The JSON Lines readers and the text corpora read their files with it."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise not_utf8(error, path) from None
 
 
 def available_memory() -> int | None:

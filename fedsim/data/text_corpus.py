@@ -38,6 +38,7 @@ import torch
 from fedsim.core.checks import integer, within
 from fedsim.data import leaf, text
 from fedsim.data.instructions import IGNORE, Tokenizer, load_tokenizer
+from fedsim.data.reading import read_utf8
 from fedsim.data.tensor_data import DataSplit, TensorData, pooled_split
 
 DOCUMENTS = ("file", "paragraph")
@@ -90,11 +91,10 @@ def _text_files(path: str, key: str) -> list[Path]:
 
 
 def read_text(path: Path) -> str:
-    """The whole UTF-8 file ``path``; one line naming the file when it cannot be read, is not UTF-8 or is empty."""
+    """The whole UTF-8 file ``path``; one line naming the file when it cannot be read or is empty, and the file and
+    the line when it is not UTF-8 (:func:`fedsim.data.reading.read_utf8`)."""
     try:
-        content = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"data: {path} is not UTF-8 text ({error.reason} at byte {error.start}); convert it") from None
+        content = read_utf8(path)
     except OSError as error:
         raise FileNotFoundError(f"data: cannot read {path} ({error.strerror or error}); check the file") from None
     if not content.strip():
