@@ -4,8 +4,10 @@ under ``TYPE_CHECKING`` and inside functions included, as grimp reads them), and
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
+import importlib.util
 import inspect
 import re
 from pathlib import Path
@@ -210,3 +212,89 @@ def test_every_fedsim_file_the_docs_and_configs_name_exists() -> None:
     assert len(named) > 50  # the docs were read
     missing = sorted((src, path) for src, path in named if not (root / path).exists())
     assert not missing, missing
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _is_module(dotted: str) -> bool:
+    """Whether ``dotted`` names a module or package of fedsim (read from the files, nothing imported)."""
+    path = PACKAGE_DIR.parent.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a ``from ... import`` reads from, relative imports resolved against ``module``."""
+    if not node.level:
+        return node.module or ""
+    parts = module.split(".")[: len(module.split(".")) + is_package - node.level]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def _private_imports(source: str, module: str, is_package: bool = False) -> list[str]:
+    """The private names (``_x``) that the fedsim module ``module`` (text: ``source``) takes from another fedsim
+    module: ``from fedsim.a import _x``, ``import fedsim._a``, and ``m._x`` for a module ``m`` it imported
+    (``import fedsim.a as m``, ``from fedsim import a``) or named in full (``fedsim.a._x``)."""
+    tree = ast.parse(source)
+    found: list[str] = []
+    modules: dict[str, str] = {}  # a local name bound to a fedsim module -> that module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = _absolute(node, module, is_package)
+            if base.split(".")[0] != "fedsim":
+                continue
+            for alias in node.names:
+                if base != module and (_is_private(alias.name) or any(map(_is_private, base.split(".")))):
+                    found.append(f"line {node.lineno}: from {base} import {alias.name}")
+                if _is_module(f"{base}.{alias.name}"):
+                    modules[alias.asname or alias.name] = f"{base}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in (a for a in node.names if a.name.split(".")[0] == "fedsim"):
+                if any(map(_is_private, alias.name.split("."))):
+                    found.append(f"line {node.lineno}: import {alias.name}")
+                if alias.asname:
+                    modules[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            owner = ast.unparse(node.value)
+            target = modules.get(owner, owner if _is_module(owner) else None)
+            if target is not None and target != module:
+                found.append(f"line {node.lineno}: {owner}.{node.attr} ({target})")
+    return sorted(found, key=lambda line: int(line.split(":")[0].split()[1]))
+
+
+def test_the_private_import_finder_finds_each_kind_and_only_those() -> None:
+    source = (
+        "from fedsim.data.vision import _open, cifar10\n"
+        "from fedsim.data import leaf\n"
+        "import fedsim.data.text as text_module\n"
+        "from fedsim.core.checks import integer as _integer\n"
+        "from . import _sibling\n"
+        "leaf._layout(1)\nleaf.read_layout(1)\ntext_module._WORD\nfedsim.core._x\nself._own\n"
+    )
+    assert _private_imports(source, "fedsim.data.text_corpus") == [
+        "line 1: from fedsim.data.vision import _open",
+        "line 5: from fedsim.data import _sibling",
+        "line 6: leaf._layout (fedsim.data.leaf)",
+        "line 8: text_module._WORD (fedsim.data.text)",
+        "line 9: fedsim.core._x (fedsim.core)",
+    ]
+    assert _private_imports("from .text import _WORD\n", "fedsim.data", is_package=True) == [
+        "line 1: from fedsim.data.text import _WORD"
+    ]
+    assert _private_imports("import fedsim.data.text as t\nt._WORD\n", "fedsim.data.text") == []
+
+
+def test_no_module_of_fedsim_takes_a_private_name_from_another() -> None:
+    """A name that another module needs is public and documented where it is defined; ``_x`` is private to its
+    module (issue #42: the dataset readers had ten such imports)."""
+    found = []
+    files = sorted(PACKAGE_DIR.rglob("*.py"))
+    for path in files:
+        parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if is_package else parts)
+        found += [f"{module}: {line}" for line in _private_imports(path.read_text("utf-8"), module, is_package)]
+    assert len(files) > 150  # every module was read
+    assert found == []

@@ -624,7 +624,7 @@ def test_cli_trains_on_tiny_mnist_files(cli: dict[str, CliRun]) -> None:
 # tiny MNIST (28x28 images) and a binary file posing as a device trace.
 ISSUE_34 = {  # case -> (overrides, what the one line must contain)
     "dp_delta_at_least_1_over_n": (["dp=central", "dp.delta=0.5"], ["dp.delta=0.5", "30 clients", "1/30"]),
-    "dp_clip_lr_negative": (["dp=adaptive", "dp.clip_lr=-1"], ["dp.clip_lr must be > 0"]),
+    "dp_clip_lr_negative": (["dp=adaptive", "dp.clip_lr=-1"], ["dp.clip_lr must be a finite number > 0"]),
     "qsgd_bits_not_integer": (
         ["compression.uplink=[{name: qsgd, bits: 4.5}]"],
         ["compression.uplink[0]", "qsgd.bits must be an integer between 2 and 8"],
@@ -648,7 +648,7 @@ ISSUE_34 = {  # case -> (overrides, what the one line must contain)
     ),
     "topk_fraction_not_number": (
         ["compression.uplink=[{name: topk, fraction: abc}]"],
-        ["compression.uplink[0]", "topk.fraction must be a number in (0, 1]"],
+        ["compression.uplink[0]", "topk.fraction must be in (0, 1]"],
     ),
     "clock_period_h_zero": (["clock=sampled", "clock.period_h=0"], ["clock.period_h must be"]),
     "trace_binary_file": (["clock=trace", "clock.path={files}/trace.bin"], ["trace.bin", "not UTF-8"]),

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from fedsim.core.checks import within
 from fedsim.core.seeding import attack_rng
 
 
@@ -30,8 +31,7 @@ class Attack(ABC):
     """``fraction`` of the clients are malicious, drawn once (``per_round=False``) or every round."""
 
     def __init__(self, *, fraction: float = 0.2, per_round: bool = False) -> None:
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
-            raise ValueError(f"attack.fraction must be in [0, 1] (got {fraction!r})")
+        within("attack.fraction", fraction, "[0, 1]")
         if not isinstance(per_round, bool):
             raise ValueError(f"attack.per_round must be true or false (got {per_round!r})")
         self.fraction, self.per_round = float(fraction), per_round

@@ -21,7 +21,6 @@ import copy
 import math
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from numbers import Integral
 from typing import Any, cast
 
 import numpy as np
@@ -29,12 +28,9 @@ import torch
 
 from fedsim.attacks.base import Attack
 from fedsim.client.base import Client
+from fedsim.core.checks import integer, within
 from fedsim.core.seeding import attack_seed
 from fedsim.data.tensor_data import TensorData
-
-
-def _is_integer(value: object) -> bool:
-    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 class DataAttack(Attack):
@@ -120,10 +116,8 @@ class Backdoor(DataAttack):
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)
-        if not 0 < poison_fraction <= 1:
-            raise ValueError(f"attack.poison_fraction must be in (0, 1] (got {poison_fraction})")
-        if not _is_integer(trigger_size) or trigger_size < 1:
-            raise ValueError(f"attack.trigger_size must be an integer >= 1 (got {trigger_size!r})")
+        within("attack.poison_fraction", poison_fraction, "(0, 1]")
+        integer("attack.trigger_size", trigger_size, 1)
         if trigger_value is not None and not math.isfinite(trigger_value):
             raise ValueError(f"attack.trigger_value must be a finite number or null (got {trigger_value!r})")
         self.target, self.poison_fraction, self.trigger_size, self.trigger_value = (

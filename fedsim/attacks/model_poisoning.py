@@ -17,12 +17,7 @@ from typing import Any
 import torch
 
 from fedsim.attacks.base import Attack, client_generator
-
-
-def _number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"attack.{name} must be a number (got {value!r})")
-    return float(value)
+from fedsim.core.checks import number
 
 
 class SignFlip(Attack):
@@ -30,7 +25,7 @@ class SignFlip(Attack):
 
     def __init__(self, *, scale: float = 1.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.scale = _number("scale", scale)
+        self.scale = number("attack.scale", scale)
 
     def poison(
         self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int
@@ -43,9 +38,7 @@ class GaussianNoise(Attack):
 
     def __init__(self, *, std: float = 1.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.std = _number("std", std)
-        if self.std < 0:
-            raise ValueError(f"attack.std must be >= 0 (got {std})")
+        self.std = number("attack.std", std, at_least=0)
 
     def poison(
         self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int
@@ -61,7 +54,7 @@ class Scaling(Attack):
 
     def __init__(self, *, boost: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.boost = _number("boost", boost)
+        self.boost = number("attack.boost", boost)
 
     def poison(
         self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from fedsim.attacks.base import Attack
-from fedsim.attacks.model_poisoning import _number
+from fedsim.core.checks import number
 
 
 def _stacked(deltas: Mapping[int, torch.Tensor]) -> torch.Tensor:
@@ -43,7 +43,7 @@ class ALittleIsEnough(Attack):
 
     def __init__(self, *, z: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.z = None if z is None else _number("z", z)
+        self.z = None if z is None else number("attack.z", z)
 
     def poison(
         self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int
@@ -63,9 +63,7 @@ class InnerProductManipulation(Attack):
 
     def __init__(self, *, epsilon: float = 0.5, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.epsilon = _number("epsilon", epsilon)
-        if self.epsilon <= 0:
-            raise ValueError(f"attack.epsilon must be > 0 (got {epsilon})")
+        self.epsilon = number("attack.epsilon", epsilon, above=0)
 
     def poison(
         self, deltas: Mapping[int, torch.Tensor], malicious: frozenset[int], seed: int, round_num: int

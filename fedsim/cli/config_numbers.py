@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import math
 from collections.abc import Callable
 from typing import Any
 
 from omegaconf import DictConfig
+
+from fedsim.core.checks import is_integer, is_number
 
 GROUPS = ("data", "partition", "model", "adapter", "client", "strategy", "executor", "tracker", "clock", "dp", "attack")
 
@@ -127,11 +128,7 @@ def _problem(parameter: inspect.Parameter, value: Any) -> str | None:
     if kind == "bool":
         return None if isinstance(value, bool) else f"must be true or false{either}"
     if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"must be an integer{either}"
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None if is_integer(value) else f"must be an integer{either}"
+    if not is_number(value, finite=False):
         return f"must be a number{either}"
-    if not math.isfinite(value):
-        return "must be a finite number"
-    return None
+    return None if is_number(value) else "must be a finite number"

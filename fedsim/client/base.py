@@ -20,6 +20,7 @@ from torch import nn
 from fedsim.client.local_training import BatchSteps, LocalTraining, hook_before_step, overrides_on_batch
 from fedsim.client.scoring import evaluate_indices
 from fedsim.client.task_trainer import TaskTrainer
+from fedsim.core.checks import integer
 from fedsim.core.params import flatten
 from fedsim.core.types import ClientUpdate
 from fedsim.data.tensor_data import TensorData
@@ -57,10 +58,8 @@ class Client:
         batch_size: int = 10,
         optimizer: OptimizerFactory | None = None,
     ) -> None:
-        if epochs < 1:
-            raise ValueError(f"client.epochs must be >= 1 (got {epochs})")
-        if batch_size < 1:
-            raise ValueError(f"client.batch_size must be >= 1 (got {batch_size})")
+        integer("client.epochs", epochs, 1)
+        integer("client.batch_size", batch_size, 1)
         self.client_id = int(client_id)
         # numpy, not torch: a client pickles as plain bytes (a CPU tensor would claim a shared-memory
         # segment per client when sent to worker processes)

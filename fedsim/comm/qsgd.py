@@ -16,17 +16,11 @@ rounded to float32, so such a bucket still decodes to an unbiased estimate inste
 from __future__ import annotations
 
 import math
-from numbers import Integral
-from typing import TypeGuard
 
 import torch
 
 from fedsim.comm.codecs import FLOAT32_BYTES, ValueCodec
-
-
-def _is_integer(value: object) -> TypeGuard[int]:
-    return isinstance(value, Integral) and not isinstance(value, bool)
-
+from fedsim.core.checks import integer
 
 SMALLEST_SAFE = 2.0**-63
 """The smallest |v| whose float32 square is a normal number (2^-126): below it float32 sums of squares lose bits."""
@@ -48,12 +42,8 @@ class QSGD(ValueCodec):
     """``bits`` per value (2 to 8, sign included) and a float32 norm per ``bucket_size`` values."""
 
     def __init__(self, bits: int = 8, bucket_size: int = 512) -> None:
-        if not _is_integer(bits) or not 2 <= bits <= 8:
-            raise ValueError(
-                f"qsgd.bits must be an integer between 2 and 8 (got {bits!r}): a sign bit and at least one level bit"
-            )
-        if not _is_integer(bucket_size) or bucket_size < 1:
-            raise ValueError(f"qsgd.bucket_size must be an integer >= 1 (got {bucket_size!r})")
+        integer("qsgd.bits", bits, 2, 8, hint=": a sign bit and at least one level bit")
+        integer("qsgd.bucket_size", bucket_size, 1)
         self.bits, self.bucket_size = bits, bucket_size
         self.levels = 2 ** (bits - 1) - 1
 

@@ -12,11 +12,11 @@
 from __future__ import annotations
 
 import math
-from numbers import Real
 
 import torch
 
 from fedsim.comm.codecs import INDEX_BYTES, Selection, Sparsifier
+from fedsim.core.checks import within
 
 SEED_BYTES = 8
 
@@ -27,16 +27,11 @@ def _kept(fraction: float, n: int) -> int:
     return min(n, max(1, math.ceil(round(fraction * n, 9)))) if n else 0
 
 
-def _check_fraction(name: str, fraction: float) -> None:
-    if isinstance(fraction, bool) or not isinstance(fraction, Real) or not 0 < fraction <= 1:
-        raise ValueError(f"{name}.fraction must be a number in (0, 1] (got {fraction!r})")
-
-
 class TopK(Sparsifier):
     """The ⌈fraction·n⌉ coordinates of largest magnitude (at least one); ties broken towards lower positions."""
 
     def __init__(self, fraction: float = 0.01) -> None:
-        _check_fraction("topk", fraction)
+        within("topk.fraction", fraction, "(0, 1]")
         self.fraction = fraction
 
     def select(self, values: torch.Tensor, generator: torch.Generator) -> Selection:
@@ -63,7 +58,7 @@ class RandomMask(Sparsifier):
     """⌈fraction·n⌉ coordinates drawn uniformly without replacement; values scaled by n/k (unbiased)."""
 
     def __init__(self, fraction: float = 0.1) -> None:
-        _check_fraction("random_mask", fraction)
+        within("random_mask.fraction", fraction, "(0, 1]")
         self.fraction = fraction
 
     def select(self, values: torch.Tensor, generator: torch.Generator) -> Selection:

@@ -40,10 +40,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedsim.core.checks import within
 from fedsim.core.errors import DatasetNotFoundError
 from fedsim.core.extras import require
 from fedsim.data.finite import check_finite
-from fedsim.data.tensor_data import DataSplit, TensorData
+from fedsim.data.reading import one_line
+from fedsim.data.tensor_data import DataSplit, TensorData, pooled_split
 
 NEEDED_BY = "a Hugging Face dataset (data=hf, femnist_hf, shakespeare_hf)"
 _SAVED_MARKERS = ("dataset_dict.json", "dataset_info.json", "state.json")
@@ -111,11 +113,8 @@ def hf(
     ``HF_DATASETS_CACHE``); ``save_to_disk`` folders are memory-mapped in place. ``hub_id`` (e.g.
     ``flwrlabs/femnist``) only names the source in the message for a missing ``path``.
     """
-    if not 0 < test_fraction < 1 and test_split is None:
-        raise ValueError(
-            f"data.test_fraction must be in (0, 1) (got {test_fraction!r}): the share of each client's "
-            "rows kept for testing"
-        )
+    if test_split is None:
+        within("data.test_fraction", test_fraction, "(0, 1)", hint=": the share of each client's rows kept for testing")
     datasets = _import_datasets()
     where = os.path.expanduser(str(path))
     with _offline(datasets):
@@ -216,9 +215,7 @@ def _reading(load: Callable[[], Any], where: str) -> Any:
     try:
         return load()
     except Exception as err:  # noqa: BLE001 - datasets raises many kinds; all mean "cannot read these files"
-        from fedsim.data.vision import _one_line
-
-        raise ValueError(f"data: cannot read {where} with datasets ({type(err).__name__}: {_one_line(err)})") from None
+        raise ValueError(f"data: cannot read {where} with datasets ({type(err).__name__}: {one_line(err)})") from None
 
 
 def _split(splits: dict[str, Any], name: str, where: str, option: str) -> Any:
@@ -272,12 +269,8 @@ def _split_per_client(
 
 
 def _pooled(x: torch.Tensor, y: np.ndarray, classes: int, owners: np.ndarray, n_train: int) -> DataSplit:
-    """Training rows then test rows in one pool; the test set is a view of the tail (see :class:`DataSplit`)."""
-    labels = torch.from_numpy(np.ascontiguousarray(y))
-    mask = np.zeros(len(labels), dtype=bool)
-    mask[n_train:] = True
-    test = TensorData(x[n_train:], labels[n_train:], classes, owners[n_train:])
-    return DataSplit(TensorData(x, labels, classes, owners), test, local_test=mask)
+    """Training rows then test rows in one pool (:func:`~fedsim.data.tensor_data.pooled_split`)."""
+    return pooled_split(x, torch.from_numpy(np.ascontiguousarray(y)), classes, owners, n_train)
 
 
 def _concatenated(datasets: Any, train: Any, test: Any, columns: _Columns, where: str) -> Any:

@@ -39,7 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedsim.core.checks import integer, within
 from fedsim.core.extras import require
+from fedsim.data.reading import read_utf8
 from fedsim.data.tensor_data import DataSplit, TensorData
 
 IGNORE = -100
@@ -111,7 +113,7 @@ def read_rows(
     if not path.is_file():
         raise FileNotFoundError(f"data: {path} does not exist; point data.path at a local JSON Lines file")
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(read_utf8(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -180,10 +182,8 @@ def jsonl_instructions(
     of the rows. ``user_column``: the field naming each row's user, which ``partition=natural`` makes clients of;
     ``category_column``: the field whose sorted values are the training rows' categories (:func:`category_ids`),
     which ``partition=dirichlet`` and ``shards`` split by."""
-    if seq_len < 2:
-        raise ValueError(f"data.seq_len must be >= 2 (got {seq_len})")
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"data.test_fraction must be in [0, 1) (got {test_fraction})")
+    integer("data.seq_len", seq_len, 2)
+    within("data.test_fraction", test_fraction, "[0, 1)")
     tok = load_tokenizer(tokenizer, eos_token)
     rows = read_rows(Path(path).expanduser(), user_column, category_column=category_column)
     if test_path is not None:
@@ -248,10 +248,8 @@ def jsonl_classification(
     """Text classification rows of the JSON Lines file ``path`` (see the module's docstring), tokenised with
     ``tokenizer`` (:func:`load_tokenizer`; no end-of-sequence token is added). The test set, ``user_column`` and
     ``category_column`` (partition by it instead of by the label) as :func:`jsonl_instructions`."""
-    if seq_len < 1:
-        raise ValueError(f"data.seq_len must be >= 1 (got {seq_len})")
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"data.test_fraction must be in [0, 1) (got {test_fraction})")
+    integer("data.seq_len", seq_len, 1)
+    within("data.test_fraction", test_fraction, "[0, 1)")
     tok = load_tokenizer(tokenizer, eos_token)
     train_file = Path(path).expanduser()
     rows = read_rows(train_file, user_column, (text_column, label_column), strings=1, category_column=category_column)

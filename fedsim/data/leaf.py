@@ -42,7 +42,8 @@ from fedsim.core.errors import DatasetNotFoundError
 from fedsim.data import text
 from fedsim.data.finite import check_finite
 from fedsim.data.leaf_images import read_images
-from fedsim.data.tensor_data import DataSplit, TensorData
+from fedsim.data.reading import not_utf8
+from fedsim.data.tensor_data import DataSplit, pooled_split
 
 LEAF_REPO = "https://github.com/TalwalkarLab/leaf"
 PREPROCESS = {
@@ -61,7 +62,7 @@ PARTS = ("train", "test")
 
 
 @dataclass(frozen=True)
-class _Where:
+class Where:
     """One user's examples in one file; reads ``<path>: user '<user>'`` in messages."""
 
     path: str
@@ -71,13 +72,14 @@ class _Where:
         return f"{self.path}: user {self.user!r}"
 
 
-Convert = Callable[[list, list, int, _Where], None]
+Convert = Callable[[list, list, int, Where], None]
 """``convert(xs, ys, first_row, where)``: write one user's examples into the output from ``first_row`` on."""
 
 
 @dataclass(frozen=True)
-class _Layout:
-    """Where every user's rows go: ``slots[file][user] = (first row, count)``; rows of all train files first."""
+class Layout:
+    """Where every user's rows go: ``slots[file][user] = (first row, count)``; rows of all train files first, users
+    sorted within each part. ``groups`` holds every row's user, ``n_train`` the number of training rows."""
 
     name: str
     slots: dict[str, dict[str, tuple[int, int]]]
@@ -99,16 +101,12 @@ class _Layout:
                         f"num_samples says {count}; the file is damaged: {_rerun(self.name)}"
                     )
                 if count:
-                    convert(xs, ys, start, _Where(path, user))
+                    convert(xs, ys, start, Where(path, user))
             del data, user_data  # free this file's parse before the next one is read
 
     def split(self, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> DataSplit:
         """The pooled :class:`DataSplit` of ``x``/``y`` (all rows, laid out as :attr:`slots` says)."""
-        n = self.n_train
-        mask = np.zeros(len(y), dtype=bool)
-        mask[n:] = True
-        test = TensorData(x[n:], y[n:], num_classes, self.groups[n:])
-        return DataSplit(TensorData(x, y, num_classes, self.groups), test, local_test=mask)
+        return pooled_split(x, y, num_classes, self.groups, self.n_train)
 
 
 def _rerun(name: str) -> str:
@@ -136,11 +134,14 @@ def _json_files(name: str, folder: str, part: str) -> list[str]:
 
 
 def _load(path: str, name: str) -> dict[str, Any]:
-    """A whole JSON file; one line naming the file when it is not valid JSON (e.g. truncated)."""
+    """A whole JSON file; one line naming the file when it is not valid JSON (e.g. truncated), and the line when it
+    is not UTF-8 text (:func:`fedsim.data.reading.not_utf8`)."""
     try:
         with open(path, "rb") as handle:
             data = json.load(handle)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except UnicodeDecodeError as err:
+        raise not_utf8(err, path) from None
+    except json.JSONDecodeError as err:
         raise DatasetNotFoundError(
             f"data={name}: cannot parse {path} as JSON (truncated or not LEAF output: "
             f"{' '.join(str(err).split())[:150]}); {_rerun(name)}"
@@ -195,8 +196,10 @@ def _users(path: str, name: str) -> list[tuple[str, int]]:
     return list(zip(users, counts, strict=True))
 
 
-def _layout(name: str, root: str | Path, folder: str | Path | None) -> _Layout:
-    """Read every file's users and counts and place each user's rows (see :class:`_Layout`)."""
+def read_layout(name: str, root: str | Path, folder: str | Path | None) -> Layout:
+    """Where the rows of LEAF dataset ``name`` go: every file's users and counts read (from the head of each file,
+    without parsing the examples) and each user's rows placed (:class:`Layout`). The readers here and
+    :func:`fedsim.data.text_corpus.shakespeare_lm` fill their arrays through it."""
     where = _data_folder(name, root, folder)
     slots: dict[str, dict[str, tuple[int, int]]] = {}
     owners: list[str] = []
@@ -223,7 +226,7 @@ def _layout(name: str, root: str | Path, folder: str | Path | None) -> _Layout:
         if part == "train":
             n_train = start
     groups = np.repeat(np.array(owners, dtype=str), sizes) if owners else np.zeros(0, dtype=str)
-    return _Layout(name, slots, groups, n_train)
+    return Layout(name, slots, groups, n_train)
 
 
 def _examples(user_data: dict[str, Any], user: str, path: str, name: str) -> tuple[list, list]:
@@ -239,7 +242,7 @@ def _examples(user_data: dict[str, Any], user: str, path: str, name: str) -> tup
     return entry["x"], entry["y"]
 
 
-def _labels(ys: list, num_classes: int, where: _Where, name: str) -> np.ndarray:
+def _labels(ys: list, num_classes: int, where: Where, name: str) -> np.ndarray:
     """Integer class labels in ``0..num_classes-1`` as int64 (a NaN or infinite one named as such)."""
     arr = np.asarray(ys)
     if arr.ndim == 1:
@@ -254,11 +257,11 @@ def _labels(ys: list, num_classes: int, where: _Where, name: str) -> np.ndarray:
 
 def femnist(*, root: str | Path, folder: str | Path | None = None) -> DataSplit:
     """LEAF's FEMNIST: handwritten characters of 3,500 writers, 62 classes; see the module docstring."""
-    layout = _layout("femnist", root, folder)
+    layout = read_layout("femnist", root, folder)
     x = np.empty((len(layout.groups), FEMNIST_PIXELS), dtype=np.float32)
     y = np.empty(len(layout.groups), dtype=np.int64)
 
-    def convert(xs: list, ys: list, start: int, where: _Where) -> None:
+    def convert(xs: list, ys: list, start: int, where: Where) -> None:
         for i, row in enumerate(xs):
             if not isinstance(row, list) or len(row) != FEMNIST_PIXELS:
                 size = len(row) if isinstance(row, list) else type(row).__name__
@@ -283,11 +286,11 @@ def shakespeare(*, root: str | Path, folder: str | Path | None = None, seq_lengt
 
     Windows of another length than ``seq_length`` are cut or padded as :func:`fedsim.data.text.encode_characters` says.
     """
-    layout = _layout("shakespeare", root, folder)
+    layout = read_layout("shakespeare", root, folder)
     x = np.empty((len(layout.groups), seq_length), dtype=np.int64)
     y = np.empty(len(layout.groups), dtype=np.int64)
 
-    def convert(xs: list, ys: list, start: int, where: _Where) -> None:
+    def convert(xs: list, ys: list, start: int, where: Where) -> None:
         try:
             x[start : start + len(xs)] = text.encode_characters(xs, seq_length)
             y[start : start + len(ys)] = text.character_ids(ys)
@@ -317,11 +320,11 @@ def sent140(
         raise ValueError(
             f"data=sent140: max_words must be >= 1 and vocab_size >= 3 or null (got {max_words} and {vocab_size})"
         )
-    layout = _layout("sent140", root, folder)
+    layout = read_layout("sent140", root, folder)
     tweets = np.empty(len(layout.groups), dtype=object)
     y = np.empty(len(layout.groups), dtype=np.int64)
 
-    def convert(xs: list, ys: list, start: int, where: _Where) -> None:
+    def convert(xs: list, ys: list, start: int, where: Where) -> None:
         for i, row in enumerate(xs):
             if not isinstance(row, list) or not row or not isinstance(row[-1], str):
                 raise ValueError(
@@ -351,7 +354,7 @@ def celeba(
 ) -> DataSplit:
     """LEAF's CelebA: smiling or not, one client per celebrity; images from ``image_folder`` (default
     ``<folder>/raw/img_align_celeba``), resized to ``image_size`` and normalised (:mod:`fedsim.data.leaf_images`)."""
-    layout = _layout("celeba", root, folder)
+    layout = read_layout("celeba", root, folder)
     images = (
         os.path.expanduser(str(image_folder))
         if image_folder is not None
@@ -366,7 +369,7 @@ def celeba(
     names = np.empty(len(layout.groups), dtype=object)
     y = np.empty(len(layout.groups), dtype=np.int64)
 
-    def convert(xs: list, ys: list, start: int, where: _Where) -> None:
+    def convert(xs: list, ys: list, start: int, where: Where) -> None:
         for i, file_name in enumerate(xs):
             if not isinstance(file_name, str) or file_name not in present:
                 raise DatasetNotFoundError(

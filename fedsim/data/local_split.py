@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from numbers import Real
 
 import numpy as np
 
+from fedsim.core.checks import within
 from fedsim.data.shares import Shares
 
 
@@ -44,9 +44,7 @@ def split_train_test(indices: Sequence[np.ndarray], test_fraction: float, *, see
     one sort), so it is fast for very many clients; ``indices`` may be a list of arrays or
     :class:`~fedsim.data.shares.Shares`, and both parts come back as :class:`~fedsim.data.shares.Shares`.
     """
-    ok = isinstance(test_fraction, Real) and not isinstance(test_fraction, bool)
-    if not ok or not 0 <= test_fraction < 1:
-        raise ValueError(f"client_test_fraction must be in [0, 1) (got {test_fraction!r})")
+    within("client_test_fraction", test_fraction, "[0, 1)")
     shares = Shares.of(indices)
     if not len(shares):
         return shares, shares

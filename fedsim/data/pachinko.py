@@ -39,7 +39,8 @@ from typing import cast
 
 import numpy as np
 
-from fedsim.data.partition import Partition, _as_labels, _check_int_at_least, _check_num_clients, _check_positive
+from fedsim.core.checks import integer, number
+from fedsim.data.partition import Partition, as_labels, check_num_clients
 
 CIFAR100_COARSE_OF = np.array(
     [
@@ -249,7 +250,7 @@ def _sizes(n: int, num_clients: int, examples_per_client: object) -> tuple[int, 
     if examples_per_client is None:
         per_client = n // num_clients
     else:
-        per_client = _check_int_at_least("examples_per_client", examples_per_client, 1)
+        per_client = integer("partition.examples_per_client", examples_per_client, 1)
     if per_client * num_clients > n:
         raise ValueError(
             f"partition.examples_per_client × num_clients must be ≤ the {n} training examples "
@@ -276,12 +277,12 @@ def pachinko(
     50,000 training images). ``labels`` are fine labels ``0..len(coarse_of)-1``. Client ``i``'s indices come
     in the order drawn. ``groups`` is ignored. Deterministic in ``seed``.
     """
-    labels = _as_labels(labels)
+    labels = as_labels(labels)
     if labels.dtype.kind not in "iu" or (labels.size and labels.min() < 0):
         raise ValueError("partition=pachinko needs integer class labels ≥ 0 (the fine labels)")
     n = len(labels)
-    num_clients = _check_num_clients(num_clients, n)
-    alpha, beta = _check_positive("alpha", alpha), _check_positive("beta", beta)
+    num_clients = check_num_clients(num_clients, n)
+    alpha, beta = number("partition.alpha", alpha, above=0), number("partition.beta", beta, above=0)
     coarse_of = _check_coarse_of(coarse_of, labels)
     per_client, extra = _sizes(n, num_clients, examples_per_client)
     rng = np.random.default_rng(seed)

@@ -28,13 +28,11 @@ Schemes and their sources:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from numbers import Integral, Real
-from typing import TypeGuard
 
 import numpy as np
 
+from fedsim.core.checks import integer, is_integer, number
 from fedsim.data.shares import Shares
 
 Partition = list[np.ndarray]
@@ -52,8 +50,9 @@ _NATURAL_NEEDS_GROUPS = (
 # validation helpers
 
 
-def _as_labels(labels: np.ndarray) -> np.ndarray:
-    """Labels as a 1-D numpy array (accepts anything ``np.asarray`` does, e.g. a CPU tensor)."""
+def as_labels(labels: np.ndarray) -> np.ndarray:
+    """Labels as a 1-D numpy array (accepts anything ``np.asarray`` does, e.g. a CPU tensor); one line saying what
+    to do for 2-D token labels. Shared with :func:`fedsim.data.pachinko.pachinko`."""
     arr = np.asarray(labels)
     if arr.ndim == 2:
         raise ValueError(
@@ -75,32 +74,12 @@ def _count(labels: np.ndarray) -> int:
     return len(arr)
 
 
-def _is_int(value: object) -> TypeGuard[Integral]:
-    return isinstance(value, Integral) and not isinstance(value, bool)
-
-
-def _is_finite_real(value: object) -> TypeGuard[Real]:
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_num_clients(num_clients: object, n: int) -> int:
-    # numbers.Integral declares no __ge__ (so `1 <= x` is untyped); int and numpy integers have it
-    if not _is_int(num_clients) or not 1 <= num_clients <= n:  # type: ignore[operator]
+def check_num_clients(num_clients: object, n: int) -> int:
+    """``num_clients`` as an ``int`` when it is an integer between 1 and ``n`` (the training examples); else one line
+    naming ``partition.num_clients``. Shared with :func:`fedsim.data.pachinko.pachinko`."""
+    if not is_integer(num_clients) or not 1 <= num_clients <= n:
         raise ValueError(f"partition.num_clients must be between 1 and the {n} training examples (got {num_clients!r})")
     return int(num_clients)
-
-
-def _check_int_at_least(name: str, value: object, lowest: int) -> int:
-    if not _is_int(value) or value < lowest:
-        raise ValueError(f"partition.{name} must be an integer ≥ {lowest} (got {value!r})")
-    return int(value)
-
-
-def _check_positive(name: str, value: object, *, allow_zero: bool = False) -> float:
-    if not _is_finite_real(value) or value < 0 or (value == 0 and not allow_zero):
-        bound = "≥ 0" if allow_zero else "> 0"
-        raise ValueError(f"partition.{name} must be {bound} (got {value!r})")
-    return float(value)
 
 
 def _check_min_size_fits(min_size: int, num_clients: int, n: int) -> None:
@@ -145,7 +124,7 @@ def iid(labels: np.ndarray, *, num_clients: int, seed: int, groups: np.ndarray |
     shuffled order.
     """
     n = _count(labels)
-    num_clients = _check_num_clients(num_clients, n)
+    num_clients = check_num_clients(num_clients, n)
     perm = np.random.default_rng(seed).permutation(n)
     return [part.astype(np.int64, copy=False) for part in np.array_split(perm, num_clients)]
 
@@ -185,11 +164,11 @@ def dirichlet(
     ``ValueError`` says which parameter to change. Small ``alpha`` (e.g. 0.1) gives clients that hold
     few classes; large ``alpha`` (e.g. 100) approaches IID.
     """
-    labels = _as_labels(labels)
+    labels = as_labels(labels)
     n = len(labels)
-    num_clients = _check_num_clients(num_clients, n)
-    alpha = _check_positive("alpha", alpha)
-    min_size = _check_int_at_least("min_size", min_size, 0)
+    num_clients = check_num_clients(num_clients, n)
+    alpha = number("partition.alpha", alpha, above=0)
+    min_size = integer("partition.min_size", min_size, 0)
     _check_min_size_fits(min_size, num_clients, n)
     rng = np.random.default_rng(seed)
     classes = np.unique(labels)
@@ -220,10 +199,10 @@ def shards(
     shards are dealt to clients in a random order. With balanced classes and shards that do not
     straddle a class boundary, a client sees at most ``shards_per_client`` labels.
     """
-    labels = _as_labels(labels)
+    labels = as_labels(labels)
     n = len(labels)
-    num_clients = _check_num_clients(num_clients, n)
-    per_client = _check_int_at_least("shards_per_client", shards_per_client, 1)
+    num_clients = check_num_clients(num_clients, n)
+    per_client = integer("partition.shards_per_client", shards_per_client, 1)
     num_shards = num_clients * per_client
     if num_shards > n:
         raise ValueError(
@@ -271,9 +250,9 @@ def lognormal(
     ``sigma = 0`` gives equal sizes. Labels are IID within every client.
     """
     n = _count(labels)
-    num_clients = _check_num_clients(num_clients, n)
-    sigma = _check_positive("sigma", sigma, allow_zero=True)
-    min_size = _check_int_at_least("min_size", min_size, 1)
+    num_clients = check_num_clients(num_clients, n)
+    sigma = number("partition.sigma", sigma, at_least=0)
+    min_size = integer("partition.min_size", min_size, 1)
     _check_min_size_fits(min_size, num_clients, n)
     rng = np.random.default_rng(seed)
     sizes = _lognormal_sizes(n, num_clients, sigma, min_size, rng)

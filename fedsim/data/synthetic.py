@@ -28,13 +28,13 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from numbers import Integral, Real
-from typing import TypeGuard
 
 import numpy as np
 import torch
 
+from fedsim.core.checks import integer, number, within
 from fedsim.data.finite import check_finite
+from fedsim.data.reading import refuse_beyond_memory
 from fedsim.data.tensor_data import DataSplit, TensorData
 
 
@@ -52,26 +52,6 @@ class DeviceModel:
         return logits.argmax(axis=1).astype(np.int64)
 
 
-def _is_int(value: object) -> TypeGuard[Integral]:
-    return isinstance(value, Integral) and not isinstance(value, bool)
-
-
-def _is_finite_real(value: object) -> TypeGuard[Real]:
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_nonnegative(name: str, value: object) -> float:
-    if not _is_finite_real(value) or value < 0:
-        raise ValueError(f"data.{name} must be ≥ 0 (got {value!r})")
-    return float(value)
-
-
-def _check_int(name: str, value: object, lowest: int) -> int:
-    if not _is_int(value) or value < lowest:
-        raise ValueError(f"data.{name} must be an integer ≥ {lowest} (got {value!r})")
-    return int(value)
-
-
 def _validate(
     alpha: float,
     beta: float,
@@ -79,23 +59,23 @@ def _validate(
     num_features: int,
     num_classes: int,
     test_fraction: float,
+    size_mean_log: float,
     size_sigma_log: float,
     min_size: int,
     max_size: int | None,
 ) -> None:
     """Raise a one-line ``ValueError`` naming the first invalid ``data.*`` field."""
-    _check_nonnegative("alpha", alpha)
-    _check_nonnegative("beta", beta)
-    _check_int("num_devices", num_devices, 1)
-    _check_int("num_features", num_features, 1)
-    _check_int("num_classes", num_classes, 2)
-    _check_nonnegative("size_sigma_log", size_sigma_log)
-    _check_int("min_size", min_size, 1)
+    number("data.alpha", alpha, at_least=0)
+    number("data.beta", beta, at_least=0)
+    integer("data.num_devices", num_devices, 1)
+    integer("data.num_features", num_features, 1)
+    integer("data.num_classes", num_classes, 2)
+    number("data.size_mean_log", size_mean_log)
+    number("data.size_sigma_log", size_sigma_log, at_least=0)
+    integer("data.min_size", min_size, 1)
     if max_size is not None:
-        _check_int("max_size", max_size, min_size)
-    ok = isinstance(test_fraction, Real) and not isinstance(test_fraction, bool)
-    if not ok or not 0 <= test_fraction < 1:
-        raise ValueError(f"data.test_fraction must be in [0, 1) (got {test_fraction!r})")
+        integer("data.max_size", max_size, min_size)
+    within("data.test_fraction", test_fraction, "[0, 1)")
 
 
 def _device_sizes(
@@ -135,6 +115,7 @@ class _Config:
             self.num_features,
             self.num_classes,
             self.test_fraction,
+            self.size_mean_log,
             self.size_sigma_log,
             self.min_size,
             self.max_size,
@@ -281,11 +262,60 @@ class _Output:
         return DataSplit(train=train, test=test)
 
 
+def memory_estimate(
+    *,
+    num_devices: int = 30,
+    num_features: int = 60,
+    num_classes: int = 10,
+    test_fraction: float = 0.2,
+    size_mean_log: float = 4.0,
+    size_sigma_log: float = 2.0,
+    min_size: int = 50,
+    max_size: int | None = None,
+    keep_models: bool = False,
+) -> int:
+    """The bytes that :func:`synthetic` (with ``keep_models``: :func:`synthetic_with_models`) and the federation
+    built on its data take at their peak, from the settings alone. With ``N`` devices of ``m`` expected examples,
+    ``E = N·m`` rows of which ``E_tr = E·(1 − test_fraction)`` train, ``F`` features and ``C`` classes::
+
+        (4·F + 16)·E            the data: float32 features, int64 labels and device ids, training and test rows
+        + max(48·N + 48 MiB,    generating: six int64/float64 arrays per device (sizes, u, B, test counts, first
+                                rows, a temporary) and one chunk's draws, inputs and logits (3 × 2^21 float64)
+              64·E_tr + 24·N)   federating: the partition's and the local split's int64 indices while they are
+                                sorted (8 per training row) and their offsets (3 per device)
+        + 8·N·(C·F + C + F)     the device models, kept with ``keep_models`` only
+
+    where ``m = min(exp(size_mean_log + size_sigma_log²/2) + min_size, max_size)``: the mean of the lognormal
+    (at least that of its integer part) plus ``min_size``. It is an expectation: a draw with a heavier tail
+    than usual takes more."""
+    mean_log = min(size_mean_log + size_sigma_log**2 / 2, 700.0)  # exp(709.8) overflows; sizes stop at 2^62 anyway
+    per_device = min(math.exp(mean_log), 2.0**62) + min_size
+    rows = num_devices * (per_device if max_size is None else min(per_device, max_size))
+    data = (4 * num_features + 16) * rows
+    generating = 48 * num_devices + 48 * 2**20
+    federating = 64 * rows * (1 - test_fraction) + 24 * num_devices
+    models = 8 * num_devices * (num_classes * num_features + num_classes + num_features) if keep_models else 0
+    return int(data + max(generating, federating) + models)
+
+
+def _check_memory(cfg: _Config, keep_models: bool) -> None:
+    """Refuse, before anything is drawn, a dataset whose :func:`memory_estimate` exceeds the memory available."""
+    fields = {key: getattr(cfg, key) for key in ("num_devices", "num_features", "num_classes", "test_fraction")}
+    sizes = {key: getattr(cfg, key) for key in ("size_mean_log", "size_sigma_log", "min_size", "max_size")}
+    refuse_beyond_memory(
+        f"data.num_devices={cfg.num_devices}",
+        memory_estimate(**fields, **sizes, keep_models=keep_models),
+        f"{cfg.num_devices:,} devices of {cfg.num_features} features and their clients",
+        "lower data.num_devices, or the examples per device (data.size_mean_log, data.min_size, data.max_size)",
+    )
+
+
 def _generate(cfg: _Config, *, keep_models: bool) -> tuple[DataSplit, list[DeviceModel]]:
     """Draw the dataset a chunk of devices at a time; the device models are returned only if ``keep_models``.
 
     The stream is consumed as the published per-device loop consumed it: sizes, ``u``, ``B``, the ``v_k``, all
     device models, then every device's examples; only the order of the arithmetic on its parts changes."""
+    _check_memory(cfg, keep_models)
     rng = np.random.default_rng(cfg.seed)
     sizes = _device_sizes(rng, cfg.num_devices, cfg.size_mean_log, cfg.size_sigma_log, cfg.min_size, cfg.max_size)
     u = rng.normal(0.0, cfg.alpha, cfg.num_devices)

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedsim.core.checks import integer, number, within
+from fedsim.data.reading import refuse_beyond_memory
 from fedsim.data.tensor_data import DataSplit
-from fedsim.data.text_corpus import _held_out, _pooled, windows
+from fedsim.data.text_corpus import held_out, pooled_windows, windows
 
 PAD = 0
 """The input id on the padding of a client's last window (its labels there are -100, so no loss sees it)."""
@@ -68,16 +70,47 @@ def client_tokens(
 
 def _check(alpha: float, num_clients: int, vocab_size: int, tokens_per_client: int, seq_len: int) -> None:
     """One line naming the first bad ``data.*`` key."""
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"data.alpha must be in [0, 1] (0: one shared chain, 1: every client its own; got {alpha})")
+    within("data.alpha", alpha, "[0, 1]", hint=": 0 is one shared chain, 1 every client its own")
     for key, value, lowest in (
         ("num_clients", num_clients, 1),
         ("vocab_size", vocab_size, 2),
         ("tokens_per_client", tokens_per_client, 2),
         ("seq_len", seq_len, 1),
     ):
-        if value < lowest:
-            raise ValueError(f"data.{key} must be >= {lowest} (got {value})")
+        integer(f"data.{key}", value, lowest)
+
+
+def memory_estimate(
+    *, num_clients: int = 20, vocab_size: int = 16, tokens_per_client: int = 400, seq_len: int = 16
+) -> int:
+    """The bytes that :func:`synthetic_text` and the federation built on its windows take at their peak, from the
+    settings alone. With ``K`` clients of ``L`` tokens, ``S = seq_len``, ``V = vocab_size`` and ``R = K·⌈(L − 1) / S⌉``
+    windows::
+
+        max(32·R·S + 9·R,       generating: every client's windows (x and labels, int64) and, while they are stacked
+                                into one tensor, their copy; the group ids (int64) and the test mask (bool)
+            16·R·S + 73·R)      federating: the windows, and the partition's int64 indices while they are sorted
+        + 32·V²                 the shared transition matrix and three of one client's (its own, the mixture
+                                being formed, the cumulative one)
+        + 80·L + 2 KiB·K        one client's uniforms, tokens and their Python list; each client's arrays' headers
+    """
+    rows = num_clients * -(-(tokens_per_client - 1) // seq_len)
+    windows = max(32 * rows * seq_len + 9 * rows, 16 * rows * seq_len + 73 * rows)
+    return windows + 32 * vocab_size**2 + 80 * tokens_per_client + 2048 * num_clients
+
+
+def _check_memory(num_clients: int, vocab_size: int, tokens_per_client: int, seq_len: int) -> None:
+    """Refuse, before anything is drawn, text whose :func:`memory_estimate` exceeds the memory available; the key
+    named is ``vocab_size`` when the transition matrices take most of it, else ``num_clients``."""
+    need = memory_estimate(
+        num_clients=num_clients, vocab_size=vocab_size, tokens_per_client=tokens_per_client, seq_len=seq_len
+    )
+    if 32 * vocab_size**2 > need / 2:
+        setting, what = f"data.vocab_size={vocab_size}", f"the transition matrices of {vocab_size:,} tokens"
+    else:
+        setting, what = f"data.num_clients={num_clients}", f"{num_clients:,} clients of {tokens_per_client:,} tokens"
+    remedy = "lower data.num_clients, data.tokens_per_client or data.vocab_size"
+    refuse_beyond_memory(setting, need, what, remedy)
 
 
 def synthetic_text(
@@ -94,10 +127,9 @@ def synthetic_text(
     """``num_clients`` clients' Markov-chain text as next-token windows, grouped by client, each client holding out
     its last ``test_fraction`` of windows; see the module's docstring. Deterministic in ``seed``."""
     _check(alpha, num_clients, vocab_size, tokens_per_client, seq_len)
-    if not concentration > 0:
-        raise ValueError(f"data.concentration must be > 0 (got {concentration})")
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"data.test_fraction must be in [0, 1) (got {test_fraction})")
+    number("data.concentration", concentration, above=0)
+    within("data.test_fraction", test_fraction, "[0, 1)")
+    _check_memory(num_clients, vocab_size, tokens_per_client, seq_len)
     shared = np.random.default_rng([seed, 0]).dirichlet(np.full(vocab_size, concentration), size=vocab_size)
 
     def text(k: int) -> list[int]:
@@ -106,5 +138,5 @@ def synthetic_text(
         ).tolist()
 
     pieces = [windows(text(k), seq_len, PAD) for k in range(num_clients)]
-    train, test = zip(*(_held_out(p, test_fraction) for p in pieces), strict=True)
-    return _pooled(range(num_clients), list(train), list(test), vocab_size, seq_len)
+    train, test = zip(*(held_out(p, test_fraction) for p in pieces), strict=True)
+    return pooled_windows(range(num_clients), list(train), list(test), vocab_size, seq_len)

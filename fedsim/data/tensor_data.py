@@ -235,6 +235,17 @@ def _already_finite(given: ArrayLike, name: str, finite: Collection[str]) -> boo
     return name in finite and isinstance(given, np.ndarray) and given.dtype == np.float32
 
 
+def pooled_split(x: torch.Tensor, y: torch.Tensor, num_classes: int, groups: np.ndarray, n_train: int) -> DataSplit:
+    """The pooled layout of a dataset with its own per-owner split (:class:`DataSplit`): the rows ``0..n_train-1``
+    of ``x``/``y`` are the owners' training rows, the rest their test rows; ``groups`` names every row's owner.
+    ``local_test`` marks the test rows and ``test`` is a view of them (no copy). The readers of LEAF, Hugging Face
+    copies, text corpora and your own arrays all build their split with it."""
+    mask = np.zeros(len(y), dtype=bool)
+    mask[n_train:] = True
+    test = TensorData(x[n_train:], y[n_train:], num_classes, groups[n_train:])
+    return DataSplit(TensorData(x, y, num_classes, groups), test, local_test=mask)
+
+
 def _pooled(
     xs: tuple[torch.Tensor, torch.Tensor],
     ys: tuple[torch.Tensor, torch.Tensor],
@@ -242,14 +253,8 @@ def _pooled(
     owners: np.ndarray,
     test_owners: np.ndarray,
 ) -> DataSplit:
-    """Train rows then test rows in one pool; the test set is a view of the tail (see :class:`DataSplit`)."""
-    n_train = len(ys[0])
-    x, y = torch.cat(xs), torch.cat(ys)
-    groups = np.concatenate([owners, test_owners])
-    mask = np.zeros(len(y), dtype=bool)
-    mask[n_train:] = True
-    test = TensorData(x[n_train:], y[n_train:], classes, groups[n_train:])
-    return DataSplit(TensorData(x, y, classes, groups), test, local_test=mask)
+    """Train rows then test rows in one pool (:func:`pooled_split`)."""
+    return pooled_split(torch.cat(xs), torch.cat(ys), classes, np.concatenate([owners, test_owners]), len(ys[0]))
 
 
 def split_from_pool(

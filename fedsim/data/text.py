@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsim.data.reading import not_utf8
+
 LEAF_CHARACTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 """LEAF's ``ALL_LETTERS``: the character with id ``i`` is ``LEAF_CHARACTERS[i]``."""
 
@@ -144,11 +146,14 @@ def read_glove_words(path: str | Path, max_words: int | None = None) -> dict[str
         )
     words: dict[str, int] = {}
     dim = 0
-    with open(where, encoding="utf-8") as lines:
-        for number, line in enumerate(lines):
+    with open(where, "rb") as lines:
+        for number, raw in enumerate(lines):
             if max_words is not None and number >= max_words:
                 break
-            line = line.rstrip("\n").rstrip(" ")
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n").rstrip(" ")  # as text mode read "\r\n" endings
+            except UnicodeDecodeError as error:
+                raise not_utf8(error, where, number + 1) from None
             spaces = line.count(" ")
             dim = dim or spaces
             if dim < 1 or spaces < dim:

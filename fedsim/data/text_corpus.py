@@ -35,9 +35,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedsim.core.checks import integer, within
 from fedsim.data import leaf, text
 from fedsim.data.instructions import IGNORE, Tokenizer, load_tokenizer
-from fedsim.data.tensor_data import DataSplit, TensorData
+from fedsim.data.reading import read_utf8
+from fedsim.data.tensor_data import DataSplit, TensorData, pooled_split
 
 DOCUMENTS = ("file", "paragraph")
 """What one document of :func:`text_corpus` is."""
@@ -89,11 +91,10 @@ def _text_files(path: str, key: str) -> list[Path]:
 
 
 def read_text(path: Path) -> str:
-    """The whole UTF-8 file ``path``; one line naming the file when it cannot be read, is not UTF-8 or is empty."""
+    """The whole UTF-8 file ``path``; one line naming the file when it cannot be read or is empty, and the file and
+    the line when it is not UTF-8 (:func:`fedsim.data.reading.read_utf8`)."""
     try:
-        content = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"data: {path} is not UTF-8 text ({error.reason} at byte {error.start}); convert it") from None
+        content = read_utf8(path)
     except OSError as error:
         raise FileNotFoundError(f"data: cannot read {path} ({error.strerror or error}); check the file") from None
     if not content.strip():
@@ -120,20 +121,20 @@ def _stack(pieces: list[Piece], seq_len: int) -> tuple[torch.Tensor, torch.Tenso
     )
 
 
-def _pooled(owners: Sequence[object], train: list[Piece], test: list[Piece], vocab: int, seq_len: int) -> DataSplit:
+def pooled_windows(
+    owners: Sequence[object], train: list[Piece], test: list[Piece], vocab: int, seq_len: int
+) -> DataSplit:
     """Every owner's training windows, then every owner's test windows (``train[i]`` and ``test[i]`` are
-    ``owners[i]``'s), in one tensor; ``local_test`` marks the test rows and ``test`` is a view of them
-    (:class:`~fedsim.data.tensor_data.DataSplit`)."""
+    ``owners[i]``'s), in one tensor: :func:`~fedsim.data.tensor_data.pooled_split`'s layout, ``local_test`` marking
+    the test rows and ``test`` a view of them. :mod:`fedsim.data.synthetic_text` builds its split with it too."""
     x, y = _stack(train + test, seq_len)
     groups = np.repeat(np.asarray(list(owners) * 2), [len(p[0]) for p in train + test])
-    n_train = sum(len(p[0]) for p in train)
-    mask = np.arange(len(x)) >= n_train
-    test_data = TensorData(x[n_train:], y[n_train:], vocab, groups[n_train:])
-    return DataSplit(TensorData(x, y, vocab, groups), test_data, local_test=mask)
+    return pooled_split(x, y, vocab, groups, sum(len(p[0]) for p in train))
 
 
-def _held_out(piece: Piece, fraction: float) -> tuple[Piece, Piece]:
-    """The piece's windows split into (train, test): the last ``round(n * fraction)`` are test, at least one train."""
+def held_out(piece: Piece, fraction: float) -> tuple[Piece, Piece]:
+    """The piece's windows split into (train, test): the last ``round(n * fraction)`` are test, at least one train
+    (an empty piece gives two empty ones)."""
     n = len(piece[0])
     cut = n - min(int(round(n * fraction)), n - 1) if n else 0
     return (piece[0][:cut], piece[1][:cut]), (piece[0][cut:], piece[1][cut:])
@@ -153,10 +154,8 @@ def text_corpus(
     docstring. ``tokenizer``: a ``tokenizer.json`` or local ``transformers`` tokenizer directory, or ``None`` for
     LEAF's characters. ``test_path`` (files or a folder, whole files are documents) replaces the per-document test
     windows with a centralized test set."""
-    if seq_len < 1:
-        raise ValueError(f"data.seq_len must be >= 1 (got {seq_len})")
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"data.test_fraction must be in [0, 1) (got {test_fraction})")
+    integer("data.seq_len", seq_len, 1)
+    within("data.test_fraction", test_fraction, "[0, 1)")
     tok = corpus_tokenizer(tokenizer, eos_token)
     docs = read_documents(path, document)
     test_docs = read_documents(test_path, "file", "data.test_path") if test_path is not None else []
@@ -165,8 +164,8 @@ def text_corpus(
     if not any(len(p[0]) for p in pieces):
         raise ValueError(f"data.path={path} has no document of 2 or more tokens; give it more text")
     if test_path is None:
-        train, test = zip(*(_held_out(p, test_fraction) for p in pieces), strict=True)
-        return _pooled(range(len(docs)), list(train), list(test), tok.vocab_size, seq_len)
+        train, test = zip(*(held_out(p, test_fraction) for p in pieces), strict=True)
+        return pooled_windows(range(len(docs)), list(train), list(test), tok.vocab_size, seq_len)
     x, y = _stack(pieces, seq_len)
     groups = np.repeat(np.arange(len(docs)), [len(p[0]) for p in pieces])
     test_x, test_y = _stack([windows(tok.encode(d) + eos, seq_len, tok.pad_id) for d in test_docs], seq_len)
@@ -203,13 +202,12 @@ def shakespeare_lm(
     """LEAF's Shakespeare as next-token windows, one client per speaking role, LEAF's own train/test split (see the
     module's docstring; the files are found as :func:`fedsim.data.leaf.shakespeare` finds them). ``tokenizer``:
     ``None`` for LEAF's characters, or the run's tokenizer (no end-of-sequence token is added)."""
-    if seq_len < 1:
-        raise ValueError(f"data.seq_len must be >= 1 (got {seq_len})")
+    integer("data.seq_len", seq_len, 1)
     tok = corpus_tokenizer(tokenizer, eos_token)
-    layout = leaf._layout("shakespeare", root, folder)
+    layout = leaf.read_layout("shakespeare", root, folder)
     texts: dict[bool, dict[str, list[str]]] = {False: {}, True: {}}
 
-    def convert(xs: list, ys: list, start: int, where: leaf._Where) -> None:
+    def convert(xs: list, ys: list, start: int, where: leaf.Where) -> None:
         texts[start >= layout.n_train][where.user] = role_text(xs, ys, where)
 
     layout.fill(convert)
@@ -223,4 +221,4 @@ def shakespeare_lm(
     if not users:
         raise ValueError("data=shakespeare_lm: no role has a training window (2 or more tokens); check the LEAF files")
     test = [piece(texts[True].get(user, [])) for user in users]
-    return _pooled(users, [train[u] for u in users], test, tok.vocab_size, seq_len)
+    return pooled_windows(users, [train[u] for u in users], test, tok.vocab_size, seq_len)

@@ -47,6 +47,7 @@ from torchvision import datasets
 from torchvision.datasets.utils import check_integrity
 
 from fedsim.core.errors import DatasetNotFoundError  # noqa: F401 (defined there, without torchvision; re-exported)
+from fedsim.data.reading import one_line
 from fedsim.data.tensor_data import DataSplit, TensorData
 
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
@@ -74,12 +75,6 @@ class _Source:
     md5: dict[str, str] = field(default_factory=dict)
 
 
-def _one_line(text: object, limit: int = 300) -> str:
-    """``text`` with its lines joined by spaces and cut to ``limit`` characters."""
-    joined = " ".join(line.strip() for line in str(text).splitlines() if line.strip())
-    return joined if len(joined) <= limit else joined[: limit - 3] + "..."
-
-
 def _files_problem(src: _Source) -> str:
     """Say what is wrong with the files in ``src.folder`` and how to fix it ("" when nothing visibly is)."""
     remedy = f"{_DOWNLOAD_HINT}, or copy {src.what} there"
@@ -100,7 +95,7 @@ def _files_problem(src: _Source) -> str:
 
 def _not_found(src: _Source, err: BaseException) -> DatasetNotFoundError:
     """The one-line error for files that torchvision refused to read."""
-    problem = _files_problem(src) or f"cannot read {src.title} under {src.folder} ({_one_line(err)})"
+    problem = _files_problem(src) or f"cannot read {src.title} under {src.folder} ({one_line(err)})"
     return DatasetNotFoundError(f"data={src.name}: {problem}")
 
 
@@ -108,7 +103,7 @@ def _download_failed(src: _Source, err: BaseException) -> DatasetNotFoundError:
     """The one-line error for a download that did not work (typically: no network)."""
     return DatasetNotFoundError(
         f"data={src.name}: could not download {src.title} into {src.folder} "
-        f"({type(err).__name__}: {_one_line(err)}); without internet, copy {src.what} there "
+        f"({type(err).__name__}: {one_line(err)}); without internet, copy {src.what} there "
         "from a machine that has it and rerun with data.download=false"
     )
 
@@ -126,7 +121,7 @@ def _damaged(src: _Source, err: BaseException) -> DatasetNotFoundError:
             where = path
             break
     return DatasetNotFoundError(
-        f"data={src.name}: cannot read {where} ({type(err).__name__}: {_one_line(err)}); the file is truncated or "
+        f"data={src.name}: cannot read {where} ({type(err).__name__}: {one_line(err)}); the file is truncated or "
         f"damaged: delete it and download it again ({_DOWNLOAD_HINT}), or copy {src.what} there"
     )
 
@@ -229,29 +224,56 @@ def emnist(*, root: str | Path, split: str = "balanced", download: bool = False)
     return _load_gray(_emnist_source(str(root), split), download, EMNIST_MEAN, EMNIST_STD, transpose=True)
 
 
-class _UncheckedCIFAR10(datasets.CIFAR10):
-    """torchvision's CIFAR-10 reader with the md5 checks dropped: the files need only exist."""
+def _unchecked(cls: type[datasets.CIFAR10]) -> type[datasets.CIFAR10]:
+    """``cls`` (torchvision's ``CIFAR10`` or its subclass ``CIFAR100``) with the md5 checks dropped: the files need
+    only exist."""
+    lists = {key: [[file, None] for file, _ in getattr(cls, key)] for key in ("train_list", "test_list")}
+    return type(f"Unchecked{cls.__name__}", (cls,), {**lists, "meta": {**cls.meta, "md5": None}})
 
-    train_list = [[name, None] for name, _ in datasets.CIFAR10.train_list]
-    test_list = [[name, None] for name, _ in datasets.CIFAR10.test_list]
-    meta = {**datasets.CIFAR10.meta, "md5": None}
 
-
-def _cifar10_source(root: str, verify_checksums: bool) -> _Source:
-    """Source for CIFAR-10; ``verify_checksums=False`` swaps in :class:`_UncheckedCIFAR10`."""
+def _cifar_source(cls: type[datasets.CIFAR10], name: str, title: str, what: str, root: str, verify: bool) -> _Source:
+    """Source for a dataset in CIFAR's format; ``verify=False`` reads with :func:`_unchecked` ``cls``."""
     base = os.path.expanduser(root)
-    cls = datasets.CIFAR10 if verify_checksums else _UncheckedCIFAR10
-    listed = datasets.CIFAR10.train_list + datasets.CIFAR10.test_list
-    md5 = dict(listed) | {cls.meta["filename"]: cls.meta["md5"]} if verify_checksums else {}
+    reader = cls if verify else _unchecked(cls)
+    listed = cls.train_list + cls.test_list
+    md5 = dict(listed) | {cls.meta["filename"]: cls.meta["md5"]} if verify else {}
     return _Source(
-        name="cifar10",
-        title="CIFAR-10",
+        name=name,
+        title=title,
         folder=os.path.join(base, cls.base_folder),
-        files=tuple(name for name, _ in listed) + (cls.meta["filename"],),
-        what="the extracted cifar-10-python.tar.gz (the cifar-10-batches-py folder)",
-        make=lambda train, download: cls(base, train=train, download=download),
+        files=tuple(file for file, _ in listed) + (cls.meta["filename"],),
+        what=what,
+        make=lambda train, download: reader(base, train=train, download=download),
         md5=md5,
     )
+
+
+def read_cifar(
+    cls: type[datasets.CIFAR10],
+    *,
+    name: str,
+    title: str,
+    what: str,
+    root: str | Path,
+    download: bool,
+    verify_checksums: bool,
+    mean: Sequence[float],
+    std: Sequence[float],
+) -> DataSplit:
+    """A dataset in CIFAR's python-pickle format, read by torchvision's ``cls`` (``datasets.CIFAR10`` or
+    ``datasets.CIFAR100``) from ``root/<cls.base_folder>``: the uint8 NHWC images permuted to NCHW and normalised
+    with the per-channel ``mean`` and ``std``, the labels as int64, ``num_classes`` the length of the class list.
+
+    ``name`` is the config option that messages name (``data=<name>``), ``title`` the dataset's name and ``what``
+    the files to copy there; ``verify_checksums`` as :func:`cifar10` says. :func:`cifar10` and
+    :func:`fedsim.data.cifar100.cifar100` are this reader with their own constants."""
+    src = _cifar_source(cls, name, title, what, str(root), verify_checksums)
+    parts = []
+    for train in (True, False):
+        ds = _open(src, train, download and train)
+        images = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2)
+        parts.append(_to_tensor_data(images, ds.targets, len(ds.classes), mean, std))
+    return DataSplit(train=parts[0], test=parts[1])
 
 
 def cifar10(*, root: str | Path, download: bool = False, verify_checksums: bool = True) -> DataSplit:
@@ -260,10 +282,14 @@ def cifar10(*, root: str | Path, download: bool = False, verify_checksums: bool 
     With ``verify_checksums=True`` (the default) torchvision's own check applies: every batch file
     must have the official md5. ``False`` reads any files in the same pickle format.
     """
-    src = _cifar10_source(str(root), verify_checksums)
-    parts = []
-    for train in (True, False):
-        ds = _open(src, train, download and train)
-        images = torch.from_numpy(np.ascontiguousarray(ds.data)).permute(0, 3, 1, 2)
-        parts.append(_to_tensor_data(images, ds.targets, len(ds.classes), CIFAR10_MEAN, CIFAR10_STD))
-    return DataSplit(train=parts[0], test=parts[1])
+    return read_cifar(
+        datasets.CIFAR10,
+        name="cifar10",
+        title="CIFAR-10",
+        what="the extracted cifar-10-python.tar.gz (the cifar-10-batches-py folder)",
+        root=root,
+        download=download,
+        verify_checksums=verify_checksums,
+        mean=CIFAR10_MEAN,
+        std=CIFAR10_STD,
+    )

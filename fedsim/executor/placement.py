@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from fedsim.core.checks import integer
+
 
 def physical_cores() -> int:
     """Physical cores this process may run on (SMT siblings counted once); falls back to the CPU count."""
@@ -59,8 +61,8 @@ def plan_workers(
     counts, so a fixed thread count is what keeps results bitwise identical for any number of workers.
     """
     for name, value in (("workers", workers), ("workers_per_device", workers_per_device), ("threads", threads)):
-        if value is not None and value < 1:
-            raise ValueError(f"executor.{name} must be >= 1 (got {value})")
+        if value is not None:
+            integer(f"executor.{name}", value, 1)
     if workers is None:
         all_cpu = all(d == "cpu" for d in devices)
         per_device = workers_per_device or (max(1, cores // threads) if all_cpu else 1)

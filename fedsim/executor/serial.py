@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fedsim.core.checks import integer
 from fedsim.core.params import fixed_state
 from fedsim.core.threads import torch_threads
 from fedsim.core.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
@@ -21,8 +22,7 @@ class SerialExecutor(Executor):
     """
 
     def __init__(self, device: str = "cpu", threads: int = 1) -> None:
-        if threads < 1:
-            raise ValueError(f"executor.threads must be >= 1 (got {threads})")
+        integer("executor.threads", threads, 1)
         self.device = torch.device(device)
         self.threads = threads
         self._workload: Workload | None = None

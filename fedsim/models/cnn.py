@@ -31,13 +31,15 @@ def require_image_shape(input_shape: tuple[int, ...], model_name: str) -> tuple[
     return c, h, w
 
 
-def _out_size(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:
-    """Spatial size after a convolution or pooling window (PyTorch's floor rule)."""
+def out_size(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:
+    """Spatial size after a convolution or pooling window (PyTorch's floor rule); the CNNs here size their dense
+    layers with it."""
     return (size + 2 * padding - kernel) // stride + 1
 
 
-def _check_positive(sizes: tuple[int, int], input_shape: tuple[int, ...], model_name: str) -> None:
-    """Raise ValueError when the feature map vanishes, i.e. the images are too small for the model."""
+def require_feature_map(sizes: tuple[int, int], input_shape: tuple[int, ...], model_name: str) -> None:
+    """Raise a one-line ValueError naming ``model=<model_name>`` when the feature map ``sizes`` (height, width) has
+    vanished, i.e. the images of ``input_shape`` are too small for the model."""
     if min(sizes) < 1:
         raise ValueError(f"model={model_name}: images of shape {tuple(input_shape)} are too small for it")
 
@@ -54,8 +56,8 @@ class McMahanCNN(nn.Module):
         super().__init__()
         c, h, w = require_image_shape(input_shape, self.option_name)
         for _ in range(2):  # conv 5x5 'same' keeps the size; 2x2 pooling halves it
-            h, w = _out_size(h, 2, 2), _out_size(w, 2, 2)
-        _check_positive((h, w), input_shape, self.option_name)
+            h, w = out_size(h, 2, 2), out_size(w, 2, 2)
+        require_feature_map((h, w), input_shape, self.option_name)
         self.features = nn.Sequential(
             nn.Conv2d(c, 32, kernel_size=5, padding=2),
             nn.ReLU(),
@@ -95,8 +97,8 @@ class CNNBatchNorm(nn.Module):
         super().__init__()
         c, h, w = require_image_shape(input_shape, "cnn_bn")
         for _ in range(2):  # conv 5x5 'same' keeps the size; 2x2 pooling halves it
-            h, w = _out_size(h, 2, 2), _out_size(w, 2, 2)
-        _check_positive((h, w), input_shape, "cnn_bn")
+            h, w = out_size(h, 2, 2), out_size(w, 2, 2)
+        require_feature_map((h, w), input_shape, "cnn_bn")
         self.features = nn.Sequential(
             nn.Conv2d(c, 32, kernel_size=5, padding=2),
             nn.BatchNorm2d(32),
@@ -140,8 +142,8 @@ class CifarCNN(nn.Module):
         super().__init__()
         c, h, w = require_image_shape(input_shape, "cifar_cnn")
         for _ in range(2):
-            h, w = _out_size(h, 3, 2, 1), _out_size(w, 3, 2, 1)
-        _check_positive((h, w), input_shape, "cifar_cnn")
+            h, w = out_size(h, 3, 2, 1), out_size(w, 3, 2, 1)
+        require_feature_map((h, w), input_shape, "cifar_cnn")
         self.features = nn.Sequential(
             nn.Conv2d(c, 64, kernel_size=5, padding=2),
             nn.ReLU(),

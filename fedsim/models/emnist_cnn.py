@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedsim.models.cnn import _check_positive, _out_size, require_image_shape
+from fedsim.models.cnn import out_size, require_feature_map, require_image_shape
 
 
 class EmnistCNN(nn.Module):
@@ -21,8 +21,8 @@ class EmnistCNN(nn.Module):
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, dropout: bool = True) -> None:
         super().__init__()
         c, h, w = require_image_shape(input_shape, "emnist_cnn")
-        h, w = _out_size(_out_size(h, 3), 3) // 2, _out_size(_out_size(w, 3), 3) // 2
-        _check_positive((h, w), input_shape, "emnist_cnn")
+        h, w = out_size(out_size(h, 3), 3) // 2, out_size(out_size(w, 3), 3) // 2
+        require_feature_map((h, w), input_shape, "emnist_cnn")
         self.features = nn.Sequential(
             nn.Conv2d(c, 32, kernel_size=3),
             nn.ReLU(),

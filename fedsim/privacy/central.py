@@ -20,22 +20,14 @@ is what the accountant charges (the paper's Theorem 1).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from numbers import Real
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from fedsim.core.checks import is_number, number, within
 from fedsim.core.seeding import dp_seed
 from fedsim.privacy.accountant import accounting_library, check_accountant
-
-
-def _check(name: str, value: object, rule: str, ok: Callable[[float], bool], hint: str = "") -> None:
-    """Refuse, in one line naming ``dp.<name>``, a ``value`` that is not a finite number for which ``ok`` holds."""
-    finite = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-    if not finite or not ok(float(cast(float, value))):
-        kind = "" if finite else "a finite number "
-        raise ValueError(f"dp.{name} must be {kind}{rule} (got {value!r}){'; ' + hint if hint else ''}")
 
 
 class CentralDP:
@@ -57,17 +49,20 @@ class CentralDP:
         """``accountant`` converts the rounds to ε (and so drives ``epsilon_max``): ``"rdp"`` or ``"pld"``
         (:mod:`fedsim.privacy.accountant`)."""
         self.accountant = check_accountant(accountant)
-        _check("noise_multiplier", noise_multiplier, "> 0", lambda v: v > 0)
-        _check("clip_norm", clip_norm, "> 0", lambda v: v > 0)
-        _check("delta", delta, "in (0, 1)", lambda v: 0 < v < 1, "keep it far below 1 / the number of clients")
+        number("dp.noise_multiplier", noise_multiplier, above=0)
+        number("dp.clip_norm", clip_norm, above=0)
+        within("dp.delta", delta, "(0, 1)", hint="; keep it far below 1 / the number of clients")
         if epsilon_max is not None and not epsilon_max > 0:
             raise ValueError(f"dp.epsilon_max must be > 0 or null (got {epsilon_max})")
         if not isinstance(adaptive, bool):
             raise ValueError(f"dp.adaptive must be true or false (got {adaptive!r})")
-        _check("target_quantile", target_quantile, "in [0, 1]", lambda v: 0 <= v <= 1)
-        _check("clip_lr", clip_lr, "> 0", lambda v: v > 0, "the step η_C of adaptive clipping's update, e.g. 0.2")
-        if count_noise is not None:
-            _check("count_noise", count_noise, "> 0 or null", lambda v: v > 0, "it must exceed noise_multiplier / 2")
+        within("dp.target_quantile", target_quantile, "[0, 1]")
+        number("dp.clip_lr", clip_lr, above=0, hint="; the step η_C of adaptive clipping's update, e.g. 0.2")
+        if count_noise is not None and not (is_number(count_noise) and count_noise > 0):
+            raise ValueError(
+                f"dp.count_noise must be a finite number > 0 or null (got {count_noise!r}); "
+                "it must exceed noise_multiplier / 2"
+            )
         self.noise_multiplier, self.clip_norm, self.delta, self.epsilon_max = (
             noise_multiplier,
             clip_norm,

@@ -35,6 +35,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedsim.client.base import Client
+from fedsim.core.checks import number, within
 from fedsim.core.seeding import dpsgd_noise_seed
 from fedsim.data.tensor_data import TensorData
 from fedsim.privacy.accountant import accounting_library
@@ -60,17 +61,10 @@ class DPSGDClient(Client):
         **kwargs: Any,
     ) -> None:
         super().__init__(client_id, train_indices, test_indices, **kwargs)
-        if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
-            raise ValueError(
-                f"client.noise_multiplier must be a finite number >= 0 (got {noise_multiplier}; "
-                "0 is clip-only, ε = inf)"
-            )
-        if not clip_norm > 0:
-            raise ValueError(f"client.clip_norm must be > 0 (got {clip_norm})")
-        if not 0 < sampling_rate <= 1:
-            raise ValueError(f"client.sampling_rate must be in (0, 1] (got {sampling_rate})")
-        if not 0 < delta < 1:
-            raise ValueError(f"client.delta must be in (0, 1) (got {delta})")
+        number("client.noise_multiplier", noise_multiplier, at_least=0, hint="; 0 is clip-only, ε = inf")
+        number("client.clip_norm", clip_norm, above=0)
+        within("client.sampling_rate", sampling_rate, "(0, 1]")
+        within("client.delta", delta, "(0, 1)")
         self.noise_multiplier, self.clip_norm, self.sampling_rate, self.delta = (
             noise_multiplier,
             clip_norm,

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedsim.core.checks import integer, within
+
 
 @dataclass(frozen=True)
 class Stragglers:
@@ -27,10 +29,8 @@ class Stragglers:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.fraction <= 1.0:
-            raise ValueError(f"stragglers.fraction must be in [0, 1] (got {self.fraction})")
-        if self.epochs < 1:
-            raise ValueError(f"stragglers.epochs must be >= 1 (got {self.epochs})")
+        within("stragglers.fraction", self.fraction, "[0, 1]")
+        integer("stragglers.epochs", self.epochs, 1)
 
     def epochs_for(self, round_num: int, client_id: int) -> int | None:
         """The epochs a straggler manages this round, or ``None`` when the client is not a straggler."""

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedsim.sim.profiles import BYTES_PER_S_PER_MBPS, DeviceProfiles, check_positive, sampled_profiles, trace_profiles
+from fedsim.core.checks import number, within
+from fedsim.sim.profiles import BYTES_PER_S_PER_MBPS, DeviceProfiles, sampled_profiles, trace_profiles
 
 BYTES_PER_PARAMETER = 4  # float32, what fedsim sends each way
 
@@ -139,10 +140,7 @@ class SyncClock:
     ) -> None:
         if deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s > 0):
             raise ValueError(f"clock.deadline_s must be > 0 or null (got {deadline_s!r})")
-        if not (math.isfinite(over_selection) and over_selection >= 0):
-            raise ValueError(
-                f"clock.over_selection must be >= 0 (got {over_selection!r}); 0.3 samples 30 % more clients"
-            )
+        number("clock.over_selection", over_selection, at_least=0, hint="; 0.3 samples 30 % more clients")
         self.profiles = profiles
         self.deadline_s = None if deadline_s is None else float(deadline_s)
         self.over_selection = float(over_selection)
@@ -287,16 +285,15 @@ def sampled_clock(
     speeds in examples/s, bandwidths in Mbit/s, medians and log-scale sigmas), then a :class:`SyncClock`. Its
     arguments are checked here, each refused in one line that names it as the config does (``clock.period_h``)."""
     for name, value in (("speed_median", speed_median), ("upload_mbps", upload_mbps), ("download_mbps", download_mbps)):
-        check_positive(f"clock.{name}", value)
+        number(f"clock.{name}", value, above=0)
     for name, value in (
         ("speed_sigma", speed_sigma),
         ("upload_sigma", upload_sigma),
         ("download_sigma", download_sigma),
     ):
-        check_positive(f"clock.{name}", value, allow_zero=True)
-    check_positive("clock.period_h", period_h, allow_inf=True)
-    if not 0 < check_positive("clock.online_fraction_mean", online_fraction_mean) <= 1:
-        raise ValueError(f"clock.online_fraction_mean must be in (0, 1] (got {online_fraction_mean!r})")
+        number(f"clock.{name}", value, at_least=0)
+    number("clock.period_h", period_h, above=0, allow_inf=True)
+    within("clock.online_fraction_mean", online_fraction_mean, "(0, 1]")
     if not isinstance(always_online, bool):
         raise ValueError(f"clock.always_online must be true or false (got {always_online!r})")
     profiles = sampled_profiles(

@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Integral, Real
 from pathlib import Path
-from typing import TypeGuard
 
 import numpy as np
 
+from fedsim.core.checks import integer, number, within
 from fedsim.sim.trace import BYTES_PER_S_PER_MBPS, HOURS_PER_DAY, SECONDS_PER_HOUR, read_trace
 
 SECONDS_PER_DAY = HOURS_PER_DAY * SECONDS_PER_HOUR
@@ -166,27 +165,6 @@ class DeviceProfiles:
         raise RuntimeError(f"DeviceProfiles.window_after: client {client_id}'s window at {when} s is too short to meet")
 
 
-def _is_number(value: object, allow_inf: bool) -> TypeGuard[Real]:
-    return (
-        isinstance(value, Real)
-        and not isinstance(value, bool)
-        and (math.isfinite(value) or (allow_inf and value == math.inf))
-    )
-
-
-def check_positive(name: str, value: object, *, allow_zero: bool = False, allow_inf: bool = False) -> float:
-    """``value`` as a float, or a one-line ``ValueError`` "<name> must be a finite number > 0 (got ...)" (``>= 0``
-    with ``allow_zero``; ``(or inf)`` with ``allow_inf``). ``name`` is the setting as its caller calls it."""
-    if not _is_number(value, allow_inf) or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a finite number {bound}{' (or inf)' if allow_inf else ''} (got {value!r})")
-    return float(value)
-
-
-def _check_positive(name: str, value: object, *, allow_zero: bool = False, allow_inf: bool = False) -> float:
-    return check_positive(f"sampled_profiles: {name}", value, allow_zero=allow_zero, allow_inf=allow_inf)
-
-
 def _client_draws(seed: int, client: int, beta: tuple[float, float] | None) -> np.ndarray:
     """One client's draws: 3 standard normals (speed, upload, download), its online fraction, a uniform."""
     rng = np.random.default_rng([seed, _DOMAIN, client])
@@ -217,12 +195,10 @@ def sampled_profiles(
     ``m = 1``: always online), from a start uniform in the period. ``always_online=True`` or
     ``period_s = inf``: everyone always online (``period_s`` becomes inf). ``seed``: an integer >= 0.
     """
-    if not isinstance(num_clients, Integral) or isinstance(num_clients, bool) or num_clients < 1:
-        raise ValueError(f"sampled_profiles: num_clients must be an integer >= 1 (got {num_clients!r})")
-    if not isinstance(seed, Integral) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"sampled_profiles: seed must be an integer >= 0 (got {seed!r})")
+    num_clients = integer("sampled_profiles: num_clients", num_clients, 1)
+    seed = integer("sampled_profiles: seed", seed, 0)
     medians = [
-        _check_positive(n, v)
+        number(f"sampled_profiles: {n}", v, above=0)
         for n, v in (
             ("speed_median", speed_median),
             ("upload_median", upload_median),
@@ -230,16 +206,14 @@ def sampled_profiles(
         )
     ]
     sigmas = [
-        _check_positive(n, v, allow_zero=True)
+        number(f"sampled_profiles: {n}", v, at_least=0)
         for n, v in (("speed_sigma", speed_sigma), ("upload_sigma", upload_sigma), ("download_sigma", download_sigma))
     ]
-    period = _check_positive("period_s", period_s, allow_inf=True)
-    mean = _check_positive("online_fraction_mean", online_fraction_mean)
-    if mean > 1:
-        raise ValueError(f"sampled_profiles: online_fraction_mean must be in (0, 1] (got {online_fraction_mean!r})")
+    period = number("sampled_profiles: period_s", period_s, above=0, allow_inf=True)
+    mean = within("sampled_profiles: online_fraction_mean", online_fraction_mean, "(0, 1]")
     k = ONLINE_FRACTION_CONCENTRATION
     beta = (mean * k, (1.0 - mean) * k) if mean < 1 else None
-    draws = np.array([_client_draws(int(seed), c, beta) for c in range(int(num_clients))])
+    draws = np.array([_client_draws(seed, c, beta) for c in range(num_clients)])
     speed, upload, download = (
         m * np.exp(s * draws[:, i]) for i, (m, s) in enumerate(zip(medians, sigmas, strict=True))
     )
@@ -257,6 +231,5 @@ def trace_profiles(path: str | Path, num_clients: int) -> DeviceProfiles:
     The period is a day (86 400 s). Rows for clients ``>= num_clients`` are checked but ignored; a missing
     client, like any other mistake, is a one-line ``ValueError`` (``FileNotFoundError`` for a missing file).
     """
-    if not isinstance(num_clients, Integral) or isinstance(num_clients, bool) or num_clients < 1:
-        raise ValueError(f"trace_profiles: num_clients must be an integer >= 1 (got {num_clients!r})")
-    return DeviceProfiles(period_s=SECONDS_PER_DAY, **read_trace(path, int(num_clients)))
+    num_clients = integer("trace_profiles: num_clients", num_clients, 1)
+    return DeviceProfiles(period_s=SECONDS_PER_DAY, **read_trace(path, num_clients))

@@ -27,6 +27,7 @@ from torch import nn
 
 from fedsim.client.local_training import Batch
 from fedsim.client.task_trainer import TaskTrainer
+from fedsim.core.checks import within
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import LocalTraining, Strategy
 from fedsim.strategy.functional import weighted_average
@@ -79,8 +80,7 @@ class APFL(Strategy):
     keeps_stragglers = False  # the global model is FedAvg's
 
     def __init__(self, *, alpha: float = 0.5, adapt_alpha: bool = False) -> None:
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"strategy.alpha must be in [0, 1] (got {alpha}): the weight of the personal model")
+        within("strategy.alpha", alpha, "[0, 1]", hint=": the weight of the personal model")
         self.alpha, self.adapt_alpha = float(alpha), bool(adapt_alpha)
 
     def local_training(self) -> LocalTraining:

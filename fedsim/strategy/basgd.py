@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fedsim.core.checks import within
 from fedsim.strategy.fedbuff import FedBuff
 from fedsim.strategy.functional import coordinate_median, trimmed_mean
 
@@ -49,9 +50,7 @@ class BASGD(FedBuff):
         )
         if rule not in RULES:
             raise ValueError(f"strategy.rule must be one of {', '.join(RULES)} (got {rule!r})")
-        if isinstance(trim, bool) or not isinstance(trim, (int, float)) or not 0 <= trim < 0.5:
-            raise ValueError(f"strategy.trim must be in [0, 0.5) (got {trim!r})")
-        self.num_buffers, self.rule, self.trim = int(num_buffers), rule, float(trim)
+        self.num_buffers, self.rule, self.trim = int(num_buffers), rule, within("strategy.trim", trim, "[0, 0.5)")
 
     def buffer_full(self, client_ids: Sequence[int]) -> bool:
         """Every one of the B buffers holds at least one update."""

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fedsim.core.checks import integer
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.functional import coordinate_median, pairwise_squared_distances
@@ -72,9 +73,7 @@ class Bulyan(Strategy):
     """
 
     def __init__(self, f: int = 1) -> None:
-        if isinstance(f, bool) or not isinstance(f, int) or f < 0:
-            raise ValueError(f"strategy.f must be an integer >= 0 (got {f!r})")
-        self.f = f
+        self.f = integer("strategy.f", f, 0)
         self.selected_client_ids: list[int] | None = None
         self._received: list[int] = []
 

@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 
+from fedsim.core.checks import integer, number
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import Strategy
-from fedsim.strategy.norm_bounding import clip_factor, in_client_order, positive_number
+from fedsim.strategy.norm_bounding import clip_factor, in_client_order
 
 
 class CenteredClipping(Strategy):
@@ -33,10 +34,8 @@ class CenteredClipping(Strategy):
     """
 
     def __init__(self, tau: float = 1.0, iterations: int = 1) -> None:
-        self.tau = positive_number("tau", tau)
-        if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-            raise ValueError(f"strategy.iterations must be an integer >= 1 (got {iterations!r})")
-        self.iterations = iterations
+        self.tau = number("strategy.tau", tau, above=0)
+        self.iterations = integer("strategy.iterations", iterations, 1)
         self.center: torch.Tensor | None = None  # float64; None until the first aggregate (v = 0)
         self._metrics: dict[str, float] = {}
 

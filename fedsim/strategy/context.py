@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedsim.core.checks import integer
 from fedsim.core.params import ParamLayout
 
 if TYPE_CHECKING:
@@ -45,6 +46,4 @@ class RunContext:
 
 def root_size_setting(value: object) -> int:
     """``strategy.root_size`` checked: an integer >= 1, else a one-line ``ValueError`` naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"strategy.root_size must be an integer >= 1 (got {value!r})")
-    return value
+    return integer("strategy.root_size", value, 1)

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from fedsim.client.task_trainer import TaskTrainer
+from fedsim.core.checks import number
 from fedsim.core.params import flatten, load_flat
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
@@ -78,8 +79,7 @@ class Ditto(Strategy):
     keeps_stragglers = False  # the global model is FedAvg's
 
     def __init__(self, *, lam: float = 0.1, personal_epochs: int | None = None) -> None:
-        if not lam >= 0:
-            raise ValueError(f"strategy.lam must be >= 0 (got {lam})")
+        number("strategy.lam", lam, at_least=0)
         if personal_epochs is not None and personal_epochs < 1:
             raise ValueError(
                 f"strategy.personal_epochs must be >= 1 or null (got {personal_epochs}); null: the round's local epochs"

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedsim.core.checks import number
 from fedsim.core.params import ParamLayout
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
@@ -113,8 +114,7 @@ class FedDyn(Strategy):
     keeps_stragglers = True
 
     def __init__(self, *, alpha: float = 0.01) -> None:
-        if not alpha > 0:
-            raise ValueError(f"strategy.alpha must be > 0 (got {alpha})")
+        number("strategy.alpha", alpha, above=0)
         self.alpha = alpha
         self.h: torch.Tensor | None = None  # created by the first aggregate
         self.num_clients = 0  # m, from setup()

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fedsim.core.checks import number
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import Strategy
 
@@ -73,8 +74,7 @@ class FedNova(Strategy):
     keeps_stragglers = True
 
     def __init__(self, *, server_lr: float = 1.0) -> None:
-        if not server_lr > 0:
-            raise ValueError(f"strategy.server_lr must be > 0 (got {server_lr})")
+        number("strategy.server_lr", server_lr, above=0)
         self.server_lr = server_lr
         self.tau_eff = math.nan  # of the round last aggregated
 

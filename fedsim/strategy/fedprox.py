@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedsim.core.checks import number
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
 from fedsim.strategy.functional import weighted_average
@@ -55,8 +56,7 @@ class FedProx(Strategy):
     needs = frozenset()  # a function of the mean update alone (runs under central DP and secure aggregation)
 
     def __init__(self, *, mu: float = 0.01) -> None:
-        if mu < 0:
-            raise ValueError(f"strategy.mu must be >= 0 (got {mu})")
+        number("strategy.mu", mu, at_least=0)
         self.mu = mu
 
     def local_training(self) -> LocalTraining:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from fedsim.client.task_trainer import TaskTrainer
+from fedsim.core.checks import integer
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import LocalTraining, Strategy
 from fedsim.strategy.context import RunContext
@@ -63,8 +64,7 @@ class FedRep(Strategy):
     keeps_stragglers = False
 
     def __init__(self, *, personal_layers: str | None = None, head_epochs: int = 10) -> None:
-        if head_epochs < 1:
-            raise ValueError(f"strategy.head_epochs must be >= 1 (got {head_epochs})")
+        integer("strategy.head_epochs", head_epochs, 1)
         self.split = FedPer(personal_layers=personal_layers)  # which entries are the head; averaging the rest
         self.personal_layers, self.head_epochs = personal_layers, head_epochs
         self.body: tuple[str, ...] = ()

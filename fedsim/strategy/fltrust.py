@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fedsim.core.checks import number
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.context import RunContext, root_size_setting
-from fedsim.strategy.norm_bounding import in_client_order, positive_number
+from fedsim.strategy.norm_bounding import in_client_order
 
 if TYPE_CHECKING:
     from fedsim.strategy.root_data import RootTrainer
@@ -69,7 +70,7 @@ class FLTrust(Strategy):
 
     def __init__(self, root_size: int = 100, server_lr: float = 1.0) -> None:
         self.root_size = root_size_setting(root_size)
-        self.server_lr = positive_number("server_lr", server_lr)
+        self.server_lr = number("strategy.server_lr", server_lr, above=0)
         self.root: RootTrainer | None = None
         self.selected_client_ids: list[int] | None = None
         self._metrics: dict[str, float] = {}

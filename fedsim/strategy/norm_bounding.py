@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fedsim.core.checks import number
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import Strategy
 
@@ -27,13 +28,6 @@ from fedsim.strategy.base import Strategy
 def clip_factor(norm: float, bound: float) -> float:
     """min(1, bound / norm): what brings a vector of L2 norm ``norm`` within ``bound`` (1 when it already is)."""
     return 1.0 if norm <= bound else bound / norm
-
-
-def positive_number(name: str, value: object) -> float:
-    """``value`` as a float if it is a finite number > 0; else a one-line ``ValueError`` naming ``strategy.<name>``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"strategy.{name} must be a finite number > 0 (got {value!r})")
-    return float(value)
 
 
 def in_client_order(updates: Sequence[ClientUpdate]) -> list[ClientUpdate]:
@@ -52,7 +46,7 @@ class NormBounding(Strategy):
     """
 
     def __init__(self, max_norm: float = 1.0, weighted: bool = True) -> None:
-        self.max_norm = positive_number("max_norm", max_norm)
+        self.max_norm = number("strategy.max_norm", max_norm, above=0)
         if not isinstance(weighted, bool):
             raise ValueError(f"strategy.weighted must be true or false (got {weighted!r})")
         self.weighted = weighted

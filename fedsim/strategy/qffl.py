@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from fedsim.core.checks import number
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import LocalTraining, Strategy
 from fedsim.strategy.context import RunContext
@@ -127,8 +128,7 @@ class QFFL(Strategy):
     keeps_stragglers = True
 
     def __init__(self, *, q: float = 1.0, lipschitz: float | None = None, sampling: str = "weighted") -> None:
-        if isinstance(q, bool) or not (q >= 0 and math.isfinite(q)):
-            raise ValueError(f"strategy.q must be a finite number >= 0 (got {q})")
+        number("strategy.q", q, at_least=0)
         if lipschitz is not None and (isinstance(lipschitz, bool) or not (lipschitz > 0 and math.isfinite(lipschitz))):
             raise ValueError(f"strategy.lipschitz must be > 0, or null for 1/lr (got {lipschitz})")
         if sampling not in SAMPLING:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fedsim.core.checks import integer, within
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.functional import coordinate_median, krum_select, trim_count, trimmed_mean, weighted_average
@@ -24,10 +25,6 @@ def _stack(updates: Sequence[ClientUpdate]) -> torch.Tensor:
     if len(updates) == 0:
         raise ValueError("robust aggregation needs at least one update")
     return torch.stack([u.params for u in updates])
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class Median(Strategy):
@@ -44,8 +41,7 @@ class TrimmedMean(Strategy):
     """
 
     def __init__(self, beta: float = 0.1) -> None:
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < 0.5:
-            raise ValueError(f"strategy.beta must be in [0, 0.5) (got {beta!r})")
+        within("strategy.beta", beta, "[0, 0.5)")
         self.beta = beta
 
     def _require(self, n: int, what: str, fix: str) -> None:
@@ -84,10 +80,8 @@ class Krum(Strategy):
     """
 
     def __init__(self, f: int = 1, m: int = 1) -> None:
-        if not _is_int(f) or f < 0:
-            raise ValueError(f"strategy.f must be an integer >= 0 (got {f!r})")
-        if not _is_int(m) or m < 1:
-            raise ValueError(f"strategy.m must be an integer >= 1 (got {m!r})")
+        integer("strategy.f", f, 0)
+        integer("strategy.m", m, 1)
         self.f, self.m = f, m
         self.selected_client_ids: list[int] | None = None
         self._received: list[int] = []

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsim.core.checks import number
 from fedsim.core.params import ParamLayout
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import LocalTraining, Strategy, gradients
@@ -121,8 +122,7 @@ class Scaffold(Strategy):
     η_l); with momentum or an adaptive client optimizer the control update is only an approximation."""
 
     def __init__(self, *, server_lr: float = 1.0) -> None:
-        if server_lr <= 0:
-            raise ValueError(f"strategy.server_lr must be > 0 (got {server_lr})")
+        number("strategy.server_lr", server_lr, above=0)
         self.server_lr = server_lr
         self.control: torch.Tensor | None = None  # c, created on first use
         self.num_clients = 0  # N, from setup()

@@ -18,17 +18,12 @@ from typing import Any
 
 import torch
 
+from fedsim.core.checks import number, within
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.functional import weighted_average
 
 OPTIMIZERS = ("sgdm", "adam", "yogi", "adagrad")
-
-
-def _number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"strategy.{name} must be a number (got {value!r})")
-    return float(value)
 
 
 def _require(ok: bool, name: str, rule: str, value: object) -> None:
@@ -78,10 +73,10 @@ class FedOpt(Strategy):
         initial_accumulator: float | None = None,
     ) -> None:
         _require(optimizer in OPTIMIZERS, "optimizer", f"must be one of {', '.join(OPTIMIZERS)}", optimizer)
-        _require(_number("server_lr", server_lr) > 0, "server_lr", "must be > 0", server_lr)
-        _require(0 <= _number("momentum", momentum) < 1, "momentum", "must be in [0, 1)", momentum)
-        _require(0 <= _number("beta2", beta2) < 1, "beta2", "must be in [0, 1)", beta2)
-        _require(_number("tau", tau) > 0, "tau", "must be > 0", tau)
+        number("strategy.server_lr", server_lr, above=0)
+        within("strategy.momentum", momentum, "[0, 1)")
+        within("strategy.beta2", beta2, "[0, 1)")
+        number("strategy.tau", tau, above=0)
         _require(isinstance(bias_correction, bool), "bias_correction", "must be true or false", bias_correction)
         _require(
             not (bias_correction and optimizer == "sgdm"),
@@ -91,12 +86,7 @@ class FedOpt(Strategy):
         )
         if initial_accumulator is None:
             initial_accumulator = 0.0 if bias_correction else tau * tau
-        _require(
-            _number("initial_accumulator", initial_accumulator) >= 0,
-            "initial_accumulator",
-            "must be >= 0",
-            initial_accumulator,
-        )
+        number("strategy.initial_accumulator", initial_accumulator, at_least=0)
         self.optimizer, self.server_lr, self.momentum, self.beta2, self.tau = optimizer, server_lr, momentum, beta2, tau
         self.bias_correction, self.initial_accumulator = bias_correction, initial_accumulator
         self.step = 0

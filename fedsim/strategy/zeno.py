@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fedsim.core.checks import integer, number
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.context import RunContext, root_size_setting
@@ -48,11 +49,8 @@ class Zeno(Strategy):
     """
 
     def __init__(self, b: int = 1, rho: float = 0.0005, root_size: int = 100) -> None:
-        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
-            raise ValueError(f"strategy.b must be an integer >= 0 (got {b!r})")
-        if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not rho >= 0:
-            raise ValueError(f"strategy.rho must be a number >= 0 (got {rho!r})")
-        self.b, self.rho, self.root_size = b, float(rho), root_size_setting(root_size)
+        self.b, self.rho = integer("strategy.b", b, 0), number("strategy.rho", rho, at_least=0)
+        self.root_size = root_size_setting(root_size)
         self.root: RootTrainer | None = None
         self.selected_client_ids: list[int] | None = None
         self._scores: dict[int, float] = {}

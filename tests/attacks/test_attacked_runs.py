@@ -78,7 +78,7 @@ def test_the_strategy_cannot_tell_malicious_updates_apart() -> None:
     ("overrides", "message"),
     [
         (["attack=sign_flip", "attack.fraction=2"], "attack.fraction must be in [0, 1]"),
-        (["attack=gaussian", "attack.std=-1"], "attack.std must be >= 0"),
+        (["attack=gaussian", "attack.std=-1"], "attack.std must be a finite number >= 0"),
     ],
 )
 def test_bad_attack_settings_are_refused_in_one_line(overrides: list[str], message: str) -> None:

@@ -71,5 +71,5 @@ def test_ipm_sends_minus_epsilon_times_the_mean() -> None:
     assert crafted[5].tolist() == [-0.5, -0.5]  # mean [1, 1]
     mean = torch.stack(list(DELTAS.values())).mean(0)
     assert float(crafted[5] @ mean) < 0
-    with pytest.raises(ValueError, match="^attack.epsilon must be > 0"):
+    with pytest.raises(ValueError, match="^attack.epsilon must be a finite number > 0"):
         InnerProductManipulation(epsilon=0)

@@ -140,8 +140,8 @@ def test_chains_that_make_no_sense_are_refused_in_one_line(up, down, feedback, m
         (lambda: QSGD(bits=4.5), "qsgd.bits must be an integer between 2 and 8 (got 4.5)"),
         (lambda: QSGD(bits=True), "qsgd.bits must be an integer between 2 and 8 (got True)"),
         (lambda: QSGD(bucket_size=0.5), "qsgd.bucket_size must be an integer >= 1 (got 0.5)"),
-        (lambda: TopK(fraction="abc"), "topk.fraction must be a number in (0, 1] (got 'abc')"),
-        (lambda: RandomMask(fraction=math.nan), "random_mask.fraction must be a number in (0, 1] (got nan)"),
+        (lambda: TopK(fraction="abc"), "topk.fraction must be in (0, 1] (got 'abc')"),
+        (lambda: RandomMask(fraction=math.nan), "random_mask.fraction must be in (0, 1] (got nan)"),
         (lambda: Compression(error_feedback="no"), "compression.error_feedback must be true or false (got 'no')"),
     ],
 )

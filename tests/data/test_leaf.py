@@ -275,6 +275,18 @@ def test_unparsable_json_names_the_file(tmp_path: Path, damage: str) -> None:
     _one_line(info, f"cannot parse {path} as JSON", "preprocess.sh")
 
 
+def test_a_file_that_is_not_utf8_names_the_file_and_the_line(tmp_path: Path) -> None:
+    leaf_files.write_leaf(tmp_path, "femnist", 12, 4)
+    path = leaf_files.leaf_folder(tmp_path, "femnist") / TRAIN0
+    lines = json.dumps(json.loads(path.read_text()), indent=1).encode().split(b"\n")
+    assert lines[2].startswith(b'  "f')  # line 3: the first user's name
+    lines[2] = lines[2].replace(b'"f', b'"\xe9f', 1)  # Latin-1's é before it
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(ValueError) as info:
+        leaf.femnist(root=tmp_path)
+    _one_line(info, f"data: {path} line 3 is not UTF-8 text (byte 0xe9, the line's byte 4); re-encode the file")
+
+
 def test_a_user_twice_in_one_part_is_refused(tmp_path: Path) -> None:
     leaf_files.write_leaf(tmp_path, "femnist", 12, 4)
     train = leaf_files.leaf_folder(tmp_path, "femnist") / "train"

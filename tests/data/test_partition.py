@@ -245,7 +245,7 @@ def test_num_clients_message_matches_spec():
 
 
 def test_alpha_message_matches_spec():
-    with pytest.raises(ValueError, match=re.escape("partition.alpha must be > 0 (got -1.0)")):
+    with pytest.raises(ValueError, match=re.escape("partition.alpha must be a finite number > 0 (got -1.0)")):
         P.dirichlet(np.zeros(500), num_clients=5, alpha=-1.0, seed=0)
 
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import math
+import tracemalloc
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+from cli_runner import run_cli
 
 from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic, synthetic_with_models
+from fedsim.data.reading import refuse_beyond_memory
+from fedsim.data.synthetic import memory_estimate, synthetic, synthetic_with_models
 from fedsim.data.tensor_data import DataSplit
 
 
@@ -170,3 +176,51 @@ def test_a_beta_too_large_for_float32_features_is_refused_in_one_line():
     message = str(info.value)
     assert "\n" not in message and "has a non-finite value (" in message
     assert message.endswith("data.beta=1e+40 is too large for float32 features; lower it")
+
+
+# ---------------------------------------------------------------------------------------- memory (issue #41)
+
+
+def test_the_memory_estimate_is_its_documented_formula() -> None:
+    # 1,000 devices of exp(0 + 0²/2) + 9 = 10 rows: E = 10,000 rows, E_tr = 8,000, F = 60, C = 10.
+    # data (4·60 + 16)·10,000 = 2,560,000; generating 48·1,000 + 48·2^20 = 50,379,648 beats federating
+    # 64·8,000 + 24·1,000 = 536,000; models 8·1,000·(10·60 + 10 + 60) = 5,360,000 when kept.
+    settings = {"num_devices": 1000, "size_mean_log": 0.0, "size_sigma_log": 0.0, "min_size": 9}
+    assert memory_estimate(**settings) == 2_560_000 + 50_379_648
+    assert memory_estimate(**settings, keep_models=True) == 2_560_000 + 50_379_648 + 5_360_000
+    # 10^6 devices of 10 rows: federating 64·8e6 + 24e6 = 536e6 beats generating 48e6 + 48 MiB.
+    assert memory_estimate(**{**settings, "num_devices": 10**6}) == 2_560_000_000 + 536_000_000
+    # the lognormal's mean exp(4 + 2²/2) = e^6 plus 50 per device, capped by max_size
+    expected = 256 * 100 * (math.exp(6) + 50) + 48 * 100 + 48 * 2**20  # float: the sum may round the last unit
+    assert abs(memory_estimate(num_devices=100) - expected) <= 1
+    assert memory_estimate(num_devices=100, max_size=60) == 256 * 6000 + 48 * 100 + 48 * 2**20
+
+
+def test_the_million_device_run_of_the_docs_is_not_refused_on_a_24_gib_machine() -> None:
+    # issue #35's command (docs/performance.md): 10^6 devices of ten examples, 60 features; estimate only
+    estimate = memory_estimate(num_devices=10**6, size_mean_log=0, size_sigma_log=0, min_size=9)
+    assert estimate < 24 * 2**30
+    refuse_beyond_memory("data.num_devices=1000000", estimate, "the devices", "lower it", available=24 * 2**30)
+
+
+def test_a_population_beyond_any_memory_is_refused_before_anything_is_allocated() -> None:
+    # 10^9 devices of e^6 + 50 ≈ 453 examples: about 127 TiB, more than any machine has
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError) as error:
+            synthetic(num_devices=10**9)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20  # nothing of the 10^9 devices' arrays (8 GB for their sizes alone) was allocated
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("data.num_devices=1000000000: ")
+    assert "need about 126.7 TiB of memory" in message and "available; lower data.num_devices" in message
+
+
+def test_the_command_line_refuses_it_in_one_line_with_exit_status_2(tmp_path: Path) -> None:
+    result = run_cli(["data.num_devices=1000000000", "logger=quiet", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("fedsim: error: data.num_devices=1000000000: ") and "TiB of memory" in lines[0]

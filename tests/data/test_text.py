@@ -134,3 +134,10 @@ def test_glove_errors_name_the_file(tmp_path: Path) -> None:
     empty.write_text("")
     with pytest.raises(ValueError, match="is empty"):
         read_glove_words(empty)
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(b"a 1 2 3\r\ncaf\xe9 1 2 3\r\n")
+    with pytest.raises(ValueError) as error:
+        read_glove_words(latin1)
+    assert str(error.value).startswith(f"data: {latin1} line 2 is not UTF-8 text (byte 0xe9, the line's byte 4); ")
+    latin1.write_bytes(b"a 1 2 3\r\nb 1 2 3 \r\n")  # Windows line endings: the words as with Unix ones
+    assert read_glove_words(latin1) == {"a": 2, "b": 3}

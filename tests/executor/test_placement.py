@@ -34,7 +34,7 @@ def test_thread_oversubscription_is_refused() -> None:
 def test_non_positive_counts_name_the_field(field: str) -> None:
     kwargs = {"workers": None, "workers_per_device": None, "threads": 1}
     kwargs[field] = 0
-    with pytest.raises(ValueError, match=f"executor.{field} must be >= 1"):
+    with pytest.raises(ValueError, match=f"executor.{field} must be an integer >= 1"):
         plan_workers(["cpu"], cores=2, **kwargs)
 
 

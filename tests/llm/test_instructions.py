@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run_cli
 
 from fedsim.client.base import Client
 from fedsim.data.instructions import IGNORE, encode_example, jsonl_instructions, load_tokenizer, prompt_of
@@ -47,3 +48,37 @@ def test_bad_row_names_file_and_line(llm_files: dict[str, Path], tmp_path: Path)
     bad.write_text("not json\n")
     with pytest.raises(ValueError, match=rf"^data: {bad} line 1 is not JSON"):
         jsonl_instructions(path=str(bad), tokenizer=str(llm_files["tokenizer"]))
+
+
+def _latin1_jsonl(path: Path) -> Path:
+    """Three rows of which the third holds "café" written in Latin-1: byte 0xe9, the line's 43rd byte."""
+    good = b'{"instruction": "say red", "output": "red"}\n'
+    path.write_bytes(good + good + b'{"instruction": "say cafe", "output": "caf\xe9"}\n')
+    return path
+
+
+def test_a_file_that_is_not_utf8_names_the_file_and_the_line(llm_files: dict[str, Path], tmp_path: Path) -> None:
+    bad = _latin1_jsonl(tmp_path / "latin1.jsonl")
+    with pytest.raises(ValueError) as error:
+        jsonl_instructions(path=str(bad), tokenizer=str(llm_files["tokenizer"]))
+    assert str(error.value) == (
+        f"data: {bad} line 3 is not UTF-8 text (byte 0xe9, the line's byte 43); re-encode the file as UTF-8, "
+        "e.g. iconv -f latin1 -t utf-8 (if it is Latin-1)"
+    )
+
+
+def test_the_command_line_refuses_it_in_one_line_with_exit_status_2(llm_files: dict[str, Path], tmp_path: Path) -> None:
+    bad = _latin1_jsonl(tmp_path / "latin1.jsonl")
+    run = run_cli(
+        [
+            "data=jsonl_instructions",
+            f"data.path={bad}",
+            f"data.tokenizer={llm_files['tokenizer']}",
+            "logger=quiet",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ]
+    )
+    assert run.returncode == 2, run.stderr
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith(f"fedsim: error: data: {bad} line 3 is not UTF-8 text")

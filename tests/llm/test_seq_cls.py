@@ -132,3 +132,10 @@ def test_lora_classifier_serial_equals_process_bitwise(cls_files: dict[str, Path
     assert not torch.equal(params["serial"][head], flatten(start)[head])  # the head trained and was federated
     rounds = [json.loads(line) for line in (tmp_path / "serial" / "metrics.jsonl").read_text().splitlines()]
     assert 0.0 <= rounds[-1]["eval/accuracy"] <= 1.0
+
+
+def test_a_file_that_is_not_utf8_names_the_file_and_the_line(cls_files: dict[str, Path], tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"text": "good", "label": 0}\n\n{"text": "caf\xe9", "label": 1}\n')  # line 2 is blank
+    with pytest.raises(ValueError, match=rf"^data: {bad} line 3 is not UTF-8 text \(byte 0xe9, the line's byte 14\); "):
+        jsonl_classification(path=str(bad), tokenizer=str(cls_files["tokenizer"]))

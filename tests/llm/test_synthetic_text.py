@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedsim.data.instructions import IGNORE
-from fedsim.data.synthetic_text import client_tokens, mix, sample_chain, synthetic_text
+from fedsim.data.synthetic_text import client_tokens, memory_estimate, mix, sample_chain, synthetic_text
 from fedsim.data.text_corpus import windows
 
 
@@ -94,15 +94,37 @@ def test_alpha_zero_is_one_chain_for_every_client() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"alpha": 1.5}, r"^data.alpha must be in \[0, 1\] \(0: one shared chain, 1: every client its own; got 1.5\)$"),
-        ({"num_clients": 0}, r"^data.num_clients must be >= 1 \(got 0\)$"),
-        ({"vocab_size": 1}, r"^data.vocab_size must be >= 2 \(got 1\)$"),
-        ({"tokens_per_client": 1}, r"^data.tokens_per_client must be >= 2 \(got 1\)$"),
-        ({"seq_len": 0}, r"^data.seq_len must be >= 1 \(got 0\)$"),
-        ({"concentration": 0.0}, r"^data.concentration must be > 0 \(got 0.0\)$"),
+        (
+            {"alpha": 1.5},
+            r"^data.alpha must be in \[0, 1\] \(got 1.5\): 0 is one shared chain, 1 every client its own$",
+        ),
+        ({"num_clients": 0}, r"^data.num_clients must be an integer >= 1 \(got 0\)$"),
+        ({"vocab_size": 1}, r"^data.vocab_size must be an integer >= 2 \(got 1\)$"),
+        ({"tokens_per_client": 1}, r"^data.tokens_per_client must be an integer >= 2 \(got 1\)$"),
+        ({"seq_len": 0}, r"^data.seq_len must be an integer >= 1 \(got 0\)$"),
+        ({"concentration": 0.0}, r"^data.concentration must be a finite number > 0 \(got 0.0\)$"),
         ({"test_fraction": 1.0}, r"^data.test_fraction must be in \[0, 1\) \(got 1.0\)$"),
     ],
 )
 def test_bad_settings_are_one_line_naming_the_key(overrides: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         synthetic_text(**overrides)
+
+
+def test_the_memory_estimate_is_its_documented_formula() -> None:
+    # 20 clients of 400 tokens in windows of 16: R = 20·⌈399/16⌉ = 500 windows. Generating 32·500·16 + 9·500 =
+    # 260,500 beats federating 16·500·16 + 73·500 = 164,500; 32·16² = 8,192; 80·400 = 32,000; 2048·20 = 40,960.
+    assert memory_estimate() == 260_500 + 8_192 + 32_000 + 40_960
+    # windows of 2 tokens: federating 16·R·2 + 73·R beats 32·R·2 + 9·R (R = 20·⌈399/2⌉ = 4,000)
+    assert memory_estimate(seq_len=2) == 16 * 4000 * 2 + 73 * 4000 + 8_192 + 32_000 + 40_960
+
+
+@pytest.mark.parametrize(
+    ("overrides", "start"),
+    [({"num_clients": 10**9}, "data.num_clients=1000000000: "), ({"vocab_size": 10**7}, "data.vocab_size=10000000: ")],
+)
+def test_text_beyond_any_memory_is_refused_in_one_line_naming_the_key(overrides: dict, start: str) -> None:
+    # 10^9 clients: 32·R·16 with R = 2.5·10^10 windows, 13.7 TiB; 10^7 tokens: 32·10^14 bytes of matrices, 2.8 PiB
+    with pytest.raises(ValueError) as error:
+        synthetic_text(**overrides)
+    assert str(error.value).startswith(start) and "of memory" in str(error.value) and "\n" not in str(error.value)

@@ -68,7 +68,14 @@ def test_unreadable_or_empty_input_is_one_line_naming_the_file(tmp_path: Path) -
     binary.write_bytes(b"caf\xe9 au lait")
     with pytest.raises(ValueError, match=rf"^data: {empty} is empty; remove it from the corpus or give it some text$"):
         text_corpus(path=str(empty))
-    with pytest.raises(ValueError, match=rf"^data: {binary} is not UTF-8 text \(invalid continuation byte at byte 3\)"):
+    with pytest.raises(
+        ValueError, match=rf"^data: {binary} line 1 is not UTF-8 text \(byte 0xe9, the line's byte 4\); re-"
+    ):
+        text_corpus(path=str(binary))
+    binary.write_bytes(b"first\nsecond\nthird caf\xe9\n")
+    with pytest.raises(
+        ValueError, match=rf"^data: {binary} line 3 is not UTF-8 text \(byte 0xe9, the line's byte 10\)"
+    ):
         text_corpus(path=str(binary))
     with pytest.raises(FileNotFoundError, match=rf"^data.path={tmp_path / 'none'} does not exist; point it at"):
         text_corpus(path=str(tmp_path / "none"))

@@ -86,14 +86,17 @@ def test_poisson_sampling_takes_each_client_with_the_rate_independently() -> Non
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"noise_multiplier": 0.0, "clip_norm": 1.0}, "dp.noise_multiplier must be > 0"),
-        ({"noise_multiplier": 1.0, "clip_norm": -1.0}, "dp.clip_norm must be > 0"),
+        ({"noise_multiplier": 0.0, "clip_norm": 1.0}, "dp.noise_multiplier must be a finite number > 0"),
+        ({"noise_multiplier": 1.0, "clip_norm": -1.0}, "dp.clip_norm must be a finite number > 0"),
         ({"noise_multiplier": 1.0, "clip_norm": 1.0, "delta": 1.0}, "dp.delta must be in (0, 1)"),
         ({"noise_multiplier": 1.0, "clip_norm": 1.0, "epsilon_max": 0}, "dp.epsilon_max must be > 0 or null"),
         ({"noise_multiplier": math.inf, "clip_norm": 1.0}, "dp.noise_multiplier must be a finite number > 0"),
         ({"noise_multiplier": 1.0, "clip_norm": 1.0, "adaptive": "no"}, "dp.adaptive must be true or false"),
-        ({"noise_multiplier": 1.0, "clip_norm": 1.0, "clip_lr": -1}, "dp.clip_lr must be > 0 (got -1)"),
-        ({"noise_multiplier": 1.0, "clip_norm": 1.0, "count_noise": 0.0}, "dp.count_noise must be > 0 or null"),
+        ({"noise_multiplier": 1.0, "clip_norm": 1.0, "clip_lr": -1}, "dp.clip_lr must be a finite number > 0 (got -1)"),
+        (
+            {"noise_multiplier": 1.0, "clip_norm": 1.0, "count_noise": 0.0},
+            "dp.count_noise must be a finite number > 0 or null",
+        ),
         ({"noise_multiplier": 1.0, "clip_norm": 1.0, "accountant": "moments"}, "dp.accountant must be one of rdp, pld"),
     ],
 )

@@ -95,7 +95,7 @@ def test_resume_continues_every_clients_ledger(tmp_path: Path, local_reference) 
     [
         (["executor=vmap", "strategy=ditto"], "executor=vmap cannot run the strategy's client half PersonalModel"),
         (["client.sampling_rate=0"], "client.sampling_rate must be in (0, 1]"),
-        (["client.noise_multiplier=-0.5"], "client.noise_multiplier must be a finite number >= 0 (got -0.5; 0 is"),
+        (["client.noise_multiplier=-0.5"], "client.noise_multiplier must be a finite number >= 0 (got -0.5); 0 is"),
         (["client.noise_multiplier=nan"], "client.noise_multiplier must be a finite number"),
     ],
 )

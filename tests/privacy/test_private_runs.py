@@ -105,7 +105,7 @@ def test_an_empty_round_still_adds_noise_and_counts() -> None:
         (["strategy=fedbuff", "clock=sampled"], "dp=central: FedBuff is asynchronous"),
         (["clock=sampled"], "dp=central samples every client with the same probability"),
         (["dp.epsilon_max=0.01"], "dp.epsilon_max=0.01 is below ε="),
-        (["dp.noise_multiplier=-1"], "dp.noise_multiplier must be > 0"),
+        (["dp.noise_multiplier=-1"], "dp.noise_multiplier must be a finite number > 0"),
         (["dp.accountant=moments"], "dp.accountant must be one of rdp, pld (got 'moments')"),
     ],
 )

@@ -149,7 +149,10 @@ def test_sampled_clock_names_its_settings_as_the_config_does(kwargs: dict, messa
 def test_bad_clock_settings_are_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match=r"clock.deadline_s must be > 0 or null \(got -1\)"):
         SyncClock(FOUR, deadline_s=-1)
-    with pytest.raises(ValueError, match=r"clock.over_selection must be >= 0"):
+    with pytest.raises(
+        ValueError,
+        match=r"clock.over_selection must be a finite number >= 0 \(got -0.1\); 0.3 samples 30 % more clients",
+    ):
         SyncClock(FOUR, over_selection=-0.1)
     with pytest.raises(ValueError, match=r"example_trace.csv field client_id: no row for client\(s\) 20, 21"):
         build_server(compose(["clock=trace", "clock.path=experiments/sim/example_trace.csv"]))  # 20 rows, 30 clients

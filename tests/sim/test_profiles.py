@@ -216,7 +216,7 @@ def test_device_profiles_are_read_only_copies() -> None:
         ((5, 1), {"speed_median": 0.0}, "speed_median must be a finite number > 0"),
         ((5, 1), {"upload_sigma": -0.1}, "upload_sigma must be a finite number >= 0"),
         ((5, 1), {"period_s": -5.0}, "period_s must be a finite number > 0 (or inf)"),
-        ((5, 1), {"online_fraction_mean": 0.0}, "online_fraction_mean must be a finite number > 0"),
+        ((5, 1), {"online_fraction_mean": 0.0}, "online_fraction_mean must be in (0, 1] (got 0.0)"),
         ((5, 1), {"online_fraction_mean": 1.5}, "online_fraction_mean must be in (0, 1]"),
     ],
 )

@@ -100,7 +100,7 @@ def test_every_parameter_is_overridable_from_the_command_line(option: str) -> No
 
 def test_a_bad_strategy_value_from_the_command_line_names_the_field() -> None:
     for overrides, message in (
-        (["strategy=fedprox", "strategy.mu=-1"], "strategy.mu must be >= 0"),
+        (["strategy=fedprox", "strategy.mu=-1"], "strategy.mu must be a finite number >= 0"),
         (["strategy=scaffold", "state_store=cloud"], "state_store must be memory or disk"),
     ):
         with pytest.raises(ValueError, match=message):

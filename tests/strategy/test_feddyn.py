@@ -289,6 +289,6 @@ def test_vmap_matches_serial() -> None:
 
 def test_bad_parameters_name_the_field() -> None:
     for bad in (0.0, -1.0, math.nan):
-        with pytest.raises(ValueError, match=r"^strategy\.alpha must be > 0 \(got "):
+        with pytest.raises(ValueError, match=r"^strategy\.alpha must be a finite number > 0 \(got "):
             FedDyn(alpha=bad)
     assert isinstance(FedDyn().local_training(), DynamicRegulariser) and FedDyn().alpha == 0.01

@@ -79,7 +79,7 @@ def test_an_update_without_local_steps_is_refused_before_anything_changes() -> N
 
 def test_bad_parameters_name_the_field() -> None:
     for bad in (0.0, -1.0, math.nan):
-        with pytest.raises(ValueError, match=r"^strategy\.server_lr must be > 0 \(got "):
+        with pytest.raises(ValueError, match=r"^strategy\.server_lr must be a finite number > 0 \(got "):
             FedNova(server_lr=bad)
     assert FedNova.keeps_stragglers and FedNova().state_dict() == {}
 

@@ -116,7 +116,7 @@ def test_server_half_sends_mu_in_a_fresh_dict_and_rejects_negative_mu() -> None:
     first["prox_mu"] = 99.0
     assert strategy.client_config(2, 3) == {"prox_mu": 0.5}
     assert FedProx.keeps_stragglers and not FedAvg.keeps_stragglers
-    with pytest.raises(ValueError, match=r"^strategy\.mu must be >= 0 \(got -0\.1\)$"):
+    with pytest.raises(ValueError, match=r"^strategy\.mu must be a finite number >= 0 \(got -0\.1\)$"):
         FedProx(mu=-0.1)
 
 

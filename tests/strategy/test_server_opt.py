@@ -294,18 +294,18 @@ def test_state_of_another_shape_is_rejected() -> None:
 
 BAD = [
     (dict(optimizer="rmsprop"), r"^strategy\.optimizer must be one of sgdm, adam, yogi, adagrad \(got 'rmsprop'\)$"),
-    (dict(server_lr=-1), r"^strategy\.server_lr must be > 0 \(got -1\)$"),
-    (dict(server_lr=0.0), r"^strategy\.server_lr must be > 0 \(got 0\.0\)$"),
-    (dict(server_lr="fast"), r"^strategy\.server_lr must be a number \(got 'fast'\)$"),
+    (dict(server_lr=-1), r"^strategy\.server_lr must be a finite number > 0 \(got -1\)$"),
+    (dict(server_lr=0.0), r"^strategy\.server_lr must be a finite number > 0 \(got 0\.0\)$"),
+    (dict(server_lr="fast"), r"^strategy\.server_lr must be a finite number > 0 \(got 'fast'\)$"),
     (dict(momentum=1.0), r"^strategy\.momentum must be in \[0, 1\) \(got 1\.0\)$"),
     (dict(momentum=-0.1), r"^strategy\.momentum must be in \[0, 1\)"),
     (dict(beta2=1), r"^strategy\.beta2 must be in \[0, 1\) \(got 1\)$"),
     (dict(beta2=-0.5), r"^strategy\.beta2 must be in \[0, 1\)"),
-    (dict(tau=0), r"^strategy\.tau must be > 0 \(got 0\)$"),
-    (dict(tau=-1e-3), r"^strategy\.tau must be > 0"),
+    (dict(tau=0), r"^strategy\.tau must be a finite number > 0 \(got 0\)$"),
+    (dict(tau=-1e-3), r"^strategy\.tau must be a finite number > 0"),
     (dict(bias_correction="yes"), r"^strategy\.bias_correction must be true or false"),
     (dict(optimizer="sgdm", bias_correction=True), r"^strategy\.bias_correction applies to adam, yogi and adagrad"),
-    (dict(initial_accumulator=-1.0), r"^strategy\.initial_accumulator must be >= 0 \(got -1\.0\)$"),
+    (dict(initial_accumulator=-1.0), r"^strategy\.initial_accumulator must be a finite number >= 0 \(got -1\.0\)$"),
 ]
 
 
@@ -379,4 +379,4 @@ def test_a_bad_value_from_the_command_line_names_the_field() -> None:
     with pytest.raises(InstantiationException) as error:
         instantiate(compose(["strategy=fedadam", "strategy.tau=0"]).strategy)
     assert isinstance(error.value.__cause__, ValueError)
-    assert str(error.value.__cause__) == "strategy.tau must be > 0 (got 0)"
+    assert str(error.value.__cause__) == "strategy.tau must be a finite number > 0 (got 0)"

@@ -94,7 +94,7 @@ def test_process_workers_and_a_resume_give_the_serial_weights(tmp_path: Path, at
     [
         (["strategy.b=8"], r"^strategy=zeno keeps n - b updates: strategy\.b=8 must be below clients_per_round=8$"),
         (["strategy.b=-1"], r"^strategy\.b must be an integer >= 0 \(got -1\)$"),
-        (["strategy.rho=-0.5"], r"^strategy\.rho must be a number >= 0 \(got -0\.5\)$"),
+        (["strategy.rho=-0.5"], r"^strategy\.rho must be a finite number >= 0 \(got -0\.5\)$"),
         (["strategy.root_size=0"], r"^strategy\.root_size must be an integer >= 1 \(got 0\)$"),
     ],
 )

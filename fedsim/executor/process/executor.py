@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fedsim.core.checks import integer
 from fedsim.core.params import flatten, frozen_hash
 from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
@@ -55,8 +56,7 @@ class ProcessExecutor(Executor):
     ) -> None:
         if client_timeout_s is not None and client_timeout_s <= 0:
             raise ValueError(f"executor.client_timeout_s must be > 0 or null (got {client_timeout_s})")
-        if max_retries < 0:
-            raise ValueError(f"executor.max_retries must be >= 0 (got {max_retries})")
+        integer("executor.max_retries", max_retries, 0)
         self.plan = plan_workers(resolve_devices(devices), workers, workers_per_device, threads, physical_cores())
         self.client_timeout_s, self.max_retries, self.start_timeout_s = client_timeout_s, max_retries, start_timeout_s
         self._ctx: ForkServerContext | SpawnContext = worker_context()

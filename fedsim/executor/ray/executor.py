@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from fedsim.core.checks import integer, number
 from fedsim.core.errors import WorkerStartupError
 from fedsim.core.extras import missing_text, require
 from fedsim.core.params import NO_FROZEN_WEIGHTS, frozen_hash
@@ -126,14 +127,12 @@ class RayExecutor(Executor):
     ) -> None:
         self._ray = _import_ray()
         for name, value in (("workers", workers), ("threads", threads)):
-            if value is not None and value < 1:
-                raise ValueError(f"executor.{name} must be >= 1 (got {value})")
-        if num_gpus_per_worker < 0:
-            raise ValueError(f"executor.num_gpus_per_worker must be >= 0 (got {num_gpus_per_worker})")
+            if value is not None:
+                integer(f"executor.{name}", value, 1)
+        number("executor.num_gpus_per_worker", num_gpus_per_worker, at_least=0)
         if client_timeout_s is not None and client_timeout_s <= 0:
             raise ValueError(f"executor.client_timeout_s must be > 0 or null (got {client_timeout_s})")
-        if max_retries < 0:
-            raise ValueError(f"executor.max_retries must be >= 0 (got {max_retries})")
+        integer("executor.max_retries", max_retries, 0)
         self.address, self.workers, self.threads = address, workers, threads
         self.num_gpus_per_worker, self.runtime_env = num_gpus_per_worker, runtime_env
         self.client_timeout_s, self.max_retries, self.start_timeout_s = client_timeout_s, max_retries, start_timeout_s

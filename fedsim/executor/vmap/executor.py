@@ -34,6 +34,7 @@ from torch import nn
 from fedsim.client.base import Client
 from fedsim.client.federation import representatives
 from fedsim.client.local_training import LocalTraining, overrides_on_batch
+from fedsim.core.checks import integer
 from fedsim.core.params import ParamLayout, flatten
 from fedsim.core.state_values import copy_state
 from fedsim.core.threads import torch_threads
@@ -71,8 +72,7 @@ class VmapExecutor(Executor):
     ) -> None:
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"executor.chunk_size must be >= 1 or null (got {chunk_size})")
-        if threads < 1:
-            raise ValueError(f"executor.threads must be >= 1 (got {threads})")
+        integer("executor.threads", threads, 1)
         self.devices = resolve_devices(devices)
         self.chunk_size = chunk_size  # None: chosen at start() by auto_chunk_size
         self._chunk = chunk_size or 1

@@ -381,7 +381,7 @@ def test_unsupported_workloads_are_refused_at_start(kwargs, message: str) -> Non
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match=r"executor.chunk_size must be >= 1 or null"):
         VmapExecutor(chunk_size=0)
-    with pytest.raises(ValueError, match=r"executor.threads must be >= 1 \(got 0\)"):
+    with pytest.raises(ValueError, match=r"executor.threads must be an integer >= 1 \(got 0\)"):
         VmapExecutor(threads=0)
 
 
