@@ -226,7 +226,10 @@ class Server:
             self.parts.strategy.setup(self.run_context())
 
         path, self.params, self.start_round = self.checkpoints.resume(target, self.params, allow_changes, set_up)
-        log.info("resumed from %s: %s", path, "nothing to do" if self.finished else f"round {self.start_round} next")
+        if self.finished:
+            log.info("%s is of round %d: the run is finished, nothing to do", path, self.start_round - 1)
+        else:
+            log.info("resumed from %s: continuing at round %d", path, self.start_round)
         return path
 
     def evaluate(self) -> dict[str, float]:
