@@ -216,6 +216,7 @@ def _components(cfg: DictConfig, run_dir: str | Path | None) -> tuple[FederatedD
     clients = make_population(data, _instantiate(cfg.client))  # built when sampled (issue #35)
     model_factory = build_model_factory(cfg, data)
     strategy = _instantiate_a(cfg.strategy, Strategy, "strategy", "fedsim.strategy.Strategy")
+    secagg = build_secagg(cfg, strategy, _instantiate)  # before central DP's accountant is loaded: it may refuse it
     return data, dict(
         model_factory=model_factory,
         federation=Federation(clients, data.train, data.test, state_store=cfg.state_store),
@@ -245,7 +246,7 @@ def _components(cfg: DictConfig, run_dir: str | Path | None) -> tuple[FederatedD
             compression=build_compression(cfg),
             privacy=build_privacy(cfg),
             attack=build_attack(cfg),
-            extra=build_secagg(cfg, strategy, _instantiate) + build_extra_stages(cfg),
+            extra=secagg + build_extra_stages(cfg),
         ),
     )
 

@@ -146,6 +146,9 @@ class SecureAggregation(RoundStage):
         round_num, start = record.round_num, record.params.double()
         cohort = sorted(record.schedule.sampled) if record.schedule is not None else record.client_ids
         arrived = {u.client_id: u for u in record.kept}
+        strangers = sorted(set(arrived) - set(cohort))
+        if strangers:
+            raise ValueError(f"round {round_num}: secagg: updates of clients {strangers} outside the round's cohort")
         survivors = [c for c in sorted(arrived) if not self.drops(round_num, c)]
         if not cohort:  # nobody started the round (the clock found no client online): nothing to aggregate
             record.aggregate_input, record.kept = [], []
@@ -162,20 +165,26 @@ class SecureAggregation(RoundStage):
         record.aggregate_input, record.kept = [update], [arrived[c] for c in survivors]
         for cid in arrived:
             record.add_to_rows(cid, secagg_dropped=cid not in inputs)
+        metrics |= self._round_metrics(setup, survivors, quantizer, (mean - exact).abs().max(), start.numel())
+        coordinates = quantizer.coordinates(start.numel())
+        return metrics | self._bytes(record, round_bytes(setup.neighbours, survivors, coordinates, self.bits))
+
+    def _round_metrics(
+        self, setup: RoundSetup, survivors: list[int], quantizer: Quantizer, error: torch.Tensor, size: int
+    ) -> dict[str, float]:
+        """Who took part, the graph and threshold, and the quantization's scale, largest error and bound."""
         degree = max(len(n) for n in setup.neighbours.values())
-        metrics |= {
-            "cohort": float(len(cohort)),
+        return {
+            "cohort": float(len(setup.cohort)),
             "survivors": float(len(survivors)),
-            "dropped": float(len(cohort) - len(survivors)),
+            "dropped": float(len(setup.cohort) - len(survivors)),
             "degree": float(degree),
             "threshold": float(threshold_of(self.threshold, degree + 1)),
             "bits": float(self.bits),
             "scale": quantizer.scale,
-            "error_max": float((mean - exact).abs().max()),
-            "error_bound": quantizer.error_bound(start.numel()),
+            "error_max": float(error),
+            "error_bound": quantizer.error_bound(size),
         }
-        coordinates = quantizer.coordinates(start.numel())
-        return metrics | self._bytes(record, round_bytes(setup.neighbours, survivors, coordinates, self.bits))
 
     def _client_side(
         self, round_num: int, quantizer: Quantizer, start: torch.Tensor, updates: list[ClientUpdate]
