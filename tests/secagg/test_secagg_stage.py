@@ -149,6 +149,7 @@ def test_bad_settings_are_one_line_naming_the_key(kwargs: dict[str, Any], key: s
 # --- in a server's rounds -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # training: its first optimizer alone imports torch._dynamo (10 s here)
 def test_b32_rounds_equal_plain_fedavg_within_the_derived_bound() -> None:
     """Each round from the same weights: FedAvg of equal-size clients is their uniform mean; secure aggregation at
     b = 32 with a clip that does not bind decodes it within √d'/s, plus each float32 result's half ulp."""
