@@ -48,6 +48,7 @@ RAY_FILES = frozenset(
         "tests/llm/test_lora_ray.py",
         "tests/llm/test_lora_executors.py",
         "tests/server/test_round_steps.py",
+        "tests/secagg/test_secagg_executors.py",
     }
 )
 # the files that took longest outside the Ray unit (--durations, 2026-12-05), longest first: handed out first

@@ -66,6 +66,7 @@ GROUPS = (
     "compression",
     "dp",
     "attack",
+    "secagg",
     "experiment",
 )
 SYNTHETIC = "fedsim.data.synthetic.synthetic"
@@ -341,6 +342,16 @@ def _check_attack(cfg: DictConfig, option: str) -> None:
         assert isinstance(attack, Attack) and len(attack.malicious(0, 1, 30)) == 6  # 20 % of 30 by default
 
 
+def _check_secagg(cfg: DictConfig, option: str) -> None:
+    from fedsim.cli.secagg_option import build_secagg
+    from fedsim.secagg import SecureAggregation
+
+    stages = build_secagg(cfg, instantiate(cfg.strategy), instantiate)
+    assert [type(s) for s in stages] == ([] if option == "none" else [SecureAggregation])
+    if stages:
+        assert stages[0].protocol == option and stages[0].seed == cfg.seed and stages[0].name == "secagg"
+
+
 EXAMPLE_TRACE = Path(__file__).resolve().parents[1] / "experiments" / "sim" / "example_trace.csv"
 
 
@@ -372,6 +383,7 @@ CHECKS = {
     "compression": _check_compression,
     "dp": _check_dp,
     "attack": _check_attack,
+    "secagg": _check_secagg,
 }
 
 

@@ -96,6 +96,7 @@ class RunSchema:
     compression: Any = field(default_factory=dict)
     dp: Any = field(default_factory=dict)
     attack: Any = field(default_factory=dict)
+    secagg: Any = field(default_factory=dict)
     stragglers: StragglerSchema = field(default_factory=lambda: StragglerSchema())
     early_stop: EarlyStopSchema = field(default_factory=lambda: EarlyStopSchema())
     objective: ObjectiveSchema = field(default_factory=lambda: ObjectiveSchema())
