@@ -112,11 +112,22 @@ def _run_from_command_line(cfg: DictConfig, run_dir: str) -> list[dict[str, Any]
             file=sys.stderr,
         )
         sys.exit(130)
-    print(
+    print(_final_line(summary, run_dir))
+    return result.history
+
+
+def _final_line(summary: dict[str, Any], run_dir: str) -> str:
+    """The command's last line: the final test accuracy, or for a token task the perplexity (token accuracy after)."""
+    if "final_perplexity" in summary:
+        return (
+            f"final test perplexity: {summary['final_perplexity']:.4f} (token accuracy "
+            f"{summary['final_accuracy']:.4f}, best perplexity {summary['best_perplexity']:.4f}, "
+            f"{summary['rounds']} rounds, {summary['wall_time_s']:.1f} s) -> {run_dir}"
+        )
+    return (
         f"final test accuracy: {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f}, "
         f"{summary['rounds']} rounds, {summary['wall_time_s']:.1f} s) -> {run_dir}"
     )
-    return result.history
 
 
 def _record_final_summary(
