@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -32,7 +33,7 @@ import llm_files  # noqa: E402
 import tff_files  # noqa: E402
 import vision_files  # noqa: E402
 
-from fedsim.cli.config import ConfigError  # noqa: E402
+from fedsim.cli.config import ConfigError, validate  # noqa: E402
 from fedsim.cli.run import CONFIG_DIR, build_server, compose, run_config  # noqa: E402
 from fedsim.client.base import Client  # noqa: E402
 from fedsim.client.evaluation import ClientEvaluation  # noqa: E402
@@ -401,10 +402,13 @@ def test_every_group_option_composes_and_instantiates(group: str, option: str, t
     CHECKS[group](cfg, option)
 
 
+SHRUNK = {"million_devices": ["data.num_devices=1000"]}  # built here smaller: the preset's data is 2.3 GiB
+
+
 @pytest.mark.parametrize("option", _options("experiment"))
 def test_every_experiment_composes_and_builds(option: str, tmp_path: Path) -> None:
     base = compose([f"experiment={option}"])
-    overrides = _with_data([f"experiment={option}"], tmp_path, 1200, 100)
+    overrides = _with_data([f"experiment={option}", *SHRUNK.get(option, [])], tmp_path, 1200, 100)
     if overrides is None:
         return  # composes; its dataset cannot be made here
     cfg = compose(overrides)
@@ -413,6 +417,20 @@ def test_every_experiment_composes_and_builds(option: str, tmp_path: Path) -> No
     assert server.num_rounds == base.num_rounds and server.parts.schedule.clients_per_round == base.clients_per_round
     assert all(c.epochs == cfg.client.epochs and c.batch_size == cfg.client.batch_size for c in server.clients)
     assert type(server.strategy) is type(instantiate(cfg.strategy))  # (a _target_ may be a factory, e.g. FedAvgM)
+
+
+def test_the_million_devices_preset_is_the_recipe_of_the_performance_page() -> None:
+    """experiment=million_devices composes to the configuration of docs/performance.md's command line (composed, not
+    run: its data is 2.3 GiB), and passes the checks a run makes before any work."""
+    page = (Path(CONFIG_DIR).parent / "docs" / "performance").with_suffix(".md").read_text(encoding="utf-8")
+    recipe = re.search(r"\*\*The recipe\*\*.*?`python -m fedsim\s+([^`]+)`", page, re.DOTALL)
+    assert recipe is not None and "experiment=million_devices" in recipe.group(0)
+    preset = compose(["experiment=million_devices"])
+    assert OmegaConf.to_container(preset, resolve=True) == OmegaConf.to_container(
+        compose(recipe.group(1).split()), resolve=True
+    )
+    validate(preset)
+    assert (preset.data.num_devices, preset.clients_per_round, preset.logger.progress) == (1_000_000, 10, False)
 
 
 @pytest.mark.parametrize("option", _options("data"))

@@ -259,6 +259,29 @@ def test_target_must_be_a_fraction(sweep: Path, capsys: pytest.CaptureFixture[st
     assert exit_info.value.code == 2 and "must be an accuracy in (0, 1]" in capsys.readouterr().err
 
 
+def test_a_fallback_list_gives_each_run_the_first_scalar_it_logged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    personal = fake_run(tmp_path, "0_seed=0,strategy=p", [0.5, 0.6], overrides=["seed=0", "strategy=p"])
+    fake_run(tmp_path, "1_seed=0,strategy=g", [0.4, 0.7], overrides=["seed=0", "strategy=g"])
+    records = [json.loads(line) for line in (personal / "metrics.jsonl").read_text().splitlines()]
+    for record, value in zip(records, [0.8, 0.9], strict=True):
+        record["eval_personal/accuracy_mean"] = value  # only the personalised run logs it
+    (personal / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    name = "eval_personal/accuracy_mean,eval/accuracy"
+    runs = report.load_runs(tmp_path)
+    assert [report.metric_value(r, name) for r in runs] == [0.9, 0.7]  # p's personal mean, g's test accuracy
+    assert [report.metric_value(r, name + ":mean") for r in report.load_runs(tmp_path, series=name.split(","))] == [
+        pytest.approx(0.85),
+        pytest.approx(0.55),
+    ]
+    assert [report.metric_value(r, "fit/none,eval/none") for r in runs] == [None, None]
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(tmp_path), "--metric", "eval/accuracy,not a name"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "or a list such as" in err
+
+
 # ---------------------------------------------------------------- damaged metrics.jsonl: cut mid-line, foreign lines
 
 FINISHED = {"finished": True, "stop_reason": "completed"}

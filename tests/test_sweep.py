@@ -207,6 +207,50 @@ def test_report_tables_and_plots_a_per_client_statistic(
     assert (tmp_path / "eval_personal_accuracy_worst10.png").read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.slow
+def test_report_puts_personal_and_global_accuracy_in_one_column_and_one_plot(
+    real: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--metric``/``--plot eval_personal/accuracy_mean,eval/accuracy``: each run gives the first of the list it
+    logged, Ditto's the mean accuracy of its personal models, FedAvg's (no personal model) its test accuracy."""
+    from fedsim.report import command as report
+    from fedsim.report import plot as report_plot
+    from fedsim.report.runs import load_runs
+
+    root, name, personal = (
+        real["cwd"] / "grid",
+        "eval_personal/accuracy_mean,eval/accuracy",
+        "eval_personal/accuracy_mean",
+    )
+    assert report.main([str(root), "--out", str(tmp_path), "--metric", name, "--plot", name]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert name in out[1].split()  # the table's column is named by the list
+    fedavg = [f"partition.alpha={a},strategy=fedavg" for s, a in CONFIGS if s == "fedavg"]
+    assert f"fedsim.report: {name}: eval/accuracy for {', '.join(fedavg)}; {personal} for the other 2" in out
+    with open(tmp_path / "report.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    used = {"fedavg": "eval/accuracy", "ditto": personal}
+    for row, (strategy, alpha) in zip(rows, CONFIGS, strict=True):
+        finals = [_final(job_dirs(root)[strategy, alpha, seed], used[strategy]) for seed in SEEDS]
+        assert float(row[f"{name}_mean"]) == pytest.approx(statistics.fmean(finals))
+        assert strategy == "ditto" or _final(job_dirs(root)[strategy, alpha, 0], personal) is None
+    assert (tmp_path / "eval_personal_accuracy_mean_eval_accuracy.png").read_bytes()[:8] == PNG_MAGIC
+    # the figure: one curve per configuration, each the mean over seeds of its own scalar, round by round
+    groups = report.group_runs(load_runs(root, series=[personal, "eval/accuracy"]))
+    figure = report_plot.draw(groups, name)
+    assert figure is not None
+    curves = figure.axes[0].get_lines()
+    assert len(curves) == len(CONFIGS) and figure.axes[0].get_ylabel() == f"{personal} or eval/accuracy"
+    for curve, (strategy, alpha) in zip(curves, CONFIGS, strict=True):
+        per_seed = [_series(job_dirs(root)[strategy, alpha, seed], used[strategy]) for seed in SEEDS]
+        assert list(curve.get_ydata()) == pytest.approx([statistics.fmean(v) for v in zip(*per_seed, strict=True)])
+        assert curve.get_label().replace("\n", " ").endswith(f"; {used[strategy]})")
+
+
+def _series(run_dir: Path, name: str) -> list[float]:
+    return [json.loads(line)[name] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def _final(run_dir: Path, name: str) -> float | None:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return records[-1].get(name)
