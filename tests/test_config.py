@@ -465,6 +465,7 @@ def test_experiment_presets_set_their_groups() -> None:
         ("data.alpha=-1", "data.alpha"),
         ("min_success_fraction=0", "min_success_fraction"),
         ("client.epochs=0", "client.epochs"),
+        ("client.local_steps=0", "client.local_steps"),
         ("seed=-1", "seed"),
         ("eval_device=gpu", "eval_device"),
         ("eval_device=cuda:63", "eval_device"),

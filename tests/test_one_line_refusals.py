@@ -1,7 +1,8 @@
 """The battery's rule, kept (issue #41): every refusal is exactly one line, for every new option.
 
-Each case is a bad value of an option added by issues #32-#35 (pFedMe, APFL, FedSA-LoRA, LoRA and FFA-LoRA
-adapters, the Hugging Face models, the text data options, clip-only DP-SGD, the PLD accountant, Ray's kept actors),
+Each case is a bad value of an option added by issues #32-#35 and #43 (pFedMe, APFL, FedSA-LoRA, LoRA and FFA-LoRA
+adapters, the Hugging Face models, the text data options, clip-only DP-SGD, the PLD accountant, Ray's kept actors,
+local steps),
 run from the command line: exit status 2, one line on stderr, ``fedsim: error: ...`` naming the key (or the file
 and field the value points at), nothing on stdout, and no file of the run left behind (only Hydra's ``.hydra/``
 and ``run.log``). The data are tiny and every refusal comes before the first round. A refusal that cannot name its
@@ -114,6 +115,11 @@ CASES = [
     ("dpsgd-noise", "small", ["client=dpsgd", "client.noise_multiplier=-1"], "client.noise_multiplier"),
     ("dp-accountant", "small", ["dp=central", "dp.accountant=xyz"], "dp.accountant"),
     ("ray-reuse-actors", "small", ["executor=ray", "executor.reuse_actors=maybe"], "executor.reuse_actors"),
+    ("local-steps-0", "small", ["client.local_steps=0"], "client.local_steps must be an integer >= 1"),
+    ("local-steps-float", "small", ["client.local_steps=2.5"], "client.local_steps must be an integer"),
+    ("local-steps-text", "small", ["client.local_steps=abc"], "client.local_steps"),
+    ("local-steps-clock", "small", ["client.local_steps=3", "clock=sampled"], "client.local_steps=3"),
+    ("local-steps-dpsgd", "small", ["client=dpsgd", "+client.local_steps=3"], "client.local_steps: client=dpsgd"),
 ]
 # refusals once the adapters are on the model (the first of them imports peft: seconds)
 SLOW_CASES = [

@@ -246,10 +246,11 @@ def _check_eval_device(name: str) -> None:
 
 
 def _validate_client(client: DictConfig) -> None:
-    for key in ("epochs", "batch_size"):
+    for key in ("epochs", "batch_size", "local_steps"):
         value = _number(client, key)
         if value is not None:
-            _require(value >= 1 and float(value).is_integer(), f"client.{key}", "must be an integer >= 1", value)
+            rule = "must be an integer >= 1" + (" or null (null: client.epochs)" if key == "local_steps" else "")
+            _require(value >= 1 and float(value).is_integer(), f"client.{key}", rule, value)
     optimizer = client.get("optimizer")
     if isinstance(optimizer, DictConfig):
         lr = _number(optimizer, "lr")

@@ -70,7 +70,19 @@ class RoundParts:
         return self.evaluation.clients
 
     def client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
-        """A task's config: the strategy's, with fewer epochs for a simulated straggler."""
+        """A task's config: the strategy's, with fewer epochs (or local steps) for a simulated straggler."""
         config = self.strategy.client_config(round_num, client_id)
-        epochs = self.stragglers.epochs_for(round_num, client_id)
-        return config if epochs is None else {**config, "epochs": epochs}
+        unit, full = self._work(config, self.clients[client_id])
+        done = self.stragglers.work_for(round_num, client_id, full)
+        return config if done is None else {**config, unit: done}
+
+    def straggles(self, round_num: int, client_id: int) -> bool:
+        """Whether the client is one of the round's simulated stragglers (told to do less than its full work)."""
+        full = self._work(self.strategy.client_config(round_num, client_id), self.clients[client_id])[1]
+        return self.stragglers.work_for(round_num, client_id, full) is not None
+
+    def _work(self, config: dict[str, Any], client: Client) -> tuple[str, int]:
+        """The config key of a task's amount of work and its full value: ``local_steps`` K when the round or the client
+        sets them, else ``epochs`` E (``stragglers.epochs``)."""
+        steps = config.get("local_steps", getattr(client, "local_steps", None))
+        return ("epochs", self.stragglers.epochs) if steps is None else ("local_steps", int(steps))

@@ -28,6 +28,7 @@ ADDED_LATER = {
     "attack.fraction": 0.2,
     "attack.per_round": False,
     "round.extra": [],
+    "client.local_steps": None,
 }
 FREE_KEYS = {
     "resume",

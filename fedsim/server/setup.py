@@ -43,19 +43,30 @@ log = logging.getLogger("fedsim")
 
 
 def check_settings(
-    num_rounds: int, eval_every: int, clients_per_round: int, num_clients: int, stragglers: Stragglers
+    num_rounds: int,
+    eval_every: int,
+    clients_per_round: int,
+    num_clients: int,
+    stragglers: Stragglers,
+    local_steps: int | None = None,
 ) -> None:
-    """Refuse impossible round settings with one line; warn about stragglers that cannot straggle."""
+    """Refuse impossible round settings with one line; warn about stragglers that cannot straggle (``local_steps``:
+    the clients' K, whose steps a straggler cuts instead of epochs)."""
     if num_rounds < 1 or eval_every < 1:
         raise ValueError(f"num_rounds and eval_every must be >= 1 (got {num_rounds}, {eval_every})")
     if not 1 <= clients_per_round <= num_clients:
         raise ValueError(f"clients_per_round must be between 1 and the {num_clients} clients (got {clients_per_round})")
-    if stragglers.fraction > 0 and stragglers.epochs < 2:
+    unit, full = ("local epoch(s)", stragglers.epochs) if local_steps is None else ("local step(s)", local_steps)
+    if stragglers.fraction > 0 and full < 2:
         log.warning(
-            "stragglers.fraction=%s has no effect: with %d local epoch(s) there is nothing to cut",
-            stragglers.fraction,
-            stragglers.epochs,
+            "stragglers.fraction=%s has no effect: with %d %s there is nothing to cut", stragglers.fraction, full, unit
         )
+
+
+def clients_local_steps(clients: Sequence[Client]) -> int | None:
+    """The K of clients that train ``local_steps`` (the first client class that sets them), else ``None``."""
+    steps = (getattr(c, "local_steps", None) for c in representatives(clients))
+    return next((int(k) for k in steps if k is not None), None)
 
 
 def check_run(
@@ -64,11 +75,16 @@ def check_run(
     """Every setting checked, before any work, with one line naming it; returns the run's stragglers, the event loop
     of an asynchronous strategy (FedBuff; else ``None``) and central DP's rounds (``None`` without DP)."""
     num_clients, clock = len(federation.clients), stages.clock
-    stragglers = stages.stragglers or Stragglers()
-    check_settings(schedule.num_rounds, evaluation.every, schedule.clients_per_round, num_clients, stragglers)
+    stragglers, steps = stages.stragglers or Stragglers(), clients_local_steps(federation.clients)
+    check_settings(schedule.num_rounds, evaluation.every, schedule.clients_per_round, num_clients, stragglers, steps)
     evaluation.clients.check(num_clients)
     strategy.check(schedule.clients_per_round)
     if clock is not None:
+        if steps is not None:
+            raise ValueError(
+                f"clock: the simulated clock times and cuts whole local epochs, so it cannot run clients with "
+                f"client.local_steps={steps} yet; set client.local_steps=null (and client.epochs) or clock=none"
+            )
         clock.check(num_clients)
         check_sampling(clock, strategy)
     loop = event_loop(clock, strategy, num_clients, seed)
