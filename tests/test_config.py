@@ -466,6 +466,8 @@ def test_experiment_presets_set_their_groups() -> None:
         ("min_success_fraction=0", "min_success_fraction"),
         ("client.epochs=0", "client.epochs"),
         ("client.local_steps=0", "client.local_steps"),
+        ("client.lr_schedule.kind=linear", "client.lr_schedule.kind"),
+        ("client.lr_schedule.gamma=0", "client.lr_schedule.gamma"),
         ("seed=-1", "seed"),
         ("eval_device=gpu", "eval_device"),
         ("eval_device=cuda:63", "eval_device"),

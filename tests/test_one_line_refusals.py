@@ -2,7 +2,7 @@
 
 Each case is a bad value of an option added by issues #32-#35 and #43 (pFedMe, APFL, FedSA-LoRA, LoRA and FFA-LoRA
 adapters, the Hugging Face models, the text data options, clip-only DP-SGD, the PLD accountant, Ray's kept actors,
-local steps),
+local steps, learning-rate schedules, Per-FedAvg, MOON),
 run from the command line: exit status 2, one line on stderr, ``fedsim: error: ...`` naming the key (or the file
 and field the value points at), nothing on stdout, and no file of the run left behind (only Hydra's ``.hydra/``
 and ``run.log``). The data are tiny and every refusal comes before the first round. A refusal that cannot name its
@@ -120,6 +120,13 @@ CASES = [
     ("local-steps-text", "small", ["client.local_steps=abc"], "client.local_steps"),
     ("local-steps-clock", "small", ["client.local_steps=3", "clock=sampled"], "client.local_steps=3"),
     ("local-steps-dpsgd", "small", ["client=dpsgd", "+client.local_steps=3"], "client.local_steps: client=dpsgd"),
+    ("lr-schedule-kind", "small", ["client.lr_schedule.kind=linear"], "client.lr_schedule.kind must be one of"),
+    ("lr-schedule-gamma", "small", ["client.lr_schedule.gamma=0"], "client.lr_schedule.gamma must be in (0, 1]"),
+    ("lr-schedule-gamma-text", "small", ["client.lr_schedule.gamma=abc"], "client.lr_schedule.gamma must be a"),
+    ("lr-schedule-step-rounds", "small", ["client.lr_schedule.step_rounds=0"], "client.lr_schedule.step_rounds"),
+    ("lr-schedule-min-lr", "small", ["client.lr_schedule.min_lr=-1"], "client.lr_schedule.min_lr"),
+    ("lr-schedule-num-rounds", "small", ["client.lr_schedule.num_rounds=0"], "client.lr_schedule.num_rounds"),
+    ("lr-schedule-unknown", "small", ["+client.lr_schedule.decay=2"], "unknown setting client.lr_schedule.decay"),
 ]
 # refusals once the adapters are on the model (the first of them imports peft: seconds)
 SLOW_CASES = [

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from fedsim.client.local_training import BatchSteps, LocalTraining, hook_before_step, overrides_on_batch
+from fedsim.client.schedule import LrSchedule
 from fedsim.client.scoring import evaluate_indices
 from fedsim.client.task_trainer import TaskTrainer
 from fedsim.core.params import flatten
@@ -46,6 +47,8 @@ class Client:
     fresh shuffle drawn from the task's generator (as an epoch's), its last batch possibly smaller; once a pass is
     used up the next one is drawn, and the task stops after the K-th batch, in the middle of a pass if need be. So
     K = E · ⌈n / B⌉ trains exactly as E epochs do, and the batches are a pure function of (seed, round, client).
+    ``lr_schedule``: the learning rate of every round (:class:`~fedsim.client.schedule.LrSchedule`; the server
+    computes it and sends it as the task config's ``lr``); ``None`` is constant.
     """
 
     task_attributes: tuple[str, ...] = ()
@@ -63,6 +66,7 @@ class Client:
         batch_size: int = 10,
         optimizer: OptimizerFactory | None = None,
         local_steps: int | None = None,
+        lr_schedule: LrSchedule | None = None,
     ) -> None:
         if epochs < 1:
             raise ValueError(f"client.epochs must be >= 1 (got {epochs})")
@@ -79,6 +83,7 @@ class Client:
         self.batch_size = batch_size
         self.optimizer = optimizer or default_optimizer()
         self.local_steps = local_steps
+        self.lr_schedule = lr_schedule
         self._local: LocalTraining | None = None
         self._batches: BatchSteps | None = None  # the strategy's per-batch hook, during the local epochs only
 
