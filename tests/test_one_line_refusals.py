@@ -2,7 +2,7 @@
 
 Each case is a bad value of an option added by issues #32-#35 and #43 (pFedMe, APFL, FedSA-LoRA, LoRA and FFA-LoRA
 adapters, the Hugging Face models, the text data options, clip-only DP-SGD, the PLD accountant, Ray's kept actors,
-local steps, learning-rate schedules, Per-FedAvg, MOON),
+local steps, learning-rate schedules, Per-FedAvg),
 run from the command line: exit status 2, one line on stderr, ``fedsim: error: ...`` naming the key (or the file
 and field the value points at), nothing on stdout, and no file of the run left behind (only Hydra's ``.hydra/``
 and ``run.log``). The data are tiny and every refusal comes before the first round. A refusal that cannot name its
@@ -127,6 +127,11 @@ CASES = [
     ("lr-schedule-min-lr", "small", ["client.lr_schedule.min_lr=-1"], "client.lr_schedule.min_lr"),
     ("lr-schedule-num-rounds", "small", ["client.lr_schedule.num_rounds=0"], "client.lr_schedule.num_rounds"),
     ("lr-schedule-unknown", "small", ["+client.lr_schedule.decay=2"], "unknown setting client.lr_schedule.decay"),
+    ("perfedavg-alpha", "small", ["strategy=perfedavg", "strategy.alpha=0"], "strategy.alpha must be > 0"),
+    ("perfedavg-beta", "small", ["strategy=perfedavg", "strategy.beta=-1"], "strategy.beta must be > 0 or null"),
+    ("perfedavg-variant", "small", ["strategy=perfedavg", "strategy.variant=maml"], "strategy.variant must be fo or"),
+    ("perfedavg-delta", "small", ["strategy=perfedavg", "strategy.delta=0"], "strategy.delta must be > 0"),
+    ("perfedavg-vmap", "small", ["strategy=perfedavg", "executor=vmap"], "executor=vmap"),
 ]
 # refusals once the adapters are on the model (the first of them imports peft: seconds)
 SLOW_CASES = [
