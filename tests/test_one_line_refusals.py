@@ -2,7 +2,7 @@
 
 Each case is a bad value of an option added by issues #32-#35 and #43 (pFedMe, APFL, FedSA-LoRA, LoRA and FFA-LoRA
 adapters, the Hugging Face models, the text data options, clip-only DP-SGD, the PLD accountant, Ray's kept actors,
-local steps, learning-rate schedules, Per-FedAvg),
+local steps, learning-rate schedules, Per-FedAvg, MOON),
 run from the command line: exit status 2, one line on stderr, ``fedsim: error: ...`` naming the key (or the file
 and field the value points at), nothing on stdout, and no file of the run left behind (only Hydra's ``.hydra/``
 and ``run.log``). The data are tiny and every refusal comes before the first round. A refusal that cannot name its
@@ -132,6 +132,11 @@ CASES = [
     ("perfedavg-variant", "small", ["strategy=perfedavg", "strategy.variant=maml"], "strategy.variant must be fo or"),
     ("perfedavg-delta", "small", ["strategy=perfedavg", "strategy.delta=0"], "strategy.delta must be > 0"),
     ("perfedavg-vmap", "small", ["strategy=perfedavg", "executor=vmap"], "executor=vmap"),
+    ("moon-mu", "small", ["strategy=moon", "model=mlp", "strategy.mu=-1"], "strategy.mu must be >= 0"),
+    ("moon-temperature", "small", ["strategy=moon", "model=mlp", "strategy.temperature=0"], "strategy.temperature"),
+    ("moon-logreg", "small", ["strategy=moon"], "strategy=moon contrasts the input of the model's last nn.Linear"),
+    ("moon-vmap", "small", ["strategy=moon", "model=mlp", "executor=vmap"], "executor=vmap"),
+    ("moon-dpsgd", "small", ["strategy=moon", "model=mlp", "client=dpsgd"], "has its own epoch loop"),
 ]
 # refusals once the adapters are on the model (the first of them imports peft: seconds)
 SLOW_CASES = [

@@ -126,6 +126,11 @@ class LocalTraining:
         The default is :meth:`personalise`."""
         return self.personalise(model, state)
 
+    def check(self, model: nn.Module) -> None:
+        """Refuse, with a one-line ``ValueError``, a model this client half cannot train (MOON needs a hidden
+        representation); called once when the server is built, with the round-0 global model. The default accepts
+        every model."""
+
     def update_state(
         self, state: dict[str, Any], config: dict[str, Any], global_params: torch.Tensor, update: ClientUpdate
     ) -> None:

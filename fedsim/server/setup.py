@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from fedsim.client.base import Client
 from fedsim.client.federation import representatives, train_sizes
+from fedsim.client.local_training import LocalTraining, overrides_on_batch
 from fedsim.client.state import ClientStateStore
 from fedsim.core.params import ParamLayout
 from fedsim.core.seeding import init_seed
@@ -33,7 +35,6 @@ from fedsim.strategy.root_data import root_trainer
 if TYPE_CHECKING:
     from fedsim.attacks.base import Attack
     from fedsim.attacks.stage import AttackStage
-    from fedsim.client.base import Client
     from fedsim.comm.pipeline import Compression
     from fedsim.data.tensor_data import TensorData
     from fedsim.privacy.local import LocalLedger
@@ -61,6 +62,23 @@ def check_settings(
         log.warning(
             "stragglers.fraction=%s has no effect: with %d %s there is nothing to cut", stragglers.fraction, full, unit
         )
+
+
+def check_local_training(local: LocalTraining | None, model: nn.Module, clients: Sequence[Client]) -> None:
+    """Refuse in one line, before any work, what the strategy's client half cannot train: the model it objects to
+    (:meth:`~fedsim.client.local_training.LocalTraining.check`, e.g. MOON's representation), or clients whose own epoch
+    loop (DP-SGD's) would skip its per-batch hook."""
+    if local is None:
+        return
+    local.check(model)
+    if not overrides_on_batch(local):
+        return
+    for client in representatives(clients):
+        if isinstance(client, Client) and type(client)._run_epoch is not Client._run_epoch:
+            raise ValueError(
+                f"strategy: {type(local).__name__} steps on every batch (on_batch) but {type(client).__name__} has its "
+                "own epoch loop that would skip it: use client=sgd or client=adam"
+            )
 
 
 def clients_local_steps(clients: Sequence[Client]) -> int | None:

@@ -16,6 +16,7 @@ from fedsim.strategy.fedprox import FedProx, ProximalTerm
 from fedsim.strategy.fedrep import FedRep, HeadThenBody
 from fedsim.strategy.fedsa_lora import FedSALoRA
 from fedsim.strategy.fltrust import FLTrust
+from fedsim.strategy.moon import MOON, ModelContrast
 from fedsim.strategy.norm_bounding import NormBounding
 from fedsim.strategy.perfedavg import MetaStep, PerFedAvg
 from fedsim.strategy.pfedme import MoreauEnvelope, PFedMe
@@ -52,8 +53,10 @@ __all__ = [
     "LocalNorms",
     "LocalTraining",
     "MetaStep",
+    "MOON",
     "Median",
     "Mixture",
+    "ModelContrast",
     "MoreauEnvelope",
     "PerFedAvg",
     "PersonalLayers",

@@ -69,6 +69,7 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "inner_steps": ("3", 3),
     "variant": ("hf", "hf"),
     "delta": ("0.01", 0.01),
+    "temperature": ("0.2", 0.2),
 }
 
 
