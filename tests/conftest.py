@@ -43,6 +43,7 @@ RAY_FILES = frozenset(
         "tests/executor/ray/test_ray_reuse.py",
         "tests/executor/ray/test_ray_cluster.py",
         "tests/executor/test_per_batch_executors.py",
+        "tests/executor/test_local_steps_executors.py",
         "tests/executor/test_malformed_updates.py",
         "tests/state/test_client_state_runs.py",
         "tests/llm/test_lora_ray.py",

@@ -68,6 +68,9 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "adapt_alpha": ("true", True),
     "personal_lr": ("0.05", 0.05),
     "inner_steps": ("3", 3),
+    "variant": ("hf", "hf"),
+    "delta": ("0.01", 0.01),
+    "temperature": ("0.2", 0.2),
 }
 
 
