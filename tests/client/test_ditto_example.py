@@ -35,7 +35,7 @@ from fedsim.server.server import Server
 from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import FedAvg
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "experiments" / "ditto"
 sys.path.insert(0, str(EXAMPLE))
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))  # failing_strategies
 sys.path.insert(0, str(TESTS / "executor"))  # fault_clients
 
