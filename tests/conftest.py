@@ -56,18 +56,23 @@ RAY_FILES = frozenset(
         "tests/server/test_round_steps.py",
     }
 )
-# the files that took longest outside the Ray unit (--durations, 2026-12-05), longest first: handed out first
+# the files that took longest outside the Ray unit (per-file totals of a whole run, 2026-12-06), longest first: handed
+# out first, so that the run does not end waiting on one of them
 LONGEST_FILES = (
     "tests/core/test_checkpoint.py",
+    "tests/core/test_run_dir_lock.py",
     "tests/cli/test_config.py",
     "tests/executor/process/test_process.py",
+    "tests/client/test_client_state_resume.py",
     "tests/executor/process/test_worker_kill_loop.py",
+    "tests/test_one_line_refusals.py",
     "tests/cli/test_multirun_leaks.py",
-    "tests/cli/test_sweep.py",
+    "tests/llm/test_lora_resume.py",
+    "tests/privacy/test_private_runs.py",
     "tests/observe/test_trackers.py",
     "tests/cli/test_sweepers.py",
+    "tests/cli/test_sweep.py",
     "tests/strategy/test_configs.py",
-    "tests/client/test_client_state_resume.py",
 )
 _unmarked_durations: dict[str, float] = {}
 
