@@ -11,18 +11,15 @@ from typing import Any
 
 import pytest
 import torch
+from builders import tiny_federation, tiny_server
 
 from fedsim.cli.run import compose, run_config
 from fedsim.client.base import Client
 from fedsim.client.evaluation import ClientEvaluation
-from fedsim.client.federation import federate, make_clients
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, RayExecutor, SerialExecutor
 from fedsim.models import MLP2NN
 from fedsim.observe.run_logger import RunLogger
-from fedsim.server.server import Server
-from fedsim.server.settings import Evaluation, Federation, Schedule
+from fedsim.server.settings import Evaluation
 from fedsim.strategy import APFL, MOON, PerFedAvg, PFedMe, Strategy
 
 ALGORITHMS = {
@@ -37,19 +34,12 @@ STATE_KEYS = {"apfl": "apfl_personal", "pfedme": "pfedme_personal", "moon": "moo
 
 def _run(strategy: Strategy, executor: Any) -> tuple[torch.Tensor, dict[int, Any], list[dict[str, float]]]:
     """Three rounds of 4 of 8 clients, every client scored with both models every round."""
-    data = federate(
-        synthetic(num_devices=8, min_size=20, max_size=50, seed=4), natural, client_test_fraction=0.25, seed=0
-    )
-    server = Server(
-        model_factory=functools.partial(MLP2NN, (60,), 10, hidden=8),
-        federation=Federation(
-            clients=make_clients(data, functools.partial(Client, batch_size=8)),
-            train_data=data.train,
-            test_data=data.test,
-        ),
+    server = tiny_server(
+        tiny_federation(8, max_size=50, seed=4, client_test_fraction=0.25),
+        model=functools.partial(MLP2NN, (60,), 10, hidden=8),
+        client=functools.partial(Client, batch_size=8),
         strategy=strategy,
         executor=executor,
-        schedule=Schedule(num_rounds=3, clients_per_round=4),
         seed=1,
         logger=RunLogger(None, progress=False),
         evaluation=Evaluation(clients=ClientEvaluation("all")),

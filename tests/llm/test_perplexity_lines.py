@@ -1,6 +1,6 @@
 """A token task prints perplexity (issue #43): the round line, the clients' line and the final line lead with the
 test perplexity (the token accuracy after it), and summary.json holds ``final_perplexity`` and ``best_perplexity``;
-a classification run's lines are unchanged (tests/test_result_lines.py)."""
+a classification run's lines are unchanged (tests/cli/test_result_lines.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """fedsim.report --facet, --x epsilon, --epsilon-budget, --metric NAME:AGG and the labels' order, on hand-made run
 directories with hand-computed numbers. ``facet_sweep`` also draws docs/img/report-facets.png:
-``python tests/test_report_facets.py OUT_DIR`` (tiny fake runs, not results)."""
+``python tests/report/test_report_facets.py OUT_DIR`` (tiny fake runs, not results)."""
 
 from __future__ import annotations
 

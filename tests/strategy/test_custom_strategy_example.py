@@ -22,7 +22,7 @@ from torch import nn
 from fedsim.core.types import ClientUpdate
 from fedsim.strategy import FedAvg
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "experiments" / "custom_strategy"
 sys.path.insert(0, str(EXAMPLE))
 

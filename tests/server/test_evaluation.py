@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
+from builders import tiny_federation, tiny_server
 
-from fedsim.client.base import Client
-from fedsim.client.federation import federate, make_clients
-from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
-from fedsim.executor import SerialExecutor
 from fedsim.models import LogisticRegression
 from fedsim.server.central_eval import DeviceEvaluator, eval_device
-from fedsim.server.server import Server
-from fedsim.server.settings import Evaluation, Federation, Schedule
-from fedsim.strategy import FedAvg
+from fedsim.server.settings import Evaluation
 
 
 def test_auto_is_the_first_gpu_else_the_cpu() -> None:
@@ -45,24 +38,12 @@ def test_server_on_a_cpu_machine_evaluates_on_the_cpu_with_auto() -> None:
     """The default (auto) gives the same metrics as eval_device=cpu, bit for bit, where there is no GPU."""
     if torch.cuda.is_available():
         pytest.skip("on a GPU machine auto is cuda:0; tests/executor/test_gpu.py compares the two")
-    data = federate(
-        synthetic(num_devices=6, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
-    )
 
     def history(device: str) -> list[dict]:
-        return (
-            Server(
-                model_factory=functools.partial(LogisticRegression, (60,), 10),
-                federation=Federation(clients=make_clients(data, Client), train_data=data.train, test_data=data.test),
-                strategy=FedAvg(),
-                executor=SerialExecutor(),
-                schedule=Schedule(num_rounds=2, clients_per_round=3),
-                seed=1,
-                evaluation=Evaluation(device=device),
-            )
-            .run()
-            .history
+        server = tiny_server(
+            tiny_federation(6), num_rounds=2, clients_per_round=3, seed=1, evaluation=Evaluation(device=device)
         )
+        return server.run().history
 
     auto, cpu = history("auto"), history("cpu")
     keys = ("eval/loss", "eval/accuracy", "eval_global/loss", "eval_global/accuracy")

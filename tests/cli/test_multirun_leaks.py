@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 240
 SWEEPS = {
     "serial": (6, ["executor=serial"]),

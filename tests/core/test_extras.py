@@ -14,7 +14,7 @@ import pytest
 from fedsim.cli.config import ConfigError
 from fedsim.core.extras import MissingExtraError, missing_text, require
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # case -> (overrides, the module made missing, the line's start, the extra)
 CASES = {

@@ -12,7 +12,7 @@ from hydra.errors import HydraException
 from fedsim.cli.override_errors import override_error_line
 from fedsim.cli.run import compose
 
-USER_PKG = str(Path(__file__).parent / "user_pkg")  # my_strategy.KeepGlobal(marker), a strategy outside fedsim
+USER_PKG = str(Path(__file__).parents[1] / "user_pkg")  # my_strategy.KeepGlobal(marker), a strategy outside fedsim
 
 
 @pytest.fixture

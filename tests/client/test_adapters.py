@@ -19,7 +19,7 @@ from fedsim.server.server import RoundFailedError, RunResult, Server
 from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import FedAvg, FedProx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import user_objects  # noqa: E402  (workers import it by the same name: spawn copies sys.path)
 from user_objects import BadUser, ConstantUser, NoisyUser, User, make_data, make_model  # noqa: E402
 

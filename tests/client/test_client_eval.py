@@ -11,29 +11,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from builders import tiny_federation, tiny_server
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import fedsim.client.evaluation as client_eval
 from fedsim.client import Client, evaluate_indices
 from fedsim.client.evaluation import ClientEvaluation, eval_tasks, spread, summary
-from fedsim.client.federation import federate, make_clients
+from fedsim.client.federation import make_clients
 from fedsim.core.seeding import sampling_rng
 from fedsim.core.types import ClientScore
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
 from fedsim.executor.base import Executor, Workload
 from fedsim.models import MLP2NN, LogisticRegression
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import Server
-from fedsim.server.settings import Evaluation, Federation, Schedule
+from fedsim.server.settings import Evaluation
 from fedsim.strategy import FedAvg, FedPer, Strategy
 
 
 def _data(fraction: float = 0.25):  # type: ignore[no-untyped-def]
-    return federate(
-        synthetic(num_devices=12, min_size=20, max_size=60, seed=2), natural, client_test_fraction=fraction, seed=0
-    )
+    return tiny_federation(12, seed=2, client_test_fraction=fraction)
 
 
 def _server(
@@ -46,17 +43,13 @@ def _server(
     client: type[Client] = Client,
     mlp: bool = False,
 ) -> Server:
-    data = _data(fraction)
-    factory = (
-        functools.partial(MLP2NN, (60,), 10, hidden=16) if mlp else functools.partial(LogisticRegression, (60,), 10)
-    )
-    return Server(
-        model_factory=factory,
-        federation=Federation(clients=make_clients(data, client), train_data=data.train, test_data=data.test),
-        strategy=strategy or FedAvg(),
+    return tiny_server(
+        _data(fraction),
+        model=functools.partial(MLP2NN, (60,), 10, hidden=16) if mlp else None,
+        client=client,
+        strategy=strategy,
         executor=executor,
-        schedule=Schedule(num_rounds=2, clients_per_round=4),
-        seed=0,
+        num_rounds=2,
         logger=RunLogger(run_dir, progress=False),
         evaluation=Evaluation(clients=ClientEvaluation(who)),
     )

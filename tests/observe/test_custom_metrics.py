@@ -15,21 +15,18 @@ from typing import Any
 
 import pytest
 import torch
+from builders import sgd, tiny_federation, tiny_server
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedsim.client.base import Client
-from fedsim.client.federation import federate, make_clients
+from fedsim.client.federation import FederatedData
 from fedsim.core.types import ClientUpdate
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.executor.base import Executor
-from fedsim.models import LogisticRegression
 from fedsim.observe.run_logger import RunLogger
 from fedsim.report import command as report
 from fedsim.server.round_metrics import client_row, strategy_client_values, strategy_scalars, train_metrics
-from fedsim.server.server import Server
-from fedsim.server.settings import Evaluation, Federation, Schedule
+from fedsim.server.settings import Evaluation
 from fedsim.strategy import FedAvg, Strategy
 
 ROUNDS, PER_ROUND = 3, 4
@@ -156,24 +153,13 @@ def test_a_bad_client_value_stops_the_run_with_one_line_naming_the_strategy(tmp_
         def client_metrics(self, round_num: int) -> dict[int, dict[str, float]]:
             return {-5: {"trust": 1.0}}
 
-    split = synthetic(
-        num_devices=6, num_features=10, num_classes=5, min_size=30, size_sigma_log=0.5, max_size=60, seed=3
-    )
-    data = federate(split, natural, client_test_fraction=0.0, seed=0)
+    data = _data(6)
     with pytest.raises(
         StrategyError,
         match=r"^round 1: Bad.client_metrics\(\) returned values for client -5, "
         r"whose update it did not aggregate this round$",
     ):
-        Server(
-            model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-            federation=Federation(clients=make_clients(data, Client), train_data=data.train, test_data=data.test),
-            strategy=Bad(),
-            executor=SerialExecutor(),
-            schedule=Schedule(num_rounds=1, clients_per_round=3),
-            seed=0,
-            evaluation=Evaluation(device="cpu"),
-        ).run()
+        tiny_server(data, strategy=Bad(), num_rounds=1, clients_per_round=3, evaluation=Evaluation(device="cpu")).run()
 
 
 # ---------------------------------------------------------------- end to end
@@ -211,21 +197,21 @@ class CountingFedAvg(FedAvg):
         return dict(self.shares)
 
 
+def _data(num_devices: int) -> FederatedData:
+    """Tiny Synthetic(1, 1): devices of 30..60 examples, 10 features, 5 classes, no local test rows."""
+    return tiny_federation(
+        num_devices, num_features=10, num_classes=5, min_size=30, size_sigma_log=0.5, client_test_fraction=0.0
+    )
+
+
 def _run(executor: Executor, run_dir: Path) -> None:
-    split = synthetic(
-        num_devices=12, num_features=10, num_classes=5, min_size=30, size_sigma_log=0.5, max_size=60, seed=3
-    )
-    data = federate(split, natural, client_test_fraction=0.0, seed=0)
-    factory = functools.partial(
-        PersonalClient, epochs=1, batch_size=10, optimizer=functools.partial(torch.optim.SGD, lr=0.05)
-    )
-    Server(
-        model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-        federation=Federation(clients=make_clients(data, factory), train_data=data.train, test_data=data.test),
+    tiny_server(
+        _data(12),
+        client=functools.partial(PersonalClient, epochs=1, batch_size=10, optimizer=sgd(0.05)),
         strategy=CountingFedAvg(),
         executor=executor,
-        schedule=Schedule(num_rounds=ROUNDS, clients_per_round=PER_ROUND),
-        seed=0,
+        num_rounds=ROUNDS,
+        clients_per_round=PER_ROUND,
         logger=RunLogger(run_dir, progress=False),
         evaluation=Evaluation(device="cpu"),
     ).run()

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from builders import sgd, tiny_federation, tiny_server
 from torch import nn
 
 from fedsim.client.base import Client
@@ -21,60 +22,24 @@ from fedsim.client.federation import FederatedData, federate, make_clients
 from fedsim.core.params import flatten
 from fedsim.core.seeding import sampling_rng
 from fedsim.core.types import ClientUpdate
-from fedsim.data.partition import iid, natural
-from fedsim.data.synthetic import synthetic
+from fedsim.data.partition import iid
 from fedsim.data.tensor_data import DataSplit, TensorData
-from fedsim.executor import SerialExecutor
 from fedsim.models import LogisticRegression
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RoundFailedError, RunResult, Server
-from fedsim.server.settings import Evaluation, Federation, Schedule
+from fedsim.server.settings import Evaluation
 from fedsim.strategy import FedAvg, Strategy
 
 
-@functools.cache
 def _federation(num_devices: int = 12) -> FederatedData:
     """Tiny Synthetic(1, 1): 12 devices of 30..60 examples, 10 features, 5 classes, natural clients."""
-    split = synthetic(
-        num_devices=num_devices,
-        num_features=10,
-        num_classes=5,
-        min_size=30,
-        size_sigma_log=0.5,
-        max_size=60,
-        seed=3,
-    )
-    return federate(split, natural, client_test_fraction=0.2, seed=0)
+    return tiny_federation(num_devices, num_features=10, num_classes=5, min_size=30, size_sigma_log=0.5)
 
 
-def _server(
-    *,
-    seed: int = 0,
-    client_cls: Any = Client,
-    strategy: Strategy | None = None,
-    num_rounds: int = 3,
-    clients_per_round: int = 4,
-    min_success_fraction: float = 1.0,
-    logger: RunLogger | None = None,
-    eval_every: int = 1,
-    lr: float = 0.05,
-) -> Server:
-    data = _federation()
-    factory = functools.partial(
-        client_cls, epochs=2, batch_size=10, optimizer=functools.partial(torch.optim.SGD, lr=lr)
-    )
-    return Server(
-        model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-        federation=Federation(clients=make_clients(data, factory), train_data=data.train, test_data=data.test),
-        strategy=strategy if strategy is not None else FedAvg(),
-        executor=SerialExecutor(),
-        schedule=Schedule(
-            num_rounds=num_rounds, clients_per_round=clients_per_round, min_success_fraction=min_success_fraction
-        ),
-        seed=seed,
-        logger=logger,
-        evaluation=Evaluation(every=eval_every),
-    )
+def _server(*, client_cls: Any = Client, eval_every: int = 1, lr: float = 0.05, **settings: Any) -> Server:
+    """:func:`builders.tiny_server` on :func:`_federation`: 2 epochs of batch 10, SGD at ``lr``."""
+    factory = functools.partial(client_cls, epochs=2, batch_size=10, optimizer=sgd(lr))
+    return tiny_server(_federation(), client=factory, evaluation=Evaluation(every=eval_every), **settings)
 
 
 # --- learning -------------------------------------------------------------------------------------
@@ -300,13 +265,8 @@ def test_hundred_thousand_clients_only_the_sampled_ones_train() -> None:
     CountingClient.fits.clear()
     clients = make_clients(data, functools.partial(CountingClient, batch_size=2))
     assert len(clients) == NUM_CLIENTS and all(c.num_train == 1 for c in clients[:100])
-    server = Server(
-        model_factory=functools.partial(LogisticRegression, (4,), 2),
-        federation=Federation(clients=clients, train_data=data.train, test_data=data.test),
-        strategy=FedAvg(),
-        executor=SerialExecutor(),
-        schedule=Schedule(num_rounds=3, clients_per_round=10),
-        seed=9,
+    server = tiny_server(
+        data, model=functools.partial(LogisticRegression, (4,), 2), clients=clients, clients_per_round=10, seed=9
     )
     result = server.run()
     sampled = [Strategy().sample(r, NUM_CLIENTS, 10, sampling_rng(9, r)) for r in (1, 2, 3)]

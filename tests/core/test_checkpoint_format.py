@@ -23,7 +23,7 @@ from cli_runner import run_cli
 from fedsim.cli.run import build_server, compose
 from fedsim.core.checkpoint import resolve
 
-FIXTURE = Path(__file__).parent / "fixtures" / "run_d996d10"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "run_d996d10"
 SETTINGS = [
     "strategy=scaffold",
     "state_store=disk",

@@ -9,19 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import tiny_federation, tiny_server
 
 from fedsim.client.base import Client
-from fedsim.client.federation import federate, make_clients
 from fedsim.core.types import ClientUpdate
 from fedsim.core.update_checks import rejection_reason
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
-from fedsim.executor import SerialExecutor
-from fedsim.models import LogisticRegression
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import Server
-from fedsim.server.settings import Federation, Schedule
-from fedsim.strategy import FedAvg
 
 
 def _update(params: torch.Tensor, n: int = 3) -> ClientUpdate:
@@ -66,20 +60,11 @@ class NaNClient(Client):
 
 
 def _server(bad, run_dir=None) -> Server:  # type: ignore[no-untyped-def]
-    data = federate(
-        synthetic(num_devices=6, min_size=20, max_size=40, seed=2), natural, client_test_fraction=0.2, seed=0
-    )
-    return Server(
-        model_factory=functools.partial(LogisticRegression, (60,), 10),
-        federation=Federation(
-            clients=make_clients(data, functools.partial(NaNClient, bad=bad)),
-            train_data=data.train,
-            test_data=data.test,
-        ),
-        strategy=FedAvg(),
-        executor=SerialExecutor(),
-        schedule=Schedule(num_rounds=2, clients_per_round=6),
-        seed=0,
+    return tiny_server(
+        tiny_federation(6, max_size=40, seed=2),
+        client=functools.partial(NaNClient, bad=bad),
+        num_rounds=2,
+        clients_per_round=6,
         logger=RunLogger(run_dir, progress=False),
     )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import tiny_server
 from cli_runner import run_cli
 
 from fedsim.core.checkpoint import (
@@ -23,7 +24,7 @@ from fedsim.core.checkpoint import (
     load_latest,
     save_checkpoint,
 )
-from fedsim.server.settings import Checkpoints, Federation, Schedule
+from fedsim.server.settings import Checkpoints
 
 MEASURED = ("time/", "system/")  # wall-clock and memory readings differ between any two runs
 
@@ -283,27 +284,11 @@ def test_resume_errors_are_one_line(tmp_path: Path, uninterrupted: dict[str, Pat
 
 
 def _small_server(run_dir: Path, num_rounds: int, rows_in_memory: bool = True, per_round: int = 3):  # noqa: ANN202
-    import functools
-
-    from fedsim.client.base import Client
-    from fedsim.client.federation import federate, make_clients
-    from fedsim.data.partition import natural
-    from fedsim.data.synthetic import synthetic
-    from fedsim.executor import SerialExecutor
-    from fedsim.models import LogisticRegression
     from fedsim.observe.run_logger import RunLogger
-    from fedsim.server.server import Server
-    from fedsim.strategy import FedAvg
 
-    data = federate(
-        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
-    )
-    return Server(
-        model_factory=functools.partial(LogisticRegression, (60,), 10),
-        federation=Federation(clients=make_clients(data, Client), train_data=data.train, test_data=data.test),
-        strategy=FedAvg(),
-        executor=SerialExecutor(),
-        schedule=Schedule(num_rounds=num_rounds, clients_per_round=per_round),
+    return tiny_server(
+        num_rounds=num_rounds,
+        clients_per_round=per_round,
         seed=5,
         logger=RunLogger(run_dir, tensorboard=False, progress=False, client_rows_in_memory=rows_in_memory),
         checkpoints=Checkpoints(dir=run_dir / "checkpoints", every=1),

@@ -16,39 +16,27 @@ from typing import Any
 import pytest
 import torch
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))  # failing_strategies
 sys.path.insert(0, str(TESTS / "executor"))  # fault_clients
 
 import fault_clients  # noqa: E402
+from builders import tiny_federation, tiny_server  # noqa: E402
 from cli_runner import run_cli  # noqa: E402
 from failing_strategies import BadReturnFedAvg, FlakyFedAdam, NaNFedAvg  # noqa: E402
 
 from fedsim.cli.run import compose, run_config  # noqa: E402
 from fedsim.client.base import Client  # noqa: E402
-from fedsim.client.federation import federate, make_clients  # noqa: E402
 from fedsim.core.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest  # noqa: E402
-from fedsim.data.partition import natural  # noqa: E402
-from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.executor import SerialExecutor  # noqa: E402
-from fedsim.models import LogisticRegression  # noqa: E402
 from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.report.runs import load_run  # noqa: E402
 from fedsim.server.server import RoundFailedError, Server, StrategyError  # noqa: E402
-from fedsim.server.settings import Checkpoints, Federation, Schedule  # noqa: E402
+from fedsim.server.settings import Checkpoints  # noqa: E402
 from fedsim.strategy import FedAvg, Krum, Strategy, TrimmedMean  # noqa: E402
 
 
 @functools.cache
-def _data():  # noqa: ANN202 - FederatedData
-    return federate(
-        synthetic(num_devices=10, num_features=10, num_classes=5, min_size=20, max_size=40, seed=3),
-        natural,
-        client_test_fraction=0.2,
-        seed=0,
-    )
-
-
 def _server(
     strategy: Strategy,
     run_dir: Path | None = None,
@@ -60,16 +48,13 @@ def _server(
     checkpoint: bool = False,
     **client_kwargs: Any,
 ) -> Server:
-    data = _data()
-    factory = functools.partial(client_cls, epochs=1, batch_size=10, **client_kwargs)
-    return Server(
-        model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-        federation=Federation(clients=make_clients(data, factory), train_data=data.train, test_data=data.test),
+    return tiny_server(
+        tiny_federation(10, num_features=10, num_classes=5, max_size=40),
+        client=functools.partial(client_cls, epochs=1, batch_size=10, **client_kwargs),
         strategy=strategy,
-        executor=SerialExecutor(),
-        schedule=Schedule(
-            num_rounds=num_rounds, clients_per_round=clients_per_round, min_success_fraction=min_success_fraction
-        ),
+        num_rounds=num_rounds,
+        clients_per_round=clients_per_round,
+        min_success_fraction=min_success_fraction,
         seed=1,
         logger=RunLogger(run_dir, tensorboard=False, progress=False),
         checkpoints=Checkpoints(run_dir / "checkpoints") if checkpoint and run_dir is not None else None,

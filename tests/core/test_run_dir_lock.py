@@ -20,22 +20,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import sgd, tiny_federation, tiny_server
 from cli_runner import run_cli
 from own_processes import live_tagged, new_tag, tagged_environment
 
 from fedsim.client.base import Client
-from fedsim.client.federation import federate, make_clients
 from fedsim.core.checkpoint import load_latest
 from fedsim.core.run_lock import LOCK_NAME, RunDirectoryInUse, hold, is_held, read_holder
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
-from fedsim.executor import SerialExecutor
-from fedsim.models import LogisticRegression
 from fedsim.observe.run_logger import RunLogger
 from fedsim.report import command as report
 from fedsim.server.server import Server
-from fedsim.server.settings import Checkpoints, Federation, Schedule
-from fedsim.strategy import FedAvg
+from fedsim.server.settings import Checkpoints
 
 MEASURED = ("time/", "system/")  # wall-clock and memory readings differ between any two runs
 FAST = ["data.num_devices=10", "clients_per_round=3", "logger.progress=false"]
@@ -112,19 +107,11 @@ def test_within_a_process_the_lock_is_shared_and_the_last_release_removes_it(tmp
 
 
 def _server(checkpoint_dir: Path, logger: RunLogger | None = None) -> Server:
-    data = federate(
-        synthetic(num_devices=6, num_features=4, num_classes=3, min_size=20, max_size=30, seed=1),
-        natural,
-        client_test_fraction=0.2,
-        seed=0,
-    )
-    factory = functools.partial(Client, epochs=1, batch_size=10, optimizer=functools.partial(torch.optim.SGD, lr=0.1))
-    return Server(
-        model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-        federation=Federation(make_clients(data, factory), data.train, data.test),
-        strategy=FedAvg(),
-        executor=SerialExecutor(),
-        schedule=Schedule(num_rounds=2, clients_per_round=3),
+    return tiny_server(
+        tiny_federation(6, num_features=4, num_classes=3, max_size=30, seed=1),
+        client=functools.partial(Client, epochs=1, batch_size=10, optimizer=sgd(0.1)),
+        num_rounds=2,
+        clients_per_round=3,
         logger=logger,
         checkpoints=Checkpoints(checkpoint_dir),
     )

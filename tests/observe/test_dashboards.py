@@ -150,7 +150,7 @@ def test_a_sweep_shows_what_was_swept_and_quiet_prints_no_round_lines(tmp_path: 
     assert "round 2: test accuracy" in (tmp_path / "quiet" / "run.log").read_text()  # the log file keeps every line
 
 
-USER_PKG = Path(__file__).parent / "user_pkg"
+USER_PKG = Path(__file__).parents[1] / "user_pkg"
 
 
 @pytest.mark.slow

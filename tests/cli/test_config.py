@@ -24,8 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from fedsim.core.params import ParamLayout
 from fedsim.strategy.context import RunContext
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ holds the vision_files helpers
-sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))  # tests/data: writers of the other formats
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ holds the vision_files helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))  # tests/data: writers of the other formats
 
 import hf_files  # noqa: E402
 import leaf_files  # noqa: E402
@@ -51,7 +51,7 @@ from fedsim.strategy import Strategy  # noqa: E402
 from fedsim.strategy.root_data import root_trainer  # noqa: E402
 
 CONF = Path(CONFIG_DIR)
-USER_PKG = Path(__file__).resolve().parent / "user_pkg"
+USER_PKG = Path(__file__).resolve().parents[1] / "user_pkg"
 GROUPS = (
     "data",
     "partition",
@@ -353,7 +353,7 @@ def _check_secagg(cfg: DictConfig, option: str) -> None:
         assert stages[0].protocol == option and stages[0].seed == cfg.seed and stages[0].name == "secagg"
 
 
-EXAMPLE_TRACE = Path(__file__).resolve().parents[1] / "experiments" / "sim" / "example_trace.csv"
+EXAMPLE_TRACE = Path(__file__).resolve().parents[2] / "experiments" / "sim" / "example_trace.csv"
 
 
 def _check_adapter(cfg: DictConfig, option: str) -> None:

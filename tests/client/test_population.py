@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from builders import tiny_server
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -22,10 +23,7 @@ from fedsim.data.synthetic import synthetic
 from fedsim.data.tensor_data import DataSplit
 from fedsim.executor import ProcessExecutor, SerialExecutor
 from fedsim.executor.base import Executor
-from fedsim.models import LogisticRegression
-from fedsim.server.server import Server
-from fedsim.server.settings import Evaluation, Federation, Schedule
-from fedsim.strategy import FedAvg
+from fedsim.server.settings import Evaluation
 
 # --- reference copies of the list-of-arrays code before issue #35 -----------------------------------------------
 
@@ -192,12 +190,12 @@ def test_a_wrong_setting_fails_when_the_population_is_made() -> None:
 
 
 def _final_params(clients: Any, data: FederatedData, executor: Executor) -> torch.Tensor:
-    server = Server(
-        model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-        federation=Federation(clients=clients, train_data=data.train, test_data=data.test),
-        strategy=FedAvg(),
+    server = tiny_server(
+        data,
+        clients=clients,
         executor=executor,
-        schedule=Schedule(num_rounds=2, clients_per_round=5),
+        num_rounds=2,
+        clients_per_round=5,
         seed=2,
         evaluation=Evaluation(every=2),
     )

@@ -18,24 +18,20 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from builders import tiny_federation, tiny_server
 from cli_runner import run_cli
 from torch import nn
 
 from fedsim.client.base import Client
-from fedsim.client.federation import federate, make_clients
 from fedsim.core.checkpoint import read_verified
 from fedsim.core.params import flatten, load_flat
 from fedsim.core.seeding import task_seed
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
 from fedsim.data.tensor_data import TensorData
-from fedsim.executor import SerialExecutor, client_guard
+from fedsim.executor import client_guard
 from fedsim.models import LogisticRegression
 from fedsim.server.server import Server
-from fedsim.server.settings import Federation, Schedule
-from fedsim.strategy import FedAvg
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "experiments" / "ditto"
 sys.path.insert(0, str(EXAMPLE))
 
@@ -135,20 +131,11 @@ def test_second_round_starts_from_the_stored_personal_model() -> None:
 def test_server_hands_each_client_its_committed_personal_model() -> None:
     """Through the real store: client 0's personal model after round 2 is round 2's training from the one it
     had after round 1 (replayed here by hand), not from the global weights."""
-    data = federate(
-        synthetic(num_devices=6, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
-    )
+    data = tiny_federation(6)
 
     def server(rounds: int) -> Server:
-        clients = make_clients(data, functools.partial(DittoClient, lam=0.5, batch_size=8))
-        return Server(
-            model_factory=functools.partial(LogisticRegression, (60,), 10),
-            federation=Federation(clients=clients, train_data=data.train, test_data=data.test),
-            strategy=FedAvg(),
-            executor=SerialExecutor(),
-            schedule=Schedule(num_rounds=rounds, clients_per_round=6),
-            seed=5,
-        )
+        client = functools.partial(DittoClient, lam=0.5, batch_size=8)
+        return tiny_server(data, client=client, num_rounds=rounds, clients_per_round=6, seed=5)
 
     one, two = server(1), server(2)
     after_round_1 = one.run().params

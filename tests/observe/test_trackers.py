@@ -13,21 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+from builders import sgd, tiny_federation, tiny_server
 
 from fedsim.cli.run import compose
 from fedsim.client.base import Client
-from fedsim.client.federation import FederatedData, federate, make_clients
 from fedsim.core.extras import MissingExtraError
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
-from fedsim.executor import SerialExecutor
-from fedsim.models import LogisticRegression
 from fedsim.observe.run_logger import RunLogger
 from fedsim.observe.trackers import MLflowTracker, TrackedLogger, Tracker, WandbTracker, make_logger
-from fedsim.server.server import Server
-from fedsim.server.settings import Federation, Schedule
-from fedsim.strategy import FedAvg
 
 CONFIG = {
     "seed": 0,
@@ -38,25 +30,11 @@ CONFIG = {
 }
 
 
-@functools.lru_cache(maxsize=1)
-def _federation() -> FederatedData:
-    split = synthetic(
-        num_devices=8, num_features=10, num_classes=5, min_size=30, size_sigma_log=0.5, max_size=60, seed=3
-    )
-    return federate(split, natural, client_test_fraction=0.2, seed=0)
-
-
 def _run(logger: RunLogger) -> list[dict[str, Any]]:
     """A 3-round FedAvg run as ``fedsim.cli.run`` drives it (config, rounds, summary); fedsim's own history."""
-    data = _federation()
-    factory = functools.partial(Client, epochs=1, batch_size=10, optimizer=functools.partial(torch.optim.SGD, lr=0.05))
-    server = Server(
-        model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-        federation=Federation(clients=make_clients(data, factory), train_data=data.train, test_data=data.test),
-        strategy=FedAvg(),
-        executor=SerialExecutor(),
-        schedule=Schedule(num_rounds=3, clients_per_round=4),
-        seed=0,
+    server = tiny_server(
+        tiny_federation(8, num_features=10, num_classes=5, min_size=30, size_sigma_log=0.5),
+        client=functools.partial(Client, epochs=1, batch_size=10, optimizer=sgd(0.05)),
         logger=logger,
     )
     logger.log_config("seed: 0")

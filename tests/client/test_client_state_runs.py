@@ -12,42 +12,26 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import stateful_clients  # noqa: E402
+from builders import tiny_server  # noqa: E402
 
 from fedsim.client.base import Client  # noqa: E402
-from fedsim.client.federation import federate, make_clients  # noqa: E402
-from fedsim.data.partition import natural  # noqa: E402
-from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.executor import ProcessExecutor, RayExecutor, SerialExecutor, VmapExecutor, VmapUnsupportedError  # noqa: E402
-from fedsim.models import LogisticRegression  # noqa: E402
 from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.server.server import ClientMisuseError, RunResult, Server  # noqa: E402
-from fedsim.server.settings import Federation, Schedule
-from fedsim.strategy import FedAvg, FedPer  # noqa: E402
+from fedsim.strategy import FedPer  # noqa: E402
 
 ROUNDS = 8
-
-
-@functools.lru_cache(maxsize=1)
-def _data():  # type: ignore[no-untyped-def]
-    return federate(
-        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
-    )
 
 
 def build(
     executor, client_cls=stateful_clients.CountingClient, strategy=None, rounds: int = ROUNDS, **client_kwargs
 ) -> Server:  # type: ignore[no-untyped-def]
-    data = _data()
-    return Server(
-        model_factory=functools.partial(LogisticRegression, input_shape=(60,), num_classes=10),
-        federation=Federation(
-            clients=make_clients(data, functools.partial(client_cls, epochs=1, batch_size=8, **client_kwargs)),
-            train_data=data.train,
-            test_data=data.test,
-        ),
-        strategy=strategy or FedAvg(),
+    return tiny_server(
+        client=functools.partial(client_cls, epochs=1, batch_size=8, **client_kwargs),
+        strategy=strategy,
         executor=executor,
-        schedule=Schedule(num_rounds=rounds, clients_per_round=3),
+        num_rounds=rounds,
+        clients_per_round=3,
         seed=11,
         logger=RunLogger(None, tensorboard=False, progress=False),
     )
