@@ -86,6 +86,17 @@ def default_levels(bits: int, cohort: int, headroom: int = 0) -> int:
     return max(0, (2 ** (bits - 1) - 1 - headroom) // cohort)
 
 
+def sigma_levels(bits: int, cohort: int, dim: int, sigmas: float, noise: float = 0.0) -> int:
+    """The papers' scale (Kairouz, Liu, Steinke 2021, §4; Agarwal, Kairouz, Liu 2021): the largest integer ℓ with
+    which k = ``sigmas`` standard deviations of a coordinate of the sum fit in [−2^(b−1), 2^(b−1)), the sum's
+    coordinate taken as a centred variable of variance ℓ²·(n²/d' + ``noise``) + n/4: n inputs of norm ℓ whose sum
+    (of norm at most n·ℓ) the rotation spreads evenly over d' coordinates, their noise of variance ``noise``·ℓ²
+    (z²·n/K for distributed DP) and the rounding's (at most 1/4 a client). Unlike :func:`default_levels` it does
+    not rule wrap-around out: a coordinate beyond k standard deviations wraps (0: none fits)."""
+    room = ((2 ** (bits - 1) - 1) / sigmas) ** 2 - cohort / 4
+    return max(0, math.floor(math.sqrt(max(0.0, room) / (cohort**2 / dim + noise))))
+
+
 def rounding_generator(seed: int, round_num: int, client_id: int) -> torch.Generator:
     """The generator of ``client_id``'s stochastic rounding in round ``round_num``."""
     return torch.Generator().manual_seed(stream_seed(seed, ROUNDING, round_num, client_id))

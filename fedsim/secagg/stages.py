@@ -27,8 +27,6 @@ individual updates, so Krum, the median or FLTrust are refused in one line befor
 
 from __future__ import annotations
 
-import math
-from numbers import Real
 from typing import Any
 
 import numpy as np
@@ -46,31 +44,22 @@ from fedsim.secagg.quantize import (
     padded_size,
     rotation_signs,
     rounding_generator,
+    sigma_levels,
     to_group,
 )
 from fedsim.secagg.seeds import DROPOUT, uniform
+from fedsim.secagg.settings import check_settings
 from fedsim.secagg.timing import on_the_clock
 from fedsim.server.record import RoundRecord
 from fedsim.server.stage import CLOCK, UPDATES, RoundStage
 from fedsim.sim.clock import SyncClock
 
-PROTOCOLS = ("secagg", "secagg_plus")
-
-
-def _check(name: str, ok: bool, rule: str, value: object, hint: str = "") -> None:
-    """Refuse, in one line naming ``secagg.<name>``, a value for which ``ok`` is false."""
-    if not ok:
-        raise ValueError(f"secagg.{name} must be {rule} (got {value!r}){'; ' + hint if hint else ''}")
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(float(value))
-
 
 class SecureAggregation(RoundStage):
     """SecAgg (``protocol="secagg"``, Bonawitz et al., CCS 2017) or SecAgg+ (``"secagg_plus"``, Bell et al., CCS
     2020) with ``bits`` b per coordinate (8 to 32), updates clipped to L2 norm ``clip``, scaled by ``scale`` (``None``:
-    the largest with which the sum cannot wrap around), rotated when ``rotation``; a secret is recovered from
+    the largest with which the sum cannot wrap around; with ``scale_sigmas`` k, the papers' scale, with which k
+    standard deviations of a coordinate of the sum fit), rotated when ``rotation``; a secret is recovered from
     ``threshold`` (a fraction) of its holders; ``dropout``: each client's chance to drop out after the key phases;
     ``degree``: SecAgg+'s k (``None``: of order log n). ``seed``: the run's seed (every draw comes from it);
     ``clients_per_round``: K, the clients a round plans to aggregate (a default scale that cannot fit them is refused
@@ -92,24 +81,19 @@ class SecureAggregation(RoundStage):
         dropout: float = 0.0,
         rotation: bool = True,
         degree: int | None = None,
+        scale_sigmas: float | None = None,
         clients_per_round: int | None = None,
         dp: DistributedDP | None = None,
         num_rounds: int | None = None,
         clock: SyncClock | None = None,
     ) -> None:
-        _check("protocol", protocol in PROTOCOLS, f"one of {', '.join(PROTOCOLS)}", protocol)
-        _check("bits", isinstance(bits, int) and not isinstance(bits, bool) and 8 <= bits <= 32, "in [8, 32]", bits)
-        _check("clip", _number(clip) and clip > 0, "a finite number > 0", clip, "the L2 bound on each update")
-        _check("scale", scale is None or (_number(scale) and scale > 0), "> 0 or null (derived)", scale)
-        _check("threshold", _number(threshold) and 0 < threshold <= 1, "in (0, 1]", threshold)
-        _check("dropout", _number(dropout) and 0 <= dropout < 1, "in [0, 1)", dropout)
-        _check("rotation", isinstance(rotation, bool), "true or false", rotation)
-        even = isinstance(degree, int) and not isinstance(degree, bool) and degree >= 2 and degree % 2 == 0
-        _check("degree", degree is None or even, "an even integer >= 2 or null (of order log n)", degree)
-        _check("degree", degree is None or protocol == "secagg_plus", "null with secagg=secagg", degree, "SecAgg+ only")
-        _check("dp", dp is None or isinstance(dp, DistributedDP), "a fedsim.secagg.DistributedDP or null", dp)
+        check_settings(
+            protocol=protocol, bits=bits, clip=clip, scale=scale, threshold=threshold, dropout=dropout,
+            rotation=rotation, degree=degree, scale_sigmas=scale_sigmas, dp=dp,
+        )  # fmt: skip
         self.seed, self.protocol, self.bits, self.clip, self.scale = int(seed), protocol, bits, float(clip), scale
         self.threshold, self.dropout, self.rotation, self.degree = float(threshold), float(dropout), rotation, degree
+        self.scale_sigmas = None if scale_sigmas is None else float(scale_sigmas)
         self.dp, self.planned, self.num_rounds, self.clock = dp or DistributedDP(), clients_per_round, num_rounds, clock
         if self.dp.target is not None and num_rounds is None:
             raise ValueError("secagg.dp.epsilon is a target for the whole run: give the stage num_rounds")
@@ -117,7 +101,12 @@ class SecureAggregation(RoundStage):
         self.comm = CommLedger()
         self.round_noise: RoundNoise | None = None  # this round's, while it runs
         self.prepared = False  # distributed DP's z solved and its budget checked (prepare)
-        if clients_per_round is not None and scale is None and self._levels(clients_per_round) < 1:
+        if (
+            clients_per_round is not None
+            and scale is None
+            and scale_sigmas is None
+            and self._levels(clients_per_round, 1) < 1
+        ):
             raise ValueError(
                 f"secagg.bits={bits} cannot hold the sum of clients_per_round={clients_per_round} clients without "
                 f"wrap-around (the default scale needs n < 2^(b-1) = {2 ** (bits - 1)}, less the noise's room); raise "
@@ -136,12 +125,16 @@ class SecureAggregation(RoundStage):
         the sum does not wrap around (0: no noise of a subclass; distributed DP keeps its room in :meth:`_levels`)."""
         return 0
 
-    def _levels(self, cohort: int, planned: int | None = None) -> int:
-        """The default scale's ℓ for a cohort of n (K = ``planned``, by default the stage's or n)."""
+    def _levels(self, cohort: int, dim: int, planned: int | None = None, z: float | None = None) -> int:
+        """The default scale's ℓ for a cohort of n, d' = ``dim``, K = ``planned`` (by default the stage's, or n)
+        and noise multiplier ``z`` (by default distributed DP's; before it is solved, and without DP, 0)."""
+        planned = planned or self.planned or cohort
+        z = 0.0 if not self.dp.on else (self.dp.z or 0.0) if z is None else z
+        if self.scale_sigmas is not None:
+            return sigma_levels(self.bits, cohort, dim, self.scale_sigmas, z * z * cohort / planned)
         if not self.dp.on:
             return default_levels(self.bits, cohort, self.noise_headroom(cohort))
-        z = self.dp.z if self.dp.z is not None else 0.0  # before z is solved: the signal's room alone
-        return self.dp.levels(self.bits, cohort, planned or self.planned or cohort, z)
+        return self.dp.levels(self.bits, cohort, planned, z)
 
     def prepare(self, size: int, planned: int | None = None) -> None:
         """Once the model's ``size`` is known: distributed DP's noise multiplier solved from its target ε, and an
@@ -154,10 +147,8 @@ class SecureAggregation(RoundStage):
         assert planned is not None  # the first round passes its cohort when the stage was not told
         dim = padded_size(size, self.rotation)
         fixed = self.scale * self.clip if self.scale is not None else None
-        z = self.dp.solve(
-            lambda z: fixed or self.dp.levels(self.bits, planned, planned, z), dim, planned, self.num_rounds or 1
-        )
-        self.dp.check_first(self.dp.noise(z, fixed or self._levels(planned, planned), dim, planned), planned)
+        z = self.dp.solve(lambda z: fixed or self._levels(planned, dim, planned, z), dim, planned, self.num_rounds or 1)
+        self.dp.check_first(self.dp.noise(z, fixed or self._levels(planned, dim, planned), dim, planned), planned)
         self.prepared = True
 
     def drops(self, round_num: int, client_id: int) -> bool:
@@ -177,7 +168,7 @@ class SecureAggregation(RoundStage):
         signs = rotation_signs(self.seed, round_num, padded_size(size, True)) if self.rotation else None
         if self.scale is not None:
             return Quantizer(self.bits, self.clip, float(self.scale), float(self.scale) * self.clip, signs)
-        levels = self._levels(cohort)
+        levels = self._levels(cohort, padded_size(size, self.rotation))
         if levels < 1:
             raise RoundFailedError(
                 f"round {round_num}: secagg.bits={self.bits} cannot hold the sum of this round's {cohort} clients "

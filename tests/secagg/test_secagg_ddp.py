@@ -193,3 +193,17 @@ def test_a_target_without_the_number_of_rounds_is_one_line() -> None:
     with pytest.raises(ValueError) as error:
         SecureAggregation(dp=DistributedDP(mechanism="ddg", epsilon=1.0))
     assert str(error.value) == "secagg.dp.epsilon is a target for the whole run: give the stage num_rounds"
+
+
+def test_the_papers_scale_fits_k_standard_deviations_of_a_coordinate_of_the_sum() -> None:
+    """secagg.scale_sigmas = 4, b = 16, 4 clients (K = 4), z = 1, d' = 8: a coordinate of the sum has variance
+    ℓ²·(n²/d' + z²·n/K) + n/4 = ℓ²·(16/8 + 1) + 1, and 4 standard deviations must fit in 2^15 − 1:
+    ℓ = ⌊√(((2^15 − 1)/4)² − 1)/√3)⌋."""
+    expected = math.floor(math.sqrt(((2**15 - 1) / 4) ** 2 - 1) / math.sqrt(3))
+    stage = _stage(clients_per_round=4, scale_sigmas=4.0)
+    metrics = stage.run(_record(1, [0, 1, 2, 3]))
+    assert metrics["scale"] == expected / 0.2 and metrics["dp/local_std"] == pytest.approx(expected / 2, rel=1e-15)
+    assert expected > 3276  # more levels than the scale that rules wrap-around out (3276, above), even at d' = 8
+    with pytest.raises(ValueError) as error:
+        SecureAggregation(scale_sigmas=0)
+    assert str(error.value) == "secagg.scale_sigmas must be > 0 or null (got 0)"
