@@ -13,7 +13,9 @@ integer vectors, Δ₁ = Δ₂·min(√d', Δ₂) (‖q‖₁ ≤ √d'‖q‖�
 Proposition 14 / Eq. 17 with Theorem 1's τ): with τ = 10·Σ_{k=1}^{m−1} exp(−2π²σ²·k/(k+1)) (the price of a sum of
 discrete Gaussians not being a discrete Gaussian), a₂ = Δ₂/(√m·σ), a₁ = Δ₁/(√m·σ), at order α:
 
-    ε(α) = min( α/2·a₂² + τ·d',  α/2·(a₂² + 2·a₁·τ + τ²·d'),  α/2·(a₂ + τ·√d')² ).
+    ε(α) = min( α/2·a₂² + τ·d',  α/2·(a₂² + 2·a₁·τ + τ²·d'),  α/2·(a₂ + τ·√d')² ),
+
+for σ ≥ 1/2, the bound's condition (below it the round is charged ε = ∞).
 
 **Distributed Skellam** (Agarwal, Kairouz, Liu, "The Skellam Mechanism for Differentially Private Federated
 Learning", NeurIPS 2021, the multidimensional Skellam mechanism's RDP): the sum of the clients' Skellam noise is a
@@ -62,8 +64,11 @@ def ddg_tau(sigma: float, clients: int) -> float:
 
 def ddg_rdp(l2: float, l1: float, sigma: float, clients: int, dim: int) -> np.ndarray:
     """ε(α) at every order of :data:`ORDERS` of the sum of ``clients`` clients' discrete Gaussian noise of scale
-    ``sigma`` on inputs of sensitivity ``l2``, ``l1`` in ``dim`` coordinates (the module docstring's bound)."""
+    ``sigma`` on inputs of sensitivity ``l2``, ``l1`` in ``dim`` coordinates (the module docstring's bound;
+    infinite for σ < 1/2)."""
     alpha = np.asarray(ORDERS, dtype=np.float64)
+    if sigma < 0.5:  # the bound's condition (Kairouz et al.): below it, nothing is claimed
+        return np.full(alpha.shape, np.inf)
     tau = ddg_tau(sigma, clients)
     a2, a1 = l2 / (math.sqrt(clients) * sigma), l1 / (math.sqrt(clients) * sigma)
     first = alpha / 2 * a2**2 + tau * dim
@@ -86,4 +91,6 @@ def rdp_epsilon(rdp: np.ndarray, delta: float) -> float:
 
     if not rdp.any():
         return 0.0
+    if np.isinf(rdp).all():
+        return math.inf
     return float(compute_epsilon(list(ORDERS), [float(r) for r in rdp], delta)[0])

@@ -79,7 +79,7 @@ def test_tau_and_one_order_of_each_bound_by_hand() -> None:
 @pytest.mark.parametrize(
     ("levels", "dim", "sigma", "clients", "rounds"),
     [
-        (200.0, 1024, 0.45, 20, 10),  # small noise: τ is large, and the bound's three terms trade places
+        (200.0, 1024, 0.55, 20, 10),  # small noise: τ is large, and the bound's three terms trade places
         (2000.0, 2**20, 900.0, 100, 100),  # the papers' regime: d' of a million, 100 clients a round
         (60.0, 1024, 4.0, 1000, 30),  # low bits: rounding inflates Δ₂ (d/4 against ℓ²)
     ],
@@ -142,4 +142,5 @@ def test_a_target_no_noise_can_reach_is_one_line() -> None:
 
 def test_the_zero_curve_is_epsilon_zero_and_orders_are_the_authors() -> None:
     assert rdp_epsilon(np.zeros(len(ORDERS)), 1e-5) == 0.0
+    assert rdp_epsilon(ddg_rdp(10.0, 100.0, 0.49, 4, 16), 1e-5) == math.inf  # σ < 1/2: the DDG bound claims nothing
     assert ORDERS[:3] == (2, 3, 4) and ORDERS[-2:] == (128, 256) and len(ORDERS) == 128
