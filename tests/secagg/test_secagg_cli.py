@@ -2,8 +2,8 @@
 is one line before any work (Krum by the round's declarations, central DP, uplink codecs, an asynchronous strategy,
 a bad key, distributed DP's bad settings, a target ε no noise reaches, a budget one round exceeds); a SecAgg+ run with
 dropouts recovers and its comm/ totals add up; a round with too few survivors stops the run in one line with the
-last good round's checkpoint; distributed DP's budget stops a run before it is exceeded; a run with SecAgg+,
-distributed DP and the simulated clock killed with kill -9 resumes exactly."""
+last good round's checkpoint; distributed DP's budget stops a run before it is exceeded; a run with SecAgg+ and
+distributed DP killed with kill -9 resumes exactly (Skellam on the simulated clock, DDG with the process executor)."""
 
 from __future__ import annotations
 
@@ -169,9 +169,21 @@ def own() -> Iterator[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ["secagg.dp.mechanism=skellam", "clock=sampled"],
+        ["secagg.dp.mechanism=ddg", "executor=process", "executor.devices=cpu", "executor.workers=2"],
+    ],
+    ids=["skellam-serial-clock", "ddg-process"],
+)
 def test_a_run_with_secure_aggregation_and_distributed_dp_resumes_exactly_after_kill_9(
-    tmp_path: Path, own: str
+    tmp_path: Path, own: str, setting: list[str]
 ) -> None:
+    """The run killed after round 4 or later and resumed from its last checkpoint ends with the weights, the stage's
+    checkpoint entry and every secagg/, comm/ and sim/ metric of the run never killed: Skellam noise with SecAgg+'s
+    dropouts on the simulated clock, and the discrete Gaussian's noise with the clients trained in worker processes
+    (which die with the killed run)."""
     rounds = [
         "num_rounds=12",
         "checkpoint_every=1",
@@ -180,11 +192,10 @@ def test_a_run_with_secure_aggregation_and_distributed_dp_resumes_exactly_after_
         "secagg.dropout=0.1",
         "secagg.threshold=0.4",
         "secagg.bits=16",
-        "secagg.dp.mechanism=skellam",
         "secagg.dp.noise_multiplier=0.5",
-        "clock=sampled",
         "data.num_devices=16",
         "clients_per_round=8",
+        *setting,
     ]
     whole = _cli(tmp_path / "whole", *rounds)
     assert whole.returncode == 0, whole.stderr
@@ -208,7 +219,9 @@ def test_a_run_with_secure_aggregation_and_distributed_dp_resumes_exactly_after_
     assert torch.equal(final["params"], load_latest(tmp_path / "whole" / "checkpoints")[1]["params"])
     assert final["stage/secagg"] == load_latest(tmp_path / "whole" / "checkpoints")[1]["stage/secagg"]
     keys = [k for k in _history(run_dir)[0] if k.startswith(("secagg/", "comm/", "sim/"))]
-    assert {"secagg/dp/epsilon", "secagg/time/round_s", "sim/time_s"} <= set(keys)
+    assert "secagg/dp/epsilon" in keys and ({"secagg/time/round_s", "sim/time_s"} <= set(keys)) == (
+        "clock=sampled" in setting
+    )
     resumed_rows, whole_rows = ([[r[k] for k in keys] for r in _history(d)] for d in (run_dir, tmp_path / "whole"))
     assert resumed_rows == whole_rows and len(whole_rows) == 12
     assert sum(r["secagg/dropped"] for r in _history(run_dir)) > 0  # the recoveries were resumed too
