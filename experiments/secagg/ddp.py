@@ -17,8 +17,8 @@ same ε needs without amplification (its own log reports a smaller ε: fedsim's 
 Poisson sampling, q = 0.05), and SecAgg+ without DP.
 
 Usage: python experiments/secagg/ddp.py [--seeds 0 1] [--rounds 60] [--epsilons 5 20] [--ddg-bits 12 14 16]
-                                        [--skellam-bits 12 16] [--sigma-bits 12] [--part 1 2]
-Writes ddp.json next to this file and prints the README's tables.
+                                        [--skellam-bits 12 16] [--sigma-bits 12] [--part 1 2] [--tables]
+Writes ddp.json next to this file and prints the README's tables (--tables: prints those of ddp.json, runs nothing).
 """
 
 from __future__ import annotations
@@ -155,6 +155,11 @@ def part_two(
     return results
 
 
+def _by_bits(entry: Any) -> Any:
+    """A part-one row's entry as read back from JSON, its bits integers again (the labels' numbers stay as they are)."""
+    return {int(b): z for b, z in entry.items()} if isinstance(entry, dict) else entry
+
+
 def print_part_one(table: dict[str, Any]) -> None:
     for name, row in table.items():
         print(f"\n{name} (ε = {row['epsilon']:.4g}): z of the distributed mechanism / central z\n")
@@ -168,20 +173,24 @@ def print_part_one(table: dict[str, Any]) -> None:
 
 
 def print_part_two(results: dict[str, Any]) -> None:
-    print("\n| configuration | final accuracy (mean ± sd) | per seed | ε (δ = 1e-6) | z | Δ₂/ℓ | wrapped |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "\n| configuration | final accuracy (mean ± sd) | per seed | ε (δ = 1e-6) | z | ℓ | Δ₂/ℓ | wrapped (seed 0) |"
+    )
+    print("|---|---|---|---|---|---:|---|---:|")
     for name, runs in results.items():
         acc = [r["accuracy"] for r in runs.values()]
         sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
-        first = next(iter(runs.values()))
+        first = next(iter(runs.values()))  # the first seed's run
         eps = first.get("secagg/dp/epsilon", first.get("dp/epsilon"))
         eps_text = "–" if eps is None else f"{eps:.3f}" + (" (amplified)" if "dp/epsilon" in first else "")
         z = f"{first['secagg/dp/noise_multiplier']:.3f}" if "secagg/dp/noise_multiplier" in first else "–"
+        levels = f"{first['secagg/scale'] * CLIP:.0f}" if "secagg/scale" in first else "–"
         inflation = f"{first['inflation']:.4f}" if "inflation" in first else "–"
+        wrapped = f"{first['wrapped']:.0f}" if "secagg/scale" in first else "–"
         per_seed = ", ".join(f"{a:.4f}" for a in acc)
         print(
-            f"| {name} | {statistics.fmean(acc):.4f} ± {sd:.4f} | {per_seed} | {eps_text} | {z} | {inflation} | "
-            f"{first['wrapped']:.0f} |"
+            f"| {name} | {statistics.fmean(acc):.4f} ± {sd:.4f} | {per_seed} | {eps_text} | {z} | {levels} | "
+            f"{inflation} | {wrapped} |"
         )
 
 
@@ -194,9 +203,14 @@ def main() -> None:
     parser.add_argument("--skellam-bits", type=int, nargs="+", default=[12, 16])
     parser.add_argument("--sigma-bits", type=int, nargs="*", default=[12])
     parser.add_argument("--part", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--tables", action="store_true", help="print the tables of ddp.json, run nothing")
     args = parser.parse_args()
     path = HERE / "ddp.json"
     saved = json.loads(path.read_text()) if path.exists() else {}
+    if args.tables:
+        print_part_one({n: {k: _by_bits(v) for k, v in row.items()} for n, row in saved.get("noise", {}).items()})
+        print_part_two(saved.get("accuracy", {}))
+        return
     start, cpu = time.perf_counter(), time.process_time()
     if 1 in args.part:
         saved["noise"] = part_one()
