@@ -23,3 +23,14 @@ def test_the_worker_preload_imports_neither_hydra_nor_any_extra() -> None:
     modules = set(json.loads(done.stdout))
     assert "torch" in modules and "fedsim.executor.process.worker" in modules  # what the preload is for
     assert [m for m in MAIN_PROCESS_ONLY + EXTRAS if m in modules] == []
+
+
+def test_python_m_fedsim_starts_the_forkserver_before_importing_torch() -> None:
+    """``python -m fedsim executor=process`` imports forkserver.py to start the workers' forkserver first, so that
+    the forkserver's imports (torch, fedsim, ~6 CPU s) run beside the main process's own instead of after them: the
+    package ``__init__`` modules above it must not import torch or an executor."""
+    probe = "import json, sys; import fedsim.executor.process.forkserver; print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    modules = set(json.loads(done.stdout))
+    assert "torch" not in modules and "fedsim.executor.process.executor" not in modules
