@@ -23,7 +23,7 @@ import torch
 from fedsim.core.params import fixed_state, frozen_hash
 from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, TaskResult
 from fedsim.data.tensor_data import TensorData
-from fedsim.executor.base import run_task
+from fedsim.executor.base import run_task, warm_up
 from fedsim.executor.eval_task import run_eval_task
 from fedsim.executor.worker_log import log_result, redirect_output, tagged
 
@@ -58,7 +58,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     model = workload.model_factory().to(device)
     fixed = fixed_state(model)  # before the warm-up step, which counts a batch in BatchNorm's num_batches_tracked
     data = _to_device(workload.train_data, device)
-    _warm_up(model, data)
+    warm_up(model, data)
     log.info("worker %s ready on %s (pid %d, %d threads)", spec.name, device, os.getpid(), torch.get_num_threads())
     conn.send(("ready", {"pid": os.getpid(), "device": str(device), "frozen_hash": frozen_hash(model)}))
     while True:
@@ -105,18 +105,6 @@ def _exit_promptly() -> None:
 def fits(params: object, buffer: torch.Tensor) -> bool:
     """Whether ``params`` can go through the shared result buffer unchanged (a CPU tensor of its shape and dtype)."""
     return isinstance(params, torch.Tensor) and params.shape == buffer.shape and params.dtype == buffer.dtype
-
-
-def _warm_up(model: torch.nn.Module, data: TensorData) -> None:
-    """Pay one-time costs (lazy imports behind the first optimizer, first backward) before reporting ready,
-    so that they do not land in the first round. Weights are overwritten by every task anyway."""
-    with torch.random.fork_rng(devices=[]):
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-        logits = model(data.x[:2])  # [2, classes], or [2, T, vocab] with token labels [2, T]: one row per label
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, -2), data.y[:2].flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
 
 
 def _die_with_parent() -> None:
