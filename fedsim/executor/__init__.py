@@ -1,4 +1,5 @@
-"""Executors run client tasks: serial (the reference), persistent worker processes, Ray actors, vmap.
+"""Executors run client tasks: serial (the reference), persistent worker processes, Ray actors, vmap, and ``auto``,
+which picks serial or process from what the first round costs.
 
 Names are imported on first use, so that importing a module of this package (``python -m fedsim`` imports
 fedsim/executor/process/forkserver.py to start the workers' forkserver) does not import torch and every executor
@@ -11,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fedsim.executor.auto import AutoExecutor
     from fedsim.executor.base import Executor, Workload
     from fedsim.executor.process import ProcessExecutor
     from fedsim.executor.ray import RayExecutor
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     from fedsim.executor.vmap import VmapExecutor, VmapUnsupportedError
 
 _EXPORTS = {
+    "AutoExecutor": "fedsim.executor.auto",
     "Executor": "fedsim.executor.base",
     "ProcessExecutor": "fedsim.executor.process",
     "RayExecutor": "fedsim.executor.ray",  # imports the ray library only when instantiated
@@ -28,6 +31,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "AutoExecutor",
     "Executor",
     "ProcessExecutor",
     "RayExecutor",
