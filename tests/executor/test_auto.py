@@ -127,3 +127,29 @@ def _without_times(text: str) -> list[dict]:
     """metrics.jsonl's records without what measures time or memory (which differ between any two runs)."""
     records = [json.loads(line) for line in text.splitlines()]
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "system/"))} for r in records]
+
+
+@pytest.mark.slow
+def test_allow_vmap_tries_it_for_one_round_and_keeps_it_when_faster(caplog: pytest.LogCaptureFixture) -> None:
+    """One worker: no process to choose. Serial's clients are said to cost 10 s a round (client_cost_s), so vmap's
+    trial round, which trains the same clients in well under 9 s, saves more than the 1 s margin over the last round."""
+    executor = AutoExecutor(rounds=ROUNDS, workers=1, allow_vmap=True, client_cost_s=10.0, startup_s=0.0)
+    with caplog.at_level(logging.INFO, logger="fedsim"):
+        result = run(executor)
+    assert executor.decision is not None and executor.decision.executor == "vmap"
+    workers = [{c["worker"] for c in r["clients"]} for r in result.history]
+    assert workers[0] == {"serial"} and "serial" not in workers[1] | workers[2], workers
+    reference = serial_reference()
+    assert float((result.params - reference).norm() / reference.norm()) < 1e-5  # vmap's documented tolerance
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("executor=auto")]
+    assert line.startswith("executor=auto: vmap: clients cost 10.00 s") and "vmap's clients took" in line
+
+
+def test_vmap_that_cannot_run_the_clients_is_not_tried(caplog: pytest.LogCaptureFixture) -> None:
+    executor = AutoExecutor(rounds=ROUNDS, workers=1, allow_vmap=True, client_cost_s=10.0, startup_s=0.0)
+    with caplog.at_level(logging.INFO, logger="fedsim"):
+        result = run(executor, client_cls=fault_clients.SlowClient)  # overrides fit: vmap refuses it
+    assert executor.decision is not None and executor.decision.executor == "serial"
+    assert torch.equal(result.params, serial_reference())
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("executor=auto")]
+    assert "; vmap cannot run this workload: " in line and "SlowClient" in line
