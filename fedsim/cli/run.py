@@ -198,6 +198,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         on_failure.append(logger.close)
         logger.log_label_distribution(label_counts(data))
         server = Server(logger=logger, **parts)
+        on_failure.append(server.parts.executor.close)  # the workers Server started building models (prepare)
         server.settings = computation_settings(flat_hparams(cfg))
         resume = resume_target(cfg.resume, run_dir)
         if resume is not None:

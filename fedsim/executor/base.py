@@ -53,6 +53,12 @@ class Executor(ABC):
     def start(self, workload: Workload) -> None:
         """Prepare workers (models, data) once per run."""
 
+    def prepare(self, model_factory: Callable[[], nn.Module], log_dir: Path | None = None) -> None:  # noqa: B027
+        """Optional: begin, in the background, what :meth:`start` will need of the model alone (the process
+        executor forks its workers and has them build it), while the caller builds the rest of the run; ``log_dir``
+        is the run directory (the workers' log files). :meth:`start` works whether or not this was called, and
+        :meth:`close` undoes it. The server calls it once its settings are checked. The default does nothing."""
+
     def check(self, workload: Workload) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Refuse, with a ``ValueError`` of one line, a workload this executor cannot run; called when the server
         is built, before any work. The default accepts everything."""

@@ -13,17 +13,20 @@ import logging
 import multiprocessing as mp
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from fedsim.core.checks import integer
 from fedsim.core.params import flatten, frozen_hash
 from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
 from fedsim.executor.placement import physical_cores, plan_workers, resolve_devices
+from fedsim.executor.process.early import EarlyStart
 from fedsim.executor.process.forkserver import worker_context
 from fedsim.executor.process.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker, small_message
 
@@ -61,6 +64,7 @@ class ProcessExecutor(Executor):
         self.client_timeout_s, self.max_retries, self.start_timeout_s = client_timeout_s, max_retries, start_timeout_s
         self._ctx: ForkServerContext | SpawnContext = worker_context()
         self._workers: list[WorkerHandle] = []
+        self._early: EarlyStart | None = None
         self._workload: Workload | None = None
         self._global: torch.Tensor | None = None
         self._frozen_hash = ""
@@ -69,6 +73,17 @@ class ProcessExecutor(Executor):
     def workers(self) -> list[WorkerHandle]:
         """The live workers (for inspection: pid, device, name)."""
         return list(self._workers)
+
+    def prepare(self, model_factory: Callable[[], nn.Module], log_dir: Path | None = None) -> None:
+        """Fork the workers now and have them build ``model_factory``'s model while the caller builds the rest of
+        the run (:class:`~fedsim.executor.process.early.EarlyStart`); :meth:`start` then only sends them the
+        workload. Does nothing once started, or for a factory that cannot be pickled (:meth:`start` says why)."""
+        if self._workers or self._early is not None:
+            return
+        try:
+            self._early = EarlyStart(self._ctx, self.plan, model_factory, log_dir)
+        except Exception:  # noqa: BLE001 - not picklable: start() refuses it in one line
+            self._early = None
 
     def start(self, workload: Workload) -> None:
         began = time.perf_counter()
@@ -83,7 +98,7 @@ class ProcessExecutor(Executor):
         self._global = torch.zeros(numel).share_memory_()
         launched: list[WorkerHandle] = []
         try:
-            launched = [self._launch(index) for index in range(len(self.plan))]
+            launched = self._launch_all(workload)
             for worker in launched:
                 self._workers.append(self._ready_or_restart(worker))
                 check_frozen_base(self._workers[-1], self._frozen_hash, workload)
@@ -93,6 +108,17 @@ class ProcessExecutor(Executor):
                 worker.kill()
             self.close()
             raise
+
+    def _launch_all(self, workload: Workload) -> list[WorkerHandle]:
+        """Every worker, sent the run: those :meth:`prepare` started (if they build this workload's model), else new."""
+        early, self._early = self._early, None
+        handles = early.take(workload) if early is not None else None
+        if handles is None:
+            return [self._launch(index) for index in range(len(self.plan))]
+        assert self._global is not None
+        for handle in handles:
+            handle.send_start(workload, self._global)
+        return handles
 
     def _ready_or_restart(self, worker: WorkerHandle) -> WorkerHandle:
         """``worker`` once it is ready, or a fresh one in its slot if it is killed or stalls while starting; after
@@ -202,6 +228,9 @@ class ProcessExecutor(Executor):
     def close(self) -> None:
         """Stop every worker (politely, then by force) and release shared memory; safe to call twice."""
         began, stopped = time.perf_counter(), len(self._workers)
+        if self._early is not None:
+            self._early.cancel()
+            self._early = None
         for worker in self._workers:
             worker.stop()
         for worker in self._workers:
