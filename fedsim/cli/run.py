@@ -305,9 +305,12 @@ def _run_config(cfg: DictConfig, run_dir: str | Path | None) -> RunResult:
         record_error(server, cfg, run_dir, time.perf_counter() - start, error)
         raise
     summary = record_summary(server, result, cfg, run_dir, time.perf_counter() - start)
+    tokens = "final_perplexity" in summary  # a token task: perplexity first
     log.info(
-        "final test accuracy %.4f after %d rounds (%.1f s)",
-        summary["final_accuracy"] or float("nan"),
+        "final test %s %.4f%s after %d rounds (%.1f s)",
+        "perplexity" if tokens else "accuracy",
+        summary["final_perplexity"] if tokens else summary["final_accuracy"] or float("nan"),
+        f" (token accuracy {summary['final_accuracy']:.4f})" if tokens else "",
         summary["rounds"],
         summary["wall_time_s"],
     )

@@ -60,6 +60,11 @@ class DPSGDClient(Client):
         delta: float = 1e-5,
         **kwargs: Any,
     ) -> None:
+        if kwargs.get("local_steps") is not None:
+            raise ValueError(
+                "client.local_steps: client=dpsgd draws Poisson batches, an epoch being ⌈1/sampling_rate⌉ of them; "
+                "set client.epochs instead"
+            )
         super().__init__(client_id, train_indices, test_indices, **kwargs)
         number("client.noise_multiplier", noise_multiplier, at_least=0, hint="; 0 is clip-only, ε = inf")
         number("client.clip_norm", clip_norm, above=0)
