@@ -24,18 +24,20 @@ if TYPE_CHECKING:
     from multiprocessing.context import ForkServerContext
 
 PRELOAD = ["fedsim.executor.process.preload"]
+HF_PRELOAD = "fedsim.executor.process.preload_hf"  # also, for a Hugging Face model (start_early's ``hf_model``)
 _started_at: float | None = None  # when this process first asked for the forkserver (time.monotonic)
 
 
-def worker_context() -> ForkServerContext:
+def worker_context(extra_preload: Sequence[str] = ()) -> ForkServerContext:
     """The forkserver context, its server started (importing :data:`PRELOAD` in the background) if it is not yet.
     As under spawn, a forked worker imports the caller's script as ``__mp_main__`` (so a script keeps its
     experiment under ``if __name__ == "__main__":``); what a notebook defines reaches workers by value
     (fedsim/executor/process/by_value.py). A process that already runs a forkserver of its own keeps it and its
-    preload list."""
+    preload list: ``extra_preload`` (more modules to import) counts only when this call starts the server."""
     global _started_at
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
+    if _started_at is None:
+        context.set_forkserver_preload([*PRELOAD, *extra_preload])
     forkserver.ensure_running()
     if _started_at is None:
         _started_at = time.monotonic()
@@ -57,15 +59,16 @@ def has_core_to_spare() -> bool:
         return False
 
 
-def start_early(argv: Sequence[str]) -> None:
+def start_early(argv: Sequence[str], hf_model: bool = False) -> None:
     """Start the forkserver now when the command line ``argv`` selects the process executor (``executor=process``,
     also in a sweep such as ``executor=serial,process``), or ``executor=auto`` while the machine has a core to
-    spare (auto may then choose process after the first round, and its workers need not wait for these imports)."""
+    spare (auto may then choose process after the first round, and its workers need not wait for these imports).
+    ``hf_model``: the run's model is a Hugging Face one; the forkserver also imports :data:`HF_PRELOAD`."""
     for arg in argv:
         key, _, value = arg.lstrip("+").partition("=")
         if key != "executor":
             continue
         options = value.split(",")
         if "process" in options or ("auto" in options and has_core_to_spare()):
-            worker_context()
+            worker_context([HF_PRELOAD] if hf_model else [])
             return

@@ -66,12 +66,13 @@ class WorkerHandle:
         run's other parts are still being built; its workload follows with :meth:`send_start`."""
         self.conn.send_bytes(payload)
 
-    def send_start(self, workload: Workload, global_params: torch.Tensor) -> None:
-        """Send the run's workload, the shared global weights and this worker's own result buffers (made here),
-        from a thread (it is large: a worker that stalls before reading it must not block the parent);
-        :meth:`await_ready` bounds the wait and a dead worker breaks the pipe."""
+    def send_start(self, workload: Workload, global_params: torch.Tensor, frozen: dict[str, torch.Tensor]) -> None:
+        """Send the run's workload, the shared global weights, the shared frozen base
+        (:mod:`~fedsim.executor.process.frozen`) and this worker's own result buffers (made here), from a thread
+        (it is large: a worker that stalls before reading it must not block the parent); :meth:`await_ready` bounds
+        the wait and a dead worker breaks the pipe."""
         self.result_buffers = tuple(torch.zeros_like(global_params).share_memory_() for _ in range(QUEUE_DEPTH))
-        payload = by_value.dumps((workload, global_params, self.result_buffers))  # here: a pickling error is ours
+        payload = by_value.dumps((workload, global_params, self.result_buffers, frozen))  # a pickling error is ours
 
         def send() -> None:
             try:
@@ -244,10 +245,11 @@ def launch_worker(
     threads: int,
     workload: Workload,
     global_params: torch.Tensor,
+    frozen: dict[str, torch.Tensor],
 ) -> WorkerHandle:
     """Spawn worker ``index`` and send it the run; returns at once (call :meth:`WorkerHandle.await_ready`)."""
     handle = spawn_worker(ctx, index, device, threads, workload.log_dir)
-    handle.send_start(workload, global_params)
+    handle.send_start(workload, global_params, frozen)
     return handle
 
 

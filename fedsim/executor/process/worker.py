@@ -20,11 +20,12 @@ from pathlib import Path
 
 import torch
 
-from fedsim.core.params import fixed_state, frozen_hash
+from fedsim.core.params import fixed_state
 from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, TaskResult
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import run_task, warm_up
 from fedsim.executor.eval_task import run_eval_task
+from fedsim.executor.process.frozen import adopt_frozen_base
 from fedsim.executor.worker_log import hold_output, log_result, redirect_output, tagged
 
 _PR_SET_PDEATHSIG = 1
@@ -44,8 +45,9 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of a worker process. Spawned with only ``spec`` and its pipe, so that the spawn payload stays
     far below a pipe's buffer and starting a worker can never block the parent. The first message on the pipe may
     be ``("model", model_factory)``, sent while the server is still building the run: the worker builds its model
-    (imports included) meanwhile. Then comes the run's ``(workload, global_params, result_buffers)``, tensors as
-    shared memory (its model factory is used only if no model came first).
+    (imports included) meanwhile. Then comes the run's ``(workload, global_params, result_buffers, frozen)``,
+    tensors as shared memory (its model factory is used only if no model came first); ``frozen``, the frozen base
+    the parent built, replaces the model's own (:func:`~fedsim.executor.process.frozen.adopt_frozen_base`).
 
     Each later message is ``(task, slot)``: the update's weights go into ``result_buffers[slot]``, which the
     parent hands out so that a queued task never overwrites a result it has not read yet."""
@@ -60,15 +62,16 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         raise
     if received is None:
         return  # the parent gave up on this start
-    model, (workload, global_params, result_buffers), early = received
+    model, (workload, global_params, result_buffers, frozen), early = received
     log = redirect_output(spec.name, spec.log_path)
+    differs = adopt_frozen_base(model, frozen, device)  # before fixed_state and the warm-up: they use the model
     fixed = fixed_state(model)  # before the warm-up step, which counts a batch in BatchNorm's num_batches_tracked
     data = _to_device(workload.train_data, device)
     warm_up(model, data)
     built = "; model built while the run was being built" if early else ""
     threads = torch.get_num_threads()
     log.info("worker %s ready on %s (pid %d, %d threads%s)", spec.name, device, os.getpid(), threads, built)
-    conn.send(("ready", {"pid": os.getpid(), "device": str(device), "frozen_hash": frozen_hash(model)}))
+    conn.send(("ready", {"pid": os.getpid(), "device": str(device), "frozen_differs": differs}))
     while True:
         try:
             message = conn.recv()
