@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -52,7 +53,12 @@ class AutoExecutor(Executor):
     vmap) must save more than that share of the rest of the run and that many seconds. ``free_cores``,
     ``client_cost_s`` (the first round's clients, in seconds) and ``startup_s`` replace what would be measured or
     estimated: for tests, and for a machine whose load this process cannot see (another container's).
-    A resumed run decides again from its own first round; the results are the same whichever it picks."""
+
+    A resumed run goes on as the checkpoint recorded (:meth:`state_dict`): with the executor chosen, or, before the
+    choice, with the trial rounds' measurements, so that every round trains under the executor it would have
+    without the interruption (this matters with ``allow_vmap``, whose results differ from serial's; serial and
+    process agree bitwise, and the choice only changes the cost). A checkpoint without it (another executor's)
+    has the resumed run try and decide as a new one would."""
 
     def __init__(
         self,
@@ -89,6 +95,7 @@ class AutoExecutor(Executor):
         self._build_s = 0.0
         self.decision: Decision | None = None
         self._unavailable: dict[str, str] = {}  # executor -> why it cannot run this workload
+        self._restored: dict[str, Any] | None = None  # a checkpoint's state, applied by start()
 
     def start(self, workload: Workload) -> None:
         self._workload = workload
@@ -100,6 +107,31 @@ class AutoExecutor(Executor):
             self._build_s = time.perf_counter() - began
             warm_up(model, workload.train_data)  # the optimizer's lazy imports, out of the first round's timing
         self._trials, self.decision, self._active, self._active_name = {}, None, self._serial, "serial"
+        if self._restored is not None:
+            self._resume(self._restored)
+
+    def state_dict(self) -> dict[str, Any]:
+        """For a checkpoint (plain values): the executor training now, the decision (``None`` before it) and the trial
+        rounds' measurements (an open trial's round time taken as of now: the checkpoint comes at its round's end)."""
+        now = time.perf_counter()
+        trials = {
+            name: [t.round_num, t.clients_s, t.tasks, t.round_s or now - t.began] for name, t in self._trials.items()
+        }
+        decision = None if self.decision is None else [self.decision.executor, self.decision.reason]
+        return {"active": self._active_name, "decision": decision, "trials": trials}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on, from :meth:`start`, as the checkpoint's :meth:`state_dict` says."""
+        self._restored = state
+
+    def _resume(self, state: dict[str, Any]) -> None:
+        self._trials = {
+            name: _Trial(int(r), float(c), int(n), round_s=float(s)) for name, (r, c, n, s) in state["trials"].items()
+        }
+        if state["decision"] is not None:
+            self.decision = Decision(*state["decision"])
+            log.info("executor=auto: %s (the resumed run's checkpoint)", self.decision.reason)
+        self._switch(str(state["active"]))
 
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
         if self._workload is None:
@@ -133,7 +165,8 @@ class AutoExecutor(Executor):
         current = self._trials[self._active_name]
         if round_num == current.round_num:
             return
-        current.round_s = time.perf_counter() - current.began  # the trial round's wall time, to this round's start
+        if not current.round_s:  # the trial round's wall time, to this round's start (a resumed one's: recorded)
+            current.round_s = time.perf_counter() - current.began
         if self._active_name == "serial" and self.allow_vmap and "vmap" not in self._unavailable:
             self._switch("vmap")
             self._trials["vmap"] = _Trial(round_num)

@@ -12,7 +12,8 @@ The model, stated so that its choices can be checked by hand:
 * **Start-up** (once): the forkserver's imports (:data:`PRELOAD_CPU_S` of CPU on one core, less the time since it was
   started) and every worker's model build (as long as the server's own build, measured) on ``share(workers)``.
   What this cannot see: modules a worker imports to build the model that the forkserver has not (a
-  ``transformers`` model's ~4 CPU s), so its start-up is underestimated for such models.
+  ``transformers`` model's ~3.5 CPU s, unless ``python -m fedsim`` preloaded them: preload_hf.py), so its start-up
+  is underestimated for such models.
 
 Process is chosen when it saves more than ``max(margin_s, min_gain * serial's time for the rounds left)``.
 """

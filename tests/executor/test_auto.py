@@ -153,3 +153,31 @@ def test_vmap_that_cannot_run_the_clients_is_not_tried(caplog: pytest.LogCapture
     assert torch.equal(result.params, serial_reference())
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("executor=auto")]
     assert "; vmap cannot run this workload: " in line and "SlowClient" in line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_after", [2, 3])
+def test_a_resumed_auto_run_goes_on_with_the_executors_of_an_uninterrupted_one(tmp_path: Path, stop_after: int) -> None:
+    """allow_vmap, one worker, serial's clients said to cost 10 s a round: round 1 serial, round 2 vmap's trial,
+    vmap from round 3 (the decision). Stopped after round 2 (trials measured, no decision yet) or 3 (vmap chosen)
+    and resumed to round 4, the run is the uninterrupted one bit for bit (vmap's results are not serial's: a resumed
+    run that tried again from its own first round would train round 3 serially and differ)."""
+    common = [
+        "logger.progress=false",
+        "logger.tensorboard=false",
+        "executor=auto",
+        "executor.allow_vmap=true",
+        "executor.workers=1",
+        "executor.client_cost_s=10",
+        "executor.startup_s=0",
+    ]
+    whole = run_cli([*common, "num_rounds=4", f"hydra.run.dir={tmp_path / 'whole'}"])
+    first = run_cli([*common, f"num_rounds={stop_after}", f"hydra.run.dir={tmp_path / 'resumed'}"])
+    rest = run_cli([*common, "num_rounds=4", "resume=true", f"hydra.run.dir={tmp_path / 'resumed'}"])
+    assert whole.returncode == first.returncode == rest.returncode == 0, whole.stderr + first.stderr + rest.stderr
+    logs = {run: (tmp_path / run / "run.log").read_text() for run in ("whole", "resumed")}
+    assert "executor=auto: vmap: " in logs["whole"]
+    if stop_after == 3:
+        assert "(the resumed run's checkpoint)" in logs["resumed"]
+    metrics = [_without_times((tmp_path / run / "metrics.jsonl").read_text()) for run in ("whole", "resumed")]
+    assert len(metrics[0]) == 4 and metrics[0] == metrics[1]
