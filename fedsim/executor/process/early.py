@@ -60,7 +60,8 @@ class EarlyStart:
         self._thread.join()
         fits = workload.model_factory is self.model_factory and workload.log_dir == self.log_dir
         if self.error is None and fits and len(self.handles) == self.size:
-            return self.handles
+            handles, self.handles = self.handles, []  # start()'s from now on: cancel() no longer touches them
+            return handles
         self.cancel()
         return None
 

@@ -78,7 +78,9 @@ class ProcessExecutor(Executor):
     def prepare(self, model_factory: Callable[[], nn.Module], log_dir: Path | None = None) -> None:
         """Fork the workers now and have them build ``model_factory``'s model while the caller builds the rest of
         the run (:class:`~fedsim.executor.process.early.EarlyStart`); :meth:`start` then only sends them the
-        workload. Does nothing once started, or for a factory that cannot be pickled (:meth:`start` says why)."""
+        workload. Does nothing once started, or for a factory that cannot be pickled (:meth:`start` says why).
+        An executor dropped unstarted (a server built and never run) closes their pipes when it is collected, and
+        they exit."""
         if self._workers or self._early is not None:
             return
         try:

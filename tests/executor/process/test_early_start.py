@@ -5,6 +5,7 @@ ones; a run closed before it started leaves neither a worker process nor a log f
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import subprocess
 import sys
@@ -71,14 +72,41 @@ def test_a_workload_with_another_model_gets_fresh_workers(tmp_path: Path) -> Non
 def test_closing_a_prepared_executor_leaves_no_worker_and_no_log(tmp_path: Path) -> None:
     executor = ProcessExecutor(devices="cpu", workers=2)
     server = _forkserver()
+    before = _live_children(server)  # another test's workers in this process, if any: not ours to judge
     executor.prepare(functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=16), tmp_path)
     deadline = time.monotonic() + 120  # the forkserver may still be importing torch
-    while len(_live_children(server)) < 2:
+    while len(_live_children(server) - before) < 2:
         assert time.monotonic() < deadline, "the early workers were never forked"
         time.sleep(0.05)
+    ours = _live_children(server) - before
     executor.close()
-    assert _live_children(server) == set()
+    _wait_until_gone(server, ours)
     assert not (tmp_path / "workers").exists()
+
+
+@pytest.mark.slow
+def test_a_prepared_executor_dropped_unstarted_kills_its_workers(tmp_path: Path) -> None:
+    """A server built and never run: once its executor is collected, the early workers' pipes are closed and they
+    exit (a worker that reads the end of its pipe returns)."""
+    executor = ProcessExecutor(devices="cpu", workers=2)
+    server = _forkserver()
+    before = _live_children(server)
+    executor.prepare(functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=16), tmp_path)
+    deadline = time.monotonic() + 120
+    while len(_live_children(server) - before) < 2:
+        assert time.monotonic() < deadline, "the early workers were never forked"
+        time.sleep(0.05)
+    ours = _live_children(server) - before
+    del executor
+    gc.collect()
+    _wait_until_gone(server, ours)
+
+
+def _wait_until_gone(server: int, pids: set[int]) -> None:
+    deadline = time.monotonic() + 10  # a killed process is reaped by the forkserver
+    while _live_children(server) & pids:
+        assert time.monotonic() < deadline, _live_children(server) & pids
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
