@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fedsim.attacks.base import Attack
 from fedsim.cli.config import ConfigError, register_schema, to_yaml, validate
+from fedsim.cli.config_dir import config_dir
 from fedsim.cli.run_dir_guard import removing_new_files
 from fedsim.cli.run_summary import flat_hparams, record_error, record_summary
 from fedsim.cli.secagg_option import build_secagg, prepare_secagg
@@ -46,22 +46,7 @@ from fedsim.server.stragglers import Stragglers
 from fedsim.sim.clock import SyncClock
 from fedsim.strategy.base import Strategy
 
-
-def _config_dir() -> str:
-    """``conf/`` of the checkout this module runs from, else the copy a non-editable install put under
-    ``<prefix>/share/fedsim/conf`` (setup.cfg's data_files; the prefix of this interpreter, or the one
-    the package was installed into with ``--prefix`` / ``--user``)."""
-    package = Path(__file__).resolve().parent.parent  # fedsim/, this module being fedsim/cli/run.py
-    candidates = [
-        package.parent / "conf",
-        Path(sys.prefix) / "share" / "fedsim" / "conf",
-        package.parents[3] / "share" / "fedsim" / "conf" if len(package.parents) > 3 else package,
-    ]
-    found = next((c for c in candidates if (c / "config.yaml").exists()), candidates[0])
-    return str(found)
-
-
-CONFIG_DIR = _config_dir()
+CONFIG_DIR = config_dir()
 log = logging.getLogger("fedsim")
 register_schema()
 
@@ -198,6 +183,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         on_failure.append(logger.close)
         logger.log_label_distribution(label_counts(data))
         server = Server(logger=logger, **parts)
+        on_failure.append(server.parts.executor.close)  # the workers Server started building models (prepare)
         prepare_secagg(parts["stages"].extra, server.params.numel())  # distributed DP's z, before any round
         server.settings = computation_settings(flat_hparams(cfg))
         resume = resume_target(cfg.resume, run_dir)

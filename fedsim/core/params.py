@@ -95,17 +95,24 @@ NO_FROZEN_WEIGHTS = hashlib.sha256().hexdigest()
 """What :func:`frozen_hash` gives for a model without frozen weights (every model that federates all of them)."""
 
 
-def frozen_hash(model: nn.Module) -> str:
-    """SHA-256 of the float entries that are not federated and do not share storage with a federated one (the
-    frozen base of a ``federates_trainable_only`` model; nothing for any other model): names, shapes, dtypes and
-    bytes. Every worker must build the same frozen base, since it never travels."""
+def frozen_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The float ``state_dict`` entries that are not federated and do not share storage with a federated one: the
+    frozen base of a ``federates_trainable_only`` model, nothing for any other model. Every worker must build the
+    same frozen base, since it never travels."""
     federated = federated_entries(model)
     names = {k for k, _ in federated}
     pointers = {v.data_ptr() for _, v in federated}
+    return [
+        (name, value)
+        for name, value in model.state_dict().items()
+        if value.is_floating_point() and name not in names and value.data_ptr() not in pointers
+    ]
+
+
+def frozen_hash(model: nn.Module) -> str:
+    """SHA-256 of :func:`frozen_entries`: names, shapes, dtypes and bytes."""
     digest = hashlib.sha256()
-    for name, value in model.state_dict().items():
-        if not value.is_floating_point() or name in names or value.data_ptr() in pointers:
-            continue
+    for name, value in frozen_entries(model):
         digest.update(f"{name}:{tuple(value.shape)}:{value.dtype};".encode())
         digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()

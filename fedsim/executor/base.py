@@ -53,6 +53,12 @@ class Executor(ABC):
     def start(self, workload: Workload) -> None:
         """Prepare workers (models, data) once per run."""
 
+    def prepare(self, model_factory: Callable[[], nn.Module], log_dir: Path | None = None) -> None:  # noqa: B027
+        """Optional: begin, in the background, what :meth:`start` will need of the model alone (the process
+        executor forks its workers and has them build it), while the caller builds the rest of the run; ``log_dir``
+        is the run directory (the workers' log files). :meth:`start` works whether or not this was called, and
+        :meth:`close` undoes it. The server calls it once its settings are checked. The default does nothing."""
+
     def check(self, workload: Workload) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Refuse, with a ``ValueError`` of one line, a workload this executor cannot run; called when the server
         is built, before any work. The default accepts everything."""
@@ -191,3 +197,16 @@ def _task_global_rng(seed: int, device: torch.device) -> Iterator[None]:
             with torch.cuda.device(device):
                 torch.cuda.manual_seed(seed)
         yield
+
+
+def warm_up(model: torch.nn.Module, data: TensorData) -> None:
+    """Pay one-time costs (lazy imports behind the first optimizer, first backward) before the first task, so that
+    they do not land in the first round (a worker, before it reports ready; ``executor=auto``, before it times the
+    first round). Weights are overwritten by every task anyway; the caller's RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        logits = model(data.x[:2])  # [2, classes], or [2, T, vocab] with token labels [2, T]: one row per label
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, -2), data.y[:2].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)

@@ -8,6 +8,7 @@ Without a run directory only warnings and failures reach the console.
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
 from collections.abc import Iterator
@@ -55,29 +56,50 @@ class _TaggedStream:
 _open_file: list[tuple[TextIO, TextIO, TextIO]] = []  # the file the last call opened, and the streams it replaced
 
 
+def hold_output(name: str) -> None:
+    """Keep this process's prints and log records in memory, formatted as in its log file, until
+    :func:`redirect_output` writes them at the head of the file: a process worker started early, while the run is
+    still being built, creates no file before its run is sent to it (a refused run leaves none)."""
+    held = io.StringIO()
+    _open_file.append((held, sys.stdout, sys.stderr))
+    sys.stdout = sys.stderr = _TaggedStream(held)
+    _route_logging(name, logging.StreamHandler(held))
+
+
 def redirect_output(name: str, log_path: Path | None) -> logging.Logger:
     """Route this process's prints and log records into ``log_path`` (appended), tagged with round and
     client; ``None`` goes back to the console but lets only warnings and failures through. Returns the worker's
-    logger. A second call (a Ray actor reused by the next run) closes the file of the first."""
+    logger. A second call (a Ray actor reused by the next run) closes the file of the first; what
+    :func:`hold_output` held goes first."""
     handler: logging.Handler
+    held = ""
     while _open_file:  # an earlier call's file: close it, put its process's streams back
         stream, sys.stdout, sys.stderr = _open_file.pop()
+        held = stream.getvalue() if isinstance(stream, io.StringIO) else held
         stream.close()
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         stream = open(log_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - this process's output from now on
+        stream.write(held)
         _open_file.append((stream, sys.stdout, sys.stderr))
         sys.stdout = sys.stderr = _TaggedStream(stream)
         handler = logging.StreamHandler(stream)
     else:  # no run directory: only warnings and failures reach the console
+        if sys.__stderr__ is not None:
+            sys.__stderr__.write(held)
         handler = logging.StreamHandler(sys.__stderr__)
         handler.setLevel(logging.WARNING)
+    _route_logging(name, handler)
+    return logging.getLogger(f"fedsim.worker.{name}")
+
+
+def _route_logging(name: str, handler: logging.Handler) -> None:
+    """Make ``handler``, in the worker's format, the root logger's only one, at INFO."""
     handler.setFormatter(logging.Formatter(f"%(asctime)s [{name}] [%(task)s] %(levelname)s %(message)s"))
     handler.addFilter(_TaskTag())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
-    return logging.getLogger(f"fedsim.worker.{name}")
 
 
 @contextmanager

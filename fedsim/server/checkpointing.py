@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -41,8 +41,13 @@ class RunCheckpoints:
         return (self.every > 0 and round_num % self.every == 0) or round_num == last_round or stopping
 
     def entries(self) -> dict[str, Stateful]:
-        """The stateful parts the round's stages own, by checkpoint entry (the clock, the byte ledger, a stage's)."""
-        return {key: part for stage in self.stages for key, part in stage.checkpoint_parts().items()}
+        """The stateful parts the round's stages own, by checkpoint entry (the clock, the byte ledger, a stage's), and
+        the executor when it has a state (``executor=auto``'s choice)."""
+        parts = {key: part for stage in self.stages for key, part in stage.checkpoint_parts().items()}
+        executor = self.parts.executor
+        if callable(getattr(executor, "state_dict", None)) and callable(getattr(executor, "load_state_dict", None)):
+            parts["executor"] = cast(Stateful, executor)
+        return parts
 
     def fingerprint(self, params: torch.Tensor) -> dict[str, int]:
         """What a checkpoint of another run setup differs in."""

@@ -4,9 +4,10 @@ positions); the server runs it, logs the round and checkpoints."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -86,31 +87,33 @@ class Server:
         evaluation, stages = evaluation or Evaluation(), stages or Stages()
         schedule = replace(schedule, early_stop=schedule.early_stop or EarlyStop())
         checked = check_run(federation, strategy, schedule, evaluation, stages, seed)
-        self.model_factory, self.model = model_factory, initial_model(model_factory, seed)
-        check_model_fits_data(self.model, federation.train_data)
-        self.params = flatten(self.model)
-        directory = Path(checkpoints.dir) if checkpoints is not None else None
-        self._dir_lease = hold(directory) if directory is not None else None  # the directory is this run's
-        self.parts = build_parts(
-            self.model,
-            self.params,
-            federation,
-            strategy,
-            executor,
-            (schedule, evaluation, stages),
-            logger=logger or RunLogger(None),
-            checkpoint_dir=directory,
-            seed=seed,
-            checked=checked,
-        )
-        self.stages = compose_round(self.parts, checked[1], stages.extra)
-        self.checkpoints = RunCheckpoints(checkpoints, self.parts, self.stages)
-        self.start_round, self.stopped_early, self.stop_reason, self._stop_requested = 1, False, "completed", False
-        self._stage_stop: str | None = None  # why the last round's stages asked the run to stop (RoundRecord)
-        strategy.setup(self.run_context())  # here, so that a strategy's objection comes before any work
-        workload = self.workload()
-        check_local_training(workload.local, self.model, self.parts.clients)  # e.g. MOON's representation
-        executor.check(workload)  # likewise the executor's (e.g. what vmap cannot vectorise)
+        executor.prepare(model_factory, logger.run_dir if logger is not None else None)  # workers build meanwhile
+        with closed_on_error(executor):
+            self.model_factory, self.model = model_factory, initial_model(model_factory, seed)
+            check_model_fits_data(self.model, federation.train_data)
+            self.params = flatten(self.model)
+            directory = Path(checkpoints.dir) if checkpoints is not None else None
+            self._dir_lease = hold(directory) if directory is not None else None  # the directory is this run's
+            self.parts = build_parts(
+                self.model,
+                self.params,
+                federation,
+                strategy,
+                executor,
+                (schedule, evaluation, stages),
+                logger=logger or RunLogger(None),
+                checkpoint_dir=directory,
+                seed=seed,
+                checked=checked,
+            )
+            self.stages = compose_round(self.parts, checked[1], stages.extra)
+            self.checkpoints = RunCheckpoints(checkpoints, self.parts, self.stages)
+            self.start_round, self.stopped_early, self.stop_reason, self._stop_requested = 1, False, "completed", False
+            self._stage_stop: str | None = None  # why the last round's stages asked the run to stop (RoundRecord)
+            strategy.setup(self.run_context())  # here, so that a strategy's objection comes before any work
+            workload = self.workload()
+            check_local_training(workload.local, self.model, self.parts.clients)  # e.g. MOON's representation
+            executor.check(workload)  # likewise the executor's (e.g. what vmap cannot vectorise)
 
     logger = property(lambda self: self.parts.logger, doc="The run's :class:`~fedsim.observe.run_logger.RunLogger`.")
     strategy = property(lambda self: self.parts.strategy, doc="The run's strategy.")
@@ -143,6 +146,7 @@ class Server:
         propagates."""
         try:
             if self.finished:  # a resume of a run that had already done all its rounds
+                self.parts.executor.close()  # what prepare() started
                 self.parts.logger.close()
                 return self._result("already finished")
             with torch_threads(self.parts.schedule.threads):
@@ -248,3 +252,13 @@ class Server:
     def evaluate_clients(self, round_num: int, sampled: Sequence[int]) -> dict[str, float]:
         """Federated evaluation of the clients ``evaluate_clients`` names (``sampled``: this round's)."""
         return evaluate_clients(self.parts, self.params, round_num, sampled)
+
+
+@contextlib.contextmanager
+def closed_on_error(executor: Executor) -> Iterator[None]:
+    """Close ``executor`` (the workers :meth:`Executor.prepare` started) if the block raises, then re-raise."""
+    try:
+        yield
+    except BaseException:
+        executor.close()
+        raise

@@ -37,15 +37,20 @@ def test_a_refused_combination_leaves_an_empty_run_dir(tmp_path: Path, overrides
     assert contents(run_dir) == {}
 
 
-def test_a_refused_resume_in_place_leaves_the_earlier_run_byte_for_byte(tmp_path: Path) -> None:
-    """The resumed run's directory already holds metrics.jsonl, TensorBoard events and checkpoints; the refused
-    resume opened them and added an event file of its own, which goes; the old files stay exactly as they were."""
+@pytest.mark.parametrize("executor", ["serial", pytest.param("process", marks=pytest.mark.slow)])
+def test_a_refused_resume_in_place_leaves_the_earlier_run_byte_for_byte(tmp_path: Path, executor: str) -> None:
+    """The resumed run's directory already holds metrics.jsonl, TensorBoard events and checkpoints (and, under the
+    process executor, the workers' logs); the refused resume opened them and added an event file of its own, which
+    goes, and its workers, started while the server was built, are stopped before they write a log; the old files
+    stay exactly as they were."""
     run_dir = tmp_path / "run"
-    run_config(compose(BASE), run_dir=run_dir)
+    run_config(compose([*BASE, f"executor={executor}"]), run_dir=run_dir)
     before = contents(run_dir)
     assert any(name.startswith("tensorboard/events.") for name in before) and "metrics.jsonl" in before
+    assert (executor == "process") == any(name.startswith("workers/worker-") for name in before)
+    overrides = [*BASE, f"executor={executor}", "num_rounds=3", "resume=true", "client.optimizer.lr=0.03"]
     with pytest.raises(CheckpointError, match=r"client.optimizer.lr \(0.01 -> 0.03\)"):
-        build_server(compose([*BASE, "num_rounds=3", "resume=true", "client.optimizer.lr=0.03"]), run_dir)
+        build_server(compose(overrides), run_dir)
     assert contents(run_dir) == before
 
 

@@ -145,3 +145,16 @@ def cumulative_bn_mlp(input_shape: tuple[int, ...], num_classes: int) -> torch.n
         torch.nn.ReLU(),
         torch.nn.Linear(32, num_classes),
     )
+
+
+class SlowClient(Client):
+    """Every task takes ``delay_s`` longer (asleep, so it costs the machine nothing): a client whose training costs
+    wall time that workers in parallel divide, for executor=auto's choice. Trains exactly as a plain Client."""
+
+    def __init__(self, *args: Any, delay_s: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.delay_s = delay_s
+
+    def fit(self, model, data, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(self.delay_s)
+        return super().fit(model, data, **kwargs)

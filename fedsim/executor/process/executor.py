@@ -13,18 +13,22 @@ import logging
 import multiprocessing as mp
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from fedsim.core.checks import integer
-from fedsim.core.params import flatten, frozen_hash
+from fedsim.core.params import flatten
 from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
 from fedsim.executor.placement import physical_cores, plan_workers, resolve_devices
+from fedsim.executor.process.early import EarlyStart
 from fedsim.executor.process.forkserver import worker_context
+from fedsim.executor.process.frozen import shared_frozen_base
 from fedsim.executor.process.pool import WorkerHandle, WorkerStartupError, check_sendable, launch_worker, small_message
 
 if TYPE_CHECKING:
@@ -61,21 +65,35 @@ class ProcessExecutor(Executor):
         self.client_timeout_s, self.max_retries, self.start_timeout_s = client_timeout_s, max_retries, start_timeout_s
         self._ctx: ForkServerContext | SpawnContext = worker_context()
         self._workers: list[WorkerHandle] = []
+        self._early: EarlyStart | None = None
         self._workload: Workload | None = None
         self._global: torch.Tensor | None = None
-        self._frozen_hash = ""
+        self._frozen: dict[str, torch.Tensor] = {}  # the frozen base, built once here, shared with the workers
 
     @property
     def workers(self) -> list[WorkerHandle]:
         """The live workers (for inspection: pid, device, name)."""
         return list(self._workers)
 
+    def prepare(self, model_factory: Callable[[], nn.Module], log_dir: Path | None = None) -> None:
+        """Fork the workers now and have them build ``model_factory``'s model while the caller builds the rest of
+        the run (:class:`~fedsim.executor.process.early.EarlyStart`); :meth:`start` then only sends them the
+        workload. Does nothing once started, or for a factory that cannot be pickled (:meth:`start` says why).
+        An executor dropped unstarted (a server built and never run) closes their pipes when it is collected, and
+        they exit."""
+        if self._workers or self._early is not None:
+            return
+        try:
+            self._early = EarlyStart(self._ctx, self.plan, model_factory, log_dir)
+        except Exception:  # noqa: BLE001 - not picklable: start() refuses it in one line
+            self._early = None
+
     def start(self, workload: Workload) -> None:
         began = time.perf_counter()
         check_sendable(workload)
         with torch.random.fork_rng(devices=[]):  # a throwaway initialisation must not advance the caller's RNG
             model = workload.model_factory()
-            numel, self._frozen_hash = flatten(model).numel(), frozen_hash(model)
+            numel, self._frozen = flatten(model).numel(), shared_frozen_base(model)
             del model
         workload.train_data.x.share_memory_()
         workload.train_data.y.share_memory_()
@@ -83,16 +101,27 @@ class ProcessExecutor(Executor):
         self._global = torch.zeros(numel).share_memory_()
         launched: list[WorkerHandle] = []
         try:
-            launched = [self._launch(index) for index in range(len(self.plan))]
+            launched = self._launch_all(workload)
             for worker in launched:
                 self._workers.append(self._ready_or_restart(worker))
-                check_frozen_base(self._workers[-1], self._frozen_hash, workload)
+                check_frozen_base(self._workers[-1], workload)
             log.info("%d process workers ready in %.2f s", len(self._workers), time.perf_counter() - began)
         except BaseException:
             for worker in launched[len(self._workers) :]:  # started, never awaited
                 worker.kill()
             self.close()
             raise
+
+    def _launch_all(self, workload: Workload) -> list[WorkerHandle]:
+        """Every worker, sent the run: those :meth:`prepare` started (if they build this workload's model), else new."""
+        early, self._early = self._early, None
+        handles = early.take(workload) if early is not None else None
+        if handles is None:
+            return [self._launch(index) for index in range(len(self.plan))]
+        assert self._global is not None
+        for handle in handles:
+            handle.send_start(workload, self._global, self._frozen)
+        return handles
 
     def _ready_or_restart(self, worker: WorkerHandle) -> WorkerHandle:
         """``worker`` once it is ready, or a fresh one in its slot if it is killed or stalls while starting; after
@@ -118,7 +147,7 @@ class ProcessExecutor(Executor):
         assert self._workload is not None and self._global is not None
         device, threads = self.plan[index]
         try:
-            return launch_worker(self._ctx, index, device, threads, self._workload, self._global)
+            return launch_worker(self._ctx, index, device, threads, self._workload, self._global, self._frozen)
         except (EOFError, ConnectionError) as error:
             if self._ctx.get_start_method() != "forkserver":
                 raise
@@ -128,7 +157,7 @@ class ProcessExecutor(Executor):
                 type(error).__name__,
             )
             self._ctx = mp.get_context("spawn")
-            return launch_worker(self._ctx, index, device, threads, self._workload, self._global)
+            return launch_worker(self._ctx, index, device, threads, self._workload, self._global, self._frozen)
 
     def fit(self, global_params: torch.Tensor, tasks: Sequence[FitTask]) -> list[TaskResult]:
         return self._run(global_params, tasks, "fit")
@@ -202,6 +231,9 @@ class ProcessExecutor(Executor):
     def close(self) -> None:
         """Stop every worker (politely, then by force) and release shared memory; safe to call twice."""
         began, stopped = time.perf_counter(), len(self._workers)
+        if self._early is not None:
+            self._early.cancel()
+            self._early = None
         for worker in self._workers:
             worker.stop()
         for worker in self._workers:
@@ -216,14 +248,15 @@ class ProcessExecutor(Executor):
 __all__ = ["ClientUpdate", "ProcessExecutor", "WorkerStartupError"]
 
 
-def check_frozen_base(worker: WorkerHandle, expected: str, workload: Workload) -> None:
+def check_frozen_base(worker: WorkerHandle, workload: Workload) -> None:
     """Refuse, in one line, a worker whose model's frozen weights (a LoRA model's base, which never travels) differ
-    from the ones the server's process built: its updates would be adapters of another model."""
-    got = worker.info.get("frozen_hash", expected)
-    if got != expected:
+    from the ones the server's process built and shared (the worker compared them): its updates would be adapters
+    of another model."""
+    differs = worker.info.get("frozen_differs")
+    if differs is not None:
         name = getattr(workload.model_factory, "func", workload.model_factory)
         raise WorkerStartupError(
-            f"model: worker {worker.info.get('pid')} built a frozen base (hash {str(got)[:12]}) different from the "
-            f"server's ({expected[:12]}) with {getattr(name, '__qualname__', name)}; the model factory must build "
+            f"model: worker {worker.info.get('pid')} built a frozen base different from the server's ({differs}) "
+            f"with {getattr(name, '__qualname__', name)}; the model factory must build "
             "the same frozen weights everywhere (seed them from the run seed, load them from the same model.path)"
         )

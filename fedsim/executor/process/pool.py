@@ -8,10 +8,12 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing import current_process
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,15 +47,9 @@ class WorkerHandle:
     parent has not copied out yet. Results come back in the order the tasks were sent.
     """
 
-    def __init__(
-        self,
-        index: int,
-        spec: WorkerSpec,
-        process: BaseProcess,
-        conn: Connection,
-        result_buffers: tuple[torch.Tensor, ...],
-    ) -> None:
-        self.index, self.spec, self.process, self.conn, self.result_buffers = index, spec, process, conn, result_buffers
+    def __init__(self, index: int, spec: WorkerSpec, process: BaseProcess, conn: Connection) -> None:
+        self.index, self.spec, self.process, self.conn = index, spec, process, conn
+        self.result_buffers: tuple[torch.Tensor, ...] = ()  # set by send_start
         self.in_flight: deque[tuple[FitTask | EvalTask, int]] = deque()  # (task, result slot), oldest first
         self.started_at = 0.0  # when the oldest task in flight started training
         self.info: dict[str, Any] = {}
@@ -65,11 +61,18 @@ class WorkerHandle:
     def name(self) -> str:
         return self.spec.name
 
-    def send_start(self, start: tuple[Any, ...]) -> None:
-        """Send the run's workload from a thread (it is large: a worker that stalls before reading it must not
-        block the parent); :meth:`await_ready` bounds the wait and a dead worker breaks the pipe."""
+    def send_model(self, payload: bytes) -> None:
+        """Send ``("model", model_factory)`` pickled (:func:`model_message`): the worker builds its model while the
+        run's other parts are still being built; its workload follows with :meth:`send_start`."""
+        self.conn.send_bytes(payload)
 
-        payload = by_value.dumps(start)  # here, so that a pickling error is the caller's
+    def send_start(self, workload: Workload, global_params: torch.Tensor, frozen: dict[str, torch.Tensor]) -> None:
+        """Send the run's workload, the shared global weights, the shared frozen base
+        (:mod:`~fedsim.executor.process.frozen`) and this worker's own result buffers (made here), from a thread
+        (it is large: a worker that stalls before reading it must not block the parent); :meth:`await_ready` bounds
+        the wait and a dead worker breaks the pipe."""
+        self.result_buffers = tuple(torch.zeros_like(global_params).share_memory_() for _ in range(QUEUE_DEPTH))
+        payload = by_value.dumps((workload, global_params, self.result_buffers, frozen))  # a pickling error is ours
 
         def send() -> None:
             try:
@@ -209,6 +212,32 @@ def _with_params(update: ClientUpdate, params: torch.Tensor) -> ClientUpdate:
     return replace(update, params=params)
 
 
+def model_message(model_factory: Callable[[], Any]) -> bytes:
+    """The message of :meth:`WorkerHandle.send_model`; raises what pickling ``model_factory`` raises."""
+    return by_value.dumps(("model", model_factory))
+
+
+def spawn_worker(
+    ctx: ForkServerContext | SpawnContext, index: int, device: str, threads: int, log_dir: Path | None
+) -> WorkerHandle:
+    """Start worker ``index``'s process; returns once it runs (a forked one waits for the forkserver's imports).
+
+    The process gets only its spec and pipe: multiprocessing writes a process's arguments to it while still
+    holding the reading end itself, so a payload larger than the pipe's buffer (the workload: ~190 KB) blocks
+    the parent for good when the child dies before reading it. The model (:meth:`WorkerHandle.send_model`,
+    optional) and the workload (:meth:`WorkerHandle.send_start`) follow over the worker's own pipe."""
+    if getattr(current_process(), "_inheriting", False):
+        print(NO_MAIN_GUARD, file=sys.stderr)
+        raise SystemExit(1)
+    log_path = log_dir / "workers" / f"worker-{index}.log" if log_dir is not None else None
+    spec = WorkerSpec(name=f"w{index}", device=device, num_threads=threads, log_path=log_path)
+    parent_conn, child_conn = ctx.Pipe(duplex=True)
+    process = ctx.Process(target=worker_main, args=(spec, child_conn), name=f"fedsim-worker-{index}", daemon=True)
+    process.start()
+    child_conn.close()
+    return WorkerHandle(index, spec, process, parent_conn)
+
+
 def launch_worker(
     ctx: ForkServerContext | SpawnContext,
     index: int,
@@ -216,25 +245,11 @@ def launch_worker(
     threads: int,
     workload: Workload,
     global_params: torch.Tensor,
+    frozen: dict[str, torch.Tensor],
 ) -> WorkerHandle:
-    """Spawn worker ``index``; returns at once (call :meth:`WorkerHandle.await_ready`).
-
-    The process gets only its spec and pipe: multiprocessing writes a process's arguments to it while still
-    holding the reading end itself, so a payload larger than the pipe's buffer (the workload: ~190 KB) blocks
-    the parent for good when the child dies before reading it. The workload follows over the worker's own
-    pipe, from a thread: a child that dies breaks that pipe, and :meth:`WorkerHandle.await_ready` bounds the wait."""
-    if getattr(current_process(), "_inheriting", False):
-        print(NO_MAIN_GUARD, file=sys.stderr)
-        raise SystemExit(1)
-    log_path = workload.log_dir / "workers" / f"worker-{index}.log" if workload.log_dir is not None else None
-    spec = WorkerSpec(name=f"w{index}", device=device, num_threads=threads, log_path=log_path)
-    result_buffers = tuple(torch.zeros_like(global_params).share_memory_() for _ in range(QUEUE_DEPTH))
-    parent_conn, child_conn = ctx.Pipe(duplex=True)
-    process = ctx.Process(target=worker_main, args=(spec, child_conn), name=f"fedsim-worker-{index}", daemon=True)
-    process.start()
-    child_conn.close()
-    handle = WorkerHandle(index, spec, process, parent_conn, result_buffers)
-    handle.send_start((workload, global_params, result_buffers))
+    """Spawn worker ``index`` and send it the run; returns at once (call :meth:`WorkerHandle.await_ready`)."""
+    handle = spawn_worker(ctx, index, device, threads, workload.log_dir)
+    handle.send_start(workload, global_params, frozen)
     return handle
 
 

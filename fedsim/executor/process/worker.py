@@ -20,12 +20,13 @@ from pathlib import Path
 
 import torch
 
-from fedsim.core.params import fixed_state, frozen_hash
+from fedsim.core.params import fixed_state
 from fedsim.core.types import ClientUpdate, EvalResult, EvalTask, TaskResult
 from fedsim.data.tensor_data import TensorData
-from fedsim.executor.base import run_task
+from fedsim.executor.base import run_task, warm_up
 from fedsim.executor.eval_task import run_eval_task
-from fedsim.executor.worker_log import log_result, redirect_output, tagged
+from fedsim.executor.process.frozen import adopt_frozen_base
+from fedsim.executor.worker_log import hold_output, log_result, redirect_output, tagged
 
 _PR_SET_PDEATHSIG = 1
 
@@ -42,25 +43,35 @@ class WorkerSpec:
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of a worker process. Spawned with only ``spec`` and its pipe, so that the spawn payload stays
-    far below a pipe's buffer and starting a worker can never block the parent; the first message on the pipe
-    is the run's ``(workload, global_params, result_buffers)``, tensors as shared memory.
+    far below a pipe's buffer and starting a worker can never block the parent. The first message on the pipe may
+    be ``("model", model_factory)``, sent while the server is still building the run: the worker builds its model
+    (imports included) meanwhile. Then comes the run's ``(workload, global_params, result_buffers, frozen)``,
+    tensors as shared memory (its model factory is used only if no model came first); ``frozen``, the frozen base
+    the parent built, replaces the model's own (:func:`~fedsim.executor.process.frozen.adopt_frozen_base`).
 
     Each later message is ``(task, slot)``: the update's weights go into ``result_buffers[slot]``, which the
     parent hands out so that a queued task never overwrites a result it has not read yet."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us cleanly
     device = _pin(spec)
-    log = redirect_output(spec.name, spec.log_path)
+    hold_output(spec.name)  # no log file before the run is sent: a worker started early for a refused run has none
     try:
-        workload, global_params, result_buffers = conn.recv()
-    except (EOFError, OSError):
+        received = _receive_run(conn, device)
+    except BaseException:
+        redirect_output(spec.name, spec.log_path)  # what was held, then the traceback, go to the worker's log
+        raise
+    if received is None:
         return  # the parent gave up on this start
-    model = workload.model_factory().to(device)
+    model, (workload, global_params, result_buffers, frozen), early = received
+    log = redirect_output(spec.name, spec.log_path)
+    differs = adopt_frozen_base(model, frozen, device)  # before fixed_state and the warm-up: they use the model
     fixed = fixed_state(model)  # before the warm-up step, which counts a batch in BatchNorm's num_batches_tracked
     data = _to_device(workload.train_data, device)
-    _warm_up(model, data)
-    log.info("worker %s ready on %s (pid %d, %d threads)", spec.name, device, os.getpid(), torch.get_num_threads())
-    conn.send(("ready", {"pid": os.getpid(), "device": str(device), "frozen_hash": frozen_hash(model)}))
+    warm_up(model, data)
+    built = "; model built while the run was being built" if early else ""
+    threads = torch.get_num_threads()
+    log.info("worker %s ready on %s (pid %d, %d threads%s)", spec.name, device, os.getpid(), threads, built)
+    conn.send(("ready", {"pid": os.getpid(), "device": str(device), "frozen_differs": differs}))
     while True:
         try:
             message = conn.recv()
@@ -91,6 +102,22 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     _exit_promptly()
 
 
+def _receive_run(conn: Connection, device: torch.device) -> tuple[torch.nn.Module, tuple, bool] | None:
+    """The model (built from a first ``("model", factory)`` message, else from the workload's factory), the
+    run's message and whether the model came first; ``None`` when the pipe closes first."""
+    try:
+        message = conn.recv()
+        model = None
+        if isinstance(message, tuple) and len(message) == 2 and message[0] == "model":
+            model = message[1]().to(device)
+            message = conn.recv()
+    except (EOFError, OSError):
+        return None
+    if model is None:
+        return message[0].model_factory().to(device), message, False
+    return model, message, True
+
+
 def _exit_promptly() -> None:
     """Exit 0 now that the parent said stop (or is gone), without Python's interpreter teardown: unloading torch
     and freeing the model took ~1.2 s per worker, and ``close()`` waited for it. What was printed or logged is
@@ -105,18 +132,6 @@ def _exit_promptly() -> None:
 def fits(params: object, buffer: torch.Tensor) -> bool:
     """Whether ``params`` can go through the shared result buffer unchanged (a CPU tensor of its shape and dtype)."""
     return isinstance(params, torch.Tensor) and params.shape == buffer.shape and params.dtype == buffer.dtype
-
-
-def _warm_up(model: torch.nn.Module, data: TensorData) -> None:
-    """Pay one-time costs (lazy imports behind the first optimizer, first backward) before reporting ready,
-    so that they do not land in the first round. Weights are overwritten by every task anyway."""
-    with torch.random.fork_rng(devices=[]):
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-        logits = model(data.x[:2])  # [2, classes], or [2, T, vocab] with token labels [2, T]: one row per label
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, -2), data.y[:2].flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
 
 
 def _die_with_parent() -> None:
