@@ -29,7 +29,7 @@ from fedsim.client.evaluation import ClientEvaluation
 from fedsim.client.federation import FederatedData, federate, make_population
 from fedsim.comm.names import codec_from
 from fedsim.comm.pipeline import Compression
-from fedsim.core.checkpoint import check_writable, list_checkpoints
+from fedsim.core.checkpoint import check_writable, list_checkpoints, write_text_atomic
 from fedsim.core.run_lock import hold
 from fedsim.core.seeding import partition_seed
 from fedsim.executor.base import Executor
@@ -63,6 +63,8 @@ def _config_dir() -> str:
 CONFIG_DIR = _config_dir()
 log = logging.getLogger("fedsim")
 register_schema()
+TRAIN, TOKENIZER_FILE = "train", "tokenizer.json"
+"""``data.tokenizer=train``, and the file in the run directory that holds the tokenizer it trained."""
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
@@ -74,11 +76,11 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
         return hydra_compose(config_name=config_name, overrides=list(overrides))
 
 
-def _instantiate(node: DictConfig) -> Any:
-    """``hydra.utils.instantiate``, but a component's own error surfaces as itself (one clear line),
-    not wrapped in Hydra's InstantiationException."""
+def _instantiate(node: DictConfig, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate`` (``kwargs`` override the node's), but a component's own error surfaces as itself
+    (one clear line), not wrapped in Hydra's InstantiationException."""
     try:
-        return instantiate(node)
+        return instantiate(node, **kwargs)
     except InstantiationException as error:
         if isinstance(error.__cause__, (ValueError, FileNotFoundError)):
             raise error.__cause__ from None
@@ -96,22 +98,52 @@ def _instantiate_a(node: DictConfig, kind: type, group: str, base: str) -> Any:
     return built
 
 
-def build_data(cfg: DictConfig) -> FederatedData:
-    """Load the dataset and partition it over clients."""
-    split = _instantiate(cfg.data)
+def build_data(cfg: DictConfig, run_dir: str | Path | None = None) -> FederatedData:
+    """Load the dataset and partition it over clients; with ``data.tokenizer=train``, the tokenizer is saved in
+    ``run_dir`` or read back from it (:func:`trained_tokenizer`)."""
+    split = _instantiate(cfg.data, **trained_tokenizer(cfg, run_dir))
     partition = _instantiate(cfg.partition)
     return federate(split, partition, client_test_fraction=cfg.client_test_fraction, seed=partition_seed(cfg.seed))
 
 
+def trained_tokenizer(cfg: DictConfig, run_dir: str | Path | None) -> dict[str, str]:
+    """The data's arguments for ``data.tokenizer=train`` in a run directory: a fresh run trains the tokenizer and
+    saves it as ``<run dir>/tokenizer.json`` (``tokenizer_file``); a resumed run reads the file its run saved
+    (``tokenizer``: that file) and never trains again. A resume from another run's directory copies that file into
+    ``run_dir``, so that this run resumes too. Nothing for any other tokenizer, or without a run directory."""
+    if cfg.data.get("tokenizer") != TRAIN or "tokenizer_kind" not in cfg.data or run_dir is None:
+        return {}
+    own = Path(run_dir) / TOKENIZER_FILE
+    target = resume_target(cfg.resume, run_dir)
+    if target is None:
+        return {"tokenizer_file": str(own)}
+    target = Path(target)
+    resumed_dir = (
+        target.parent.parent if target.is_file() else target.parent if target.name == "checkpoints" else target
+    )
+    saved = resumed_dir / TOKENIZER_FILE
+    if not saved.is_file():
+        raise ConfigError(
+            f"resume: data.tokenizer=train, but {saved}, the tokenizer the run trained, is missing; put the run's "
+            "tokenizer.json back, or start a new run"
+        )
+    if saved.resolve() != own.resolve():
+        write_text_atomic(own, saved.read_text(encoding="utf-8"))
+    return {"tokenizer": str(saved)}
+
+
 def build_model_factory(cfg: DictConfig, data: FederatedData) -> Callable[[], Any]:
     """The model's constructor with ``input_shape`` and ``num_classes`` taken from the data (the option file
-    must make a ``_partial_`` node, or the call would miss them)."""
+    must make a ``_partial_`` node, or the call would miss them), and ``vocab_size`` too when the data has one
+    (:attr:`~fedsim.data.tensor_data.TensorData.vocab_size`) and the model's is null."""
     if cfg.model.get("_partial_") is not True:
         raise ConfigError(
             f"model: the option for {cfg.model.get('_target_')} needs `_partial_: true` (fedsim passes "
             "input_shape and num_classes from the data); add `_partial_: true` to the model's option file"
         )
-    shapes = {"input_shape": data.train.input_shape, "num_classes": data.train.num_classes}
+    shapes: dict[str, Any] = {"input_shape": data.train.input_shape, "num_classes": data.train.num_classes}
+    if data.train.vocab_size is not None and "vocab_size" in cfg.model and cfg.model.vocab_size is None:
+        shapes["vocab_size"] = data.train.vocab_size  # a text classifier's tokens: the tokenizer's vocabulary
     if cfg.adapter.get("_target_") is None:
         return functools.partial(_instantiate(cfg.model), **shapes)
     return functools.partial(with_adapter, _instantiate(cfg.model), _instantiate(cfg.adapter), **shapes)
@@ -211,7 +243,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
 def _components(cfg: DictConfig, run_dir: str | Path | None) -> tuple[FederatedData, dict[str, Any]]:
     """The data, and every :class:`Server` argument but the logger, built from ``cfg`` (none of them writes a file)."""
     executor = _instantiate_a(cfg.executor, Executor, "executor", "fedsim.executor.Executor")  # first: see process.py
-    data = build_data(cfg)
+    data = build_data(cfg, run_dir)
     clients = make_population(data, _instantiate(cfg.client))  # built when sampled (issue #35)
     return data, dict(
         model_factory=build_model_factory(cfg, data),

@@ -260,7 +260,7 @@ def hf_seq_cls(
     pretrained directory ``path`` (its new classification head initialised from ``seed``) or, with ``path=None``,
     a ``model_type`` model of the given size initialised from ``seed`` only; ``vocab_size`` (the tokenizer's) is
     then required. ``pad_token_id`` must be the data's padding id (0 for a ``tokenizer.json``, see
-    :func:`fedsim.data.instructions.load_tokenizer`). Other keys as :func:`hf_causal_lm`."""
+    :func:`fedsim.data.tokenizer.load_tokenizer`). Other keys as :func:`hf_causal_lm`."""
     if pad_token_id < 0:
         raise ValueError(f"model.pad_token_id must be >= 0, the data's padding id (got {pad_token_id})")
     transformers = require("transformers", "model=hf_seq_cls", "llm")

@@ -28,6 +28,8 @@ ADDED_LATER = {
     "attack.fraction": 0.2,
     "attack.per_round": False,
     "round.extra": [],
+    "data.tokenizer_kind": "bpe",  # the text readers' data.tokenizer=train keys: unused with a tokenizer file
+    "data.vocab_size": 8000,
 }
 FREE_KEYS = {
     "resume",
