@@ -30,6 +30,7 @@ from fedsim.client.federation import FederatedData, federate, make_population
 from fedsim.comm.names import codec_from
 from fedsim.comm.pipeline import Compression
 from fedsim.core.checkpoint import check_writable, list_checkpoints, write_text_atomic
+from fedsim.core.progress import configure as configure_progress
 from fedsim.core.run_lock import hold
 from fedsim.core.seeding import partition_seed
 from fedsim.executor.base import Executor
@@ -219,6 +220,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
     with a one-line message before any training starts, and then leaves no file of the run behind
     (:mod:`fedsim.cli.run_dir_guard`)."""
     validate(cfg)
+    configure_progress(cfg.logger.progress, cfg.logger.get("progress_after", 3))
     with removing_new_files(run_dir) as on_failure:  # files are created from here on, and later checks may still refuse
         if run_dir is not None:
             check_writable(run_dir)

@@ -36,6 +36,7 @@ from fedsim.client.federation import representatives
 from fedsim.client.local_training import LocalTraining, overrides_on_batch
 from fedsim.core.checks import integer
 from fedsim.core.params import ParamLayout, flatten
+from fedsim.core.progress import progress
 from fedsim.core.state_values import copy_state
 from fedsim.core.threads import torch_threads
 from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
@@ -90,7 +91,7 @@ class VmapExecutor(Executor):
         vectorised_local(workload.local)
 
     def start(self, workload: Workload) -> None:
-        with torch.random.fork_rng(devices=[]):  # a throwaway initialisation must not advance the caller's RNG
+        with torch.random.fork_rng(devices=[]), progress("building the model", None, "step"):  # the caller's RNG stays
             models = [workload.model_factory().to(device) for device in self.devices]
         check_model(models[0])
         warn_unbatched_layers(models[0])
