@@ -142,6 +142,12 @@ def build_model_factory(cfg: DictConfig, data: FederatedData) -> Callable[[], An
             f"model: the option for {cfg.model.get('_target_')} needs `_partial_: true` (fedsim passes "
             "input_shape and num_classes from the data); add `_partial_: true` to the model's option file"
         )
+    dtype = cfg.model.get("dtype", "float32")
+    if cfg.adapter.get("_target_") is None and dtype in ("bfloat16", "float16"):
+        raise ConfigError(
+            f"model.dtype={dtype} is the frozen base's dtype of a LoRA run, and adapter=none trains every weight; "
+            f"use adapter=lora, or model.dtype=float32 with client.autocast={dtype} for mixed precision"
+        )
     shapes: dict[str, Any] = {"input_shape": data.train.input_shape, "num_classes": data.train.num_classes}
     if data.train.vocab_size is not None and "vocab_size" in cfg.model and cfg.model.vocab_size is None:
         shapes["vocab_size"] = data.train.vocab_size  # a text classifier's tokens: the tokenizer's vocabulary

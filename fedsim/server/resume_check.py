@@ -30,6 +30,9 @@ ADDED_LATER = {
     "round.extra": [],
     "data.tokenizer_kind": "bpe",  # the text readers' data.tokenizer=train keys: unused with a tokenizer file
     "data.vocab_size": 8000,
+    "model.dtype": "float32",  # a language model's precision keys (fedsim.models.precision, client.autocast)
+    "model.gradient_checkpointing": False,
+    "client.autocast": None,
 }
 FREE_KEYS = {
     "resume",
