@@ -1,6 +1,11 @@
 """Suite-wide settings. Its folder (``tests/``) is on ``sys.path`` for every test, so the shared helpers
 (``cli_runner``, ``own_processes``, ``vision_files``, ...) import by name from any subfolder.
 
+* The test folders mirror fedsim's packages (``tests/core/`` tests ``fedsim/core/``, ...). pytest imports every test
+  file, and Python every helper, by its bare name (pytest's default ``prepend`` import mode: no ``__init__.py``, each
+  file's folder goes on ``sys.path``), so two ``.py`` files of the same name in two folders would clash (or one
+  helper would silently shadow the other): :func:`pytest_configure` refuses that in one line, before collecting.
+
 * ``RAY_ADDRESS=local``: a test's ``ray.init()`` without an address starts a Ray of its own, never joins a cluster
   that another program on the machine started with ``ray start`` (Ray's default is to join the newest one named in
   /tmp/ray/ray_current_cluster). Subprocesses inherit it.
@@ -21,6 +26,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,25 +49,32 @@ RAY_FILES = frozenset(
         "tests/executor/ray/test_ray_reuse.py",
         "tests/executor/ray/test_ray_cluster.py",
         "tests/executor/test_per_batch_executors.py",
+        "tests/executor/test_local_steps_executors.py",
         "tests/executor/test_malformed_updates.py",
-        "tests/state/test_client_state_runs.py",
+        "tests/client/test_client_state_runs.py",
         "tests/llm/test_lora_ray.py",
         "tests/llm/test_lora_executors.py",
         "tests/server/test_round_steps.py",
+        "tests/secagg/test_secagg_executors.py",
     }
 )
-# the files that took longest outside the Ray unit (--durations, 2026-12-05), longest first: handed out first
+# the files that took longest outside the Ray unit (per-file totals of a whole run, 2026-12-06), longest first: handed
+# out first, so that the run does not end waiting on one of them
 LONGEST_FILES = (
-    "tests/test_checkpoint.py",
-    "tests/test_config.py",
+    "tests/core/test_checkpoint.py",
+    "tests/core/test_run_dir_lock.py",
+    "tests/cli/test_config.py",
     "tests/executor/process/test_process.py",
+    "tests/client/test_client_state_resume.py",
     "tests/executor/process/test_worker_kill_loop.py",
-    "tests/test_multirun_leaks.py",
-    "tests/test_sweep.py",
-    "tests/test_trackers.py",
-    "tests/test_sweepers.py",
+    "tests/test_one_line_refusals.py",
+    "tests/cli/test_multirun_leaks.py",
+    "tests/llm/test_lora_resume.py",
+    "tests/privacy/test_private_runs.py",
+    "tests/observe/test_trackers.py",
+    "tests/cli/test_sweepers.py",
+    "tests/cli/test_sweep.py",
     "tests/strategy/test_configs.py",
-    "tests/state/test_client_state_resume.py",
 )
 _unmarked_durations: dict[str, float] = {}
 
@@ -99,6 +112,23 @@ def local_ray(_ray_shut_down_at_the_end: None) -> Any:
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     return ray
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse, in one line, two modules of one name under tests/ (see the module's docstring), and a name in
+    :data:`RAY_FILES` or :data:`LONGEST_FILES` that is no file (a test file moved or renamed)."""
+    tests = Path(__file__).resolve().parent
+    seen: dict[str, list[str]] = {}
+    for path in sorted(tests.rglob("*.py")):
+        relative = path.relative_to(tests.parent).as_posix()
+        if path.name != "conftest.py" and "fixtures" not in path.relative_to(tests).parts[:1]:
+            seen.setdefault(path.name, []).append(relative)
+    clashes = [" and ".join(paths) for paths in seen.values() if len(paths) > 1]
+    if clashes:
+        raise pytest.UsageError(f"{'; '.join(clashes)} share a name: rename one (tests import modules by name)")
+    stale = sorted(name for name in RAY_FILES | set(LONGEST_FILES) if not (tests.parent / name).is_file())
+    if stale:
+        raise pytest.UsageError(f"{', '.join(stale)} in tests/conftest.py's RAY_FILES or LONGEST_FILES is no file")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

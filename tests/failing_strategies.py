@@ -1,5 +1,5 @@
 """Strategies that break on purpose, importable by ``strategy._target_=failing_strategies.<Name>`` once tests/
-is on ``sys.path`` (tests/test_strategy_failures.py puts it there, and on ``PYTHONPATH`` for the CLI)."""
+is on ``sys.path`` (tests/server/test_strategy_failures.py puts it there, and on ``PYTHONPATH`` for the CLI)."""
 
 from __future__ import annotations
 

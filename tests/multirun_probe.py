@@ -1,4 +1,4 @@
-"""A Hydra callback for tests/test_multirun_leaks.py: after every multirun job it appends one JSON line
+"""A Hydra callback for tests/cli/test_multirun_leaks.py: after every multirun job it appends one JSON line
 describing the launcher process (open fds, child processes, live fedsim objects, SIGINT handler) to ``out``."""
 
 from __future__ import annotations

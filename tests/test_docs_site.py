@@ -135,3 +135,37 @@ def test_sphinx_roles_in_rendered_docstrings_become_plain_code() -> None:
     assert load_hook().on_page_content(html, None, None, None) == (
         "see <code>setup</code> and <code>Server</code>, not a:b:<code>"
     )
+
+
+# where a guide, a README, a script, a docstring or a test names a test file or folder (tests/core/test_checks.py,
+# tests/executor/ray, or one test: PATH::NAME); a pattern (test_<name>.py, test_fedbuff*.py) is no path
+TESTS_PATH = re.compile(r"(?<![\w./-])(tests/[\w/.<>*-]*[\w<>*])(?:::(\w+))?")
+NAMING_TESTS = ["README.md", "CONTRIBUTING.md", ".ci/run", "docs/**/*.md", "docs/**/*.ipynb", "conf/**/*.yaml"]
+NAMING_TESTS += ["experiments/**/*.*", "fedsim/**/*.py", "tests/**/*.py"]
+TEXT = {"", ".md", ".ipynb", ".yaml", ".py", ".sh", ".txt"}
+
+
+def named_test_paths() -> set[tuple[str, str, str | None]]:
+    """(the naming file, the path, the test function after ``::`` or None) for every path under tests/ named."""
+    files = {p for pattern in NAMING_TESTS for p in REPO.glob(pattern) if p.is_file() and p.suffix in TEXT}
+    named = set()
+    for path in files:
+        for m in TESTS_PATH.finditer(path.read_text(errors="replace")):
+            if not any(c in m.group(1) for c in "<>*"):
+                named.add((path.relative_to(REPO).as_posix(), m.group(1), m.group(2)))
+    return named
+
+
+def test_every_test_file_the_docs_and_code_name_exists() -> None:
+    """The test folders mirror the packages (CONTRIBUTING.md, "Writing tests"): a test file that moves leaves no
+    stale path in a guide, a README or a docstring, and a ``file::test`` names a test that is there."""
+    named = named_test_paths()
+    assert len(named) > 100  # the files were read
+    missing = sorted(f"{src}: {path}" for src, path, _ in named if not (REPO / path).exists())
+    assert not missing, f"paths under tests/ that do not exist: {missing}"
+    gone = sorted(
+        f"{src}: {path}::{test}"
+        for src, path, test in named
+        if test and not re.search(rf"^(async )?def {test}\(", (REPO / path).read_text(), re.MULTILINE)
+    )
+    assert not gone, f"tests that are not in the file named: {gone}"

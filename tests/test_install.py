@@ -72,3 +72,14 @@ def test_non_editable_install_finds_its_configs(tmp_path: Path) -> None:
         timeout=120,
     )
     assert Path(where.stdout.strip()) == prefix / "share" / "fedsim" / "conf", where.stderr[-2000:]
+
+
+def test_every_config_group_is_listed_for_the_non_editable_install() -> None:
+    """A config group missing from setup.cfg's data_files exists in a checkout and vanishes from an install."""
+    import configparser
+
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / "setup.cfg")
+    listed = {key.removeprefix("share/fedsim/conf").strip("/") for key in parser["options.data_files"]}
+    groups = {path.name for path in (ROOT / "conf").iterdir() if path.is_dir()}
+    assert groups - listed == set(), "add these conf/ groups to [options.data_files] in setup.cfg"

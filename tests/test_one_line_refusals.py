@@ -1,7 +1,8 @@
 """The battery's rule, kept (issue #41): every refusal is exactly one line, for every new option.
 
-Each case is a bad value of an option added by issues #32-#35 (pFedMe, APFL, FedSA-LoRA, LoRA and FFA-LoRA
-adapters, the Hugging Face models, the text data options, clip-only DP-SGD, the PLD accountant, Ray's kept actors),
+Each case is a bad value of an option added by issues #32-#35 and #43 (pFedMe, APFL, FedSA-LoRA, LoRA and FFA-LoRA
+adapters, the Hugging Face models, the text data options, clip-only DP-SGD, the PLD accountant, Ray's kept actors,
+local steps, learning-rate schedules, Per-FedAvg, MOON),
 run from the command line: exit status 2, one line on stderr, ``fedsim: error: ...`` naming the key (or the file
 and field the value points at), nothing on stdout, and no file of the run left behind (only Hydra's ``.hydra/``
 and ``run.log``). The data are tiny and every refusal comes before the first round. A refusal that cannot name its
@@ -134,6 +135,28 @@ CASES = [
     ("dpsgd-noise", "small", ["client=dpsgd", "client.noise_multiplier=-1"], "client.noise_multiplier"),
     ("dp-accountant", "small", ["dp=central", "dp.accountant=xyz"], "dp.accountant"),
     ("ray-reuse-actors", "small", ["executor=ray", "executor.reuse_actors=maybe"], "executor.reuse_actors"),
+    ("local-steps-0", "small", ["client.local_steps=0"], "client.local_steps must be an integer >= 1"),
+    ("local-steps-float", "small", ["client.local_steps=2.5"], "client.local_steps must be an integer"),
+    ("local-steps-text", "small", ["client.local_steps=abc"], "client.local_steps"),
+    ("local-steps-clock", "small", ["client.local_steps=3", "clock=sampled"], "client.local_steps=3"),
+    ("local-steps-dpsgd", "small", ["client=dpsgd", "+client.local_steps=3"], "client.local_steps: client=dpsgd"),
+    ("lr-schedule-kind", "small", ["client.lr_schedule.kind=linear"], "client.lr_schedule.kind must be one of"),
+    ("lr-schedule-gamma", "small", ["client.lr_schedule.gamma=0"], "client.lr_schedule.gamma must be in (0, 1]"),
+    ("lr-schedule-gamma-text", "small", ["client.lr_schedule.gamma=abc"], "client.lr_schedule.gamma must be a"),
+    ("lr-schedule-step-rounds", "small", ["client.lr_schedule.step_rounds=0"], "client.lr_schedule.step_rounds"),
+    ("lr-schedule-min-lr", "small", ["client.lr_schedule.min_lr=-1"], "client.lr_schedule.min_lr"),
+    ("lr-schedule-num-rounds", "small", ["client.lr_schedule.num_rounds=0"], "client.lr_schedule.num_rounds"),
+    ("lr-schedule-unknown", "small", ["+client.lr_schedule.decay=2"], "unknown setting client.lr_schedule.decay"),
+    ("perfedavg-alpha", "small", ["strategy=perfedavg", "strategy.alpha=0"], "strategy.alpha must be > 0"),
+    ("perfedavg-beta", "small", ["strategy=perfedavg", "strategy.beta=-1"], "strategy.beta must be > 0 or null"),
+    ("perfedavg-variant", "small", ["strategy=perfedavg", "strategy.variant=maml"], "strategy.variant must be fo or"),
+    ("perfedavg-delta", "small", ["strategy=perfedavg", "strategy.delta=0"], "strategy.delta must be > 0"),
+    ("perfedavg-vmap", "small", ["strategy=perfedavg", "executor=vmap"], "executor=vmap"),
+    ("moon-mu", "small", ["strategy=moon", "model=mlp", "strategy.mu=-1"], "strategy.mu must be >= 0"),
+    ("moon-temperature", "small", ["strategy=moon", "model=mlp", "strategy.temperature=0"], "strategy.temperature"),
+    ("moon-logreg", "small", ["strategy=moon"], "strategy=moon contrasts the input of the model's last nn.Linear"),
+    ("moon-vmap", "small", ["strategy=moon", "model=mlp", "executor=vmap"], "executor=vmap"),
+    ("moon-dpsgd", "small", ["strategy=moon", "model=mlp", "client=dpsgd"], "has its own epoch loop"),
 ]
 # refusals once the adapters are on the model (the first of them imports peft: seconds)
 SLOW_CASES = [

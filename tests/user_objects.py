@@ -1,5 +1,5 @@
 """User objects as hand-written simulations have them (own data, own model, ``train(state_dict)``), for
-tests/test_adapters.py; a module of its own so that spawned process workers can import them by name."""
+tests/client/test_adapters.py; a module of its own so that spawned process workers can import them by name."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-batch personalisation on a label-skewed split: APFL and pFedMe against Ditto and FedAvg, 3 seeds.
+"""Per-batch personalisation on a label-skewed split: APFL, pFedMe, Per-FedAvg and MOON against Ditto and FedAvg.
 
 The split of experiments/personalisation (Synthetic(0,0) from 100 devices, pooled and re-split over 50 clients by a
 Dirichlet(0.1) label skew) with the 2NN, fewer rounds to fit the shared 2-core machine. Every client is scored on its
@@ -41,9 +41,12 @@ CONFIGS = {
     "Ditto": ["strategy=ditto", "strategy.lam=0.1"],
     "APFL": ["strategy=apfl", "strategy.alpha=0.25", "strategy.adapt_alpha=true"],
     "pFedMe": ["strategy=pfedme"],  # λ = 15, K = 5, personal lr 0.01, β = 1
+    "Per-FedAvg (FO)": ["strategy=perfedavg"],  # α = 0.01, β = the client's lr (0.05)
+    "Per-FedAvg (HF)": ["strategy=perfedavg", "strategy.variant=hf"],  # and δ = 0.001
+    "MOON": ["strategy=moon"],  # μ = 1, τ = 0.5
 }
 KEYS = ["eval_global/accuracy_mean", "eval_global/accuracy_worst10", "eval_personal/accuracy_mean"]
-KEYS += ["eval_personal/accuracy_worst10", "fit/apfl_alpha"]
+KEYS += ["eval_personal/accuracy_worst10", "fit/apfl_alpha", "fit/moon_contrastive"]
 
 
 def main() -> None:
@@ -63,7 +66,7 @@ def main() -> None:
             t0 = time.perf_counter()
             final = run_config(cfg, run_root / f"{name}-seed{seed}").history[-1]
             runs[name][seed] = {k: final[k] for k in KEYS if k in final} | {"wall_time_s": time.perf_counter() - t0}
-            print(f"seed {seed} {name:7s} {runs[name][seed]}", flush=True)
+            print(f"seed {seed} {name:15s} {runs[name][seed]}", flush=True)
     summary = {name: _mean_std(per_seed) for name, per_seed in runs.items()}
     wall = time.perf_counter() - start
     result = {"setting": SETTING, "configs": CONFIGS, "rounds": args.rounds, "seeds": args.seeds}

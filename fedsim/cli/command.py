@@ -22,8 +22,9 @@ from fedsim.cli.library_output import library_output_to_run_log
 from fedsim.cli.objective import objective_value
 from fedsim.cli.run import CONFIG_DIR, build_server
 from fedsim.cli.run_summary import record_error, record_summary, write_failed_summary
+from fedsim.cli.sweep_check import sweep_arguments
 from fedsim.core.checkpoint import CheckpointError, resume_hint
-from fedsim.core.errors import JobFailed, RoundFailedError, WorkerStartupError
+from fedsim.core.errors import ConfigError, JobFailed, RoundFailedError, WorkerStartupError
 from fedsim.core.run_lock import Lease, RunDirectoryInUse, hold
 from fedsim.core.storage import LogFileErrors, is_write_failure, write_failure_text, write_remedy
 from fedsim.observe.run_names import register_run_label_resolver
@@ -111,11 +112,22 @@ def _run_from_command_line(cfg: DictConfig, run_dir: str) -> list[dict[str, Any]
             file=sys.stderr,
         )
         sys.exit(130)
-    print(
+    print(_final_line(summary, run_dir))
+    return result.history
+
+
+def _final_line(summary: dict[str, Any], run_dir: str) -> str:
+    """The command's last line: the final test accuracy, or for a token task the perplexity (token accuracy after)."""
+    if "final_perplexity" in summary:
+        return (
+            f"final test perplexity: {summary['final_perplexity']:.4f} (token accuracy "
+            f"{summary['final_accuracy']:.4f}, best perplexity {summary['best_perplexity']:.4f}, "
+            f"{summary['rounds']} rounds, {summary['wall_time_s']:.1f} s) -> {run_dir}"
+        )
+    return (
         f"final test accuracy: {summary['final_accuracy']:.4f} (best {summary['best_accuracy']:.4f}, "
         f"{summary['rounds']} rounds, {summary['wall_time_s']:.1f} s) -> {run_dir}"
     )
-    return result.history
 
 
 def _record_final_summary(
@@ -163,6 +175,10 @@ def main(argv: list[str] | None = None) -> None:
     if argv is not None:
         sys.argv = [saved[0] if saved else "fedsim", *argv]  # Hydra reads its overrides from sys.argv
     try:
+        try:  # a sweep's overrides checked against every swept option (fedsim/cli/sweep_check.py)
+            sys.argv = [sys.argv[0], *sweep_arguments(sys.argv[1:])]
+        except ConfigError as error:
+            fail(str(error), 2)
         run_hydra_entry(_hydra_main)
     finally:
         sys.argv = saved

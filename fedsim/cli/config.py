@@ -96,6 +96,7 @@ class RunSchema:
     compression: Any = field(default_factory=dict)
     dp: Any = field(default_factory=dict)
     attack: Any = field(default_factory=dict)
+    secagg: Any = field(default_factory=dict)
     stragglers: StragglerSchema = field(default_factory=lambda: StragglerSchema())
     early_stop: EarlyStopSchema = field(default_factory=lambda: EarlyStopSchema())
     objective: ObjectiveSchema = field(default_factory=lambda: ObjectiveSchema())
@@ -246,10 +247,14 @@ def _check_eval_device(name: str) -> None:
 
 
 def _validate_client(client: DictConfig) -> None:
-    for key in ("epochs", "batch_size"):
+    for key in ("epochs", "batch_size", "local_steps"):
         value = _number(client, key)
         if value is not None:
-            _require(value >= 1 and float(value).is_integer(), f"client.{key}", "must be an integer >= 1", value)
+            rule = "must be an integer >= 1" + (" or null (null: client.epochs)" if key == "local_steps" else "")
+            _require(value >= 1 and float(value).is_integer(), f"client.{key}", rule, value)
+    schedule = client.get("lr_schedule")
+    if isinstance(schedule, DictConfig) and str(schedule.get("_target_", "")).endswith("LrSchedule"):
+        _validate_lr_schedule(schedule)
     optimizer = client.get("optimizer")
     if isinstance(optimizer, DictConfig):
         lr = _number(optimizer, "lr")
@@ -259,6 +264,17 @@ def _validate_client(client: DictConfig) -> None:
             value = _number(optimizer, key)
             if value is not None:
                 _require(value >= 0, f"client.optimizer.{key}", "must be >= 0", value)
+
+
+def _validate_lr_schedule(schedule: DictConfig) -> None:
+    """``client.lr_schedule``'s rules (:class:`~fedsim.client.schedule.LrSchedule`'s), before the data is loaded."""
+    from fedsim.client.schedule import LrSchedule
+
+    values = {k: schedule[k] for k in ("kind", "gamma", "step_rounds", "min_lr", "num_rounds") if k in schedule}
+    try:
+        LrSchedule(**values)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(str(error).splitlines()[0]) from None
 
 
 def _validate_data_and_partition(cfg: DictConfig) -> None:

@@ -1,5 +1,5 @@
 """Numbers and flags in the group sections (data, partition, model, client, strategy, executor, tracker, clock, dp,
-attack) checked against the constructor they are meant for, before any work.
+attack, secagg) checked against the constructor they are meant for, before any work.
 
 A group section names its class or function in ``_target_``; each key is one of its parameters. Where the
 parameter is annotated (or defaults to) a number, the value must be one: an ``int`` parameter takes an
@@ -20,7 +20,10 @@ from omegaconf import DictConfig
 
 from fedsim.core.checks import is_integer, is_number
 
-GROUPS = ("data", "partition", "model", "adapter", "client", "strategy", "executor", "tracker", "clock", "dp", "attack")
+GROUPS = (
+    *("data", "partition", "model", "adapter", "client", "strategy", "executor", "tracker", "clock", "dp", "attack"),
+    "secagg",
+)
 
 
 def check_numbers(cfg: DictConfig, error: Callable[[str], Exception]) -> None:

@@ -12,6 +12,7 @@ returns.
 
 from __future__ import annotations
 
+import errno
 import logging
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,11 @@ def _lock_or_exit(directory: Path | None) -> None:
         command_line_lease(directory)
     except RunDirectoryInUse as error:
         fail(str(error), 2)
+    except OSError as error:
+        if error.errno != errno.ENAMETOOLONG:
+            raise
+        # a name too long to create: Hydra's mkdir fails next, in one line (fedsim.cli.hydra_entry), with no warning
+        # of Hydra's about this callback before it
 
 
 class DirectoryLockCallback(Callback):

@@ -1,5 +1,5 @@
 """The ``fedsim`` command's entry around Hydra: one line and an exit status for what Hydra itself fails to write
-(the run directory's ``.hydra/`` on a full disk), Hydra's own report for everything else.
+(the run directory's ``.hydra/`` on a full disk, a directory name too long), Hydra's own report for everything else.
 
 It reads two private details of hydra-core 1.3 (the ``_save_config``/``run_job`` frames of ``hydra.core.utils``,
 to name the file, and ``hydra._internal.utils.run_and_report``); without the first the line says "the run
@@ -7,6 +7,7 @@ directory"."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import traceback
@@ -57,12 +58,13 @@ def _restore_env(name: str, value: str | None) -> None:
 
 def hydra_write_failure(error: BaseException, task: Callable[..., Any]) -> str | None:
     """One line (without ``fedsim: error:``) when ``error`` is Hydra failing to write the run directory before it
-    called ``task`` (``.hydra/config.yaml`` on a full disk or a read-only filesystem), else ``None``. Hydra's
+    called ``task`` (``.hydra/config.yaml`` on a full disk or a read-only filesystem, a name in the directory's path
+    over the filesystem's limit), else ``None``. Hydra's
     error names no file; its ``_save_config`` frame (or ``run_job``'s) says which it was writing."""
     if (
         not isinstance(error, OSError)
         or type(error).__module__.startswith("hydra")
-        or error.errno not in STORAGE_ERRNOS
+        or error.errno not in {*STORAGE_ERRNOS, errno.ENAMETOOLONG}
     ):
         return None
     saving, job_dir = None, None
@@ -75,6 +77,11 @@ def hydra_write_failure(error: BaseException, task: Callable[..., Any]) -> str |
             elif frame.f_code.co_name == "run_job":
                 job_dir = frame.f_locals.get("output_dir")
     target = error.filename or saving or job_dir or "the run directory"
+    if error.errno == errno.ENAMETOOLONG:  # a directory the command line named (fedsim's own names fit)
+        return (
+            f"cannot create {target}: {error.strerror}; choose a shorter hydra.run.dir (in a sweep: hydra.sweep.dir "
+            "or hydra.sweep.subdir): one name in a path holds at most 255 bytes"
+        )
     return (
         f"cannot write {target}: {error.strerror}; {write_remedy(error, job_dir or 'it')} "
         "or choose another hydra.run.dir"

@@ -25,6 +25,7 @@ from fedsim.attacks.base import Attack
 from fedsim.cli.config import ConfigError, register_schema, to_yaml, validate
 from fedsim.cli.run_dir_guard import removing_new_files
 from fedsim.cli.run_summary import flat_hparams, record_error, record_summary
+from fedsim.cli.secagg_option import build_secagg
 from fedsim.client.evaluation import ClientEvaluation
 from fedsim.client.federation import FederatedData, federate, make_population
 from fedsim.comm.names import codec_from
@@ -253,10 +254,13 @@ def _components(cfg: DictConfig, run_dir: str | Path | None) -> tuple[FederatedD
     executor = _instantiate_a(cfg.executor, Executor, "executor", "fedsim.executor.Executor")  # first: see process.py
     data = build_data(cfg, run_dir)
     clients = make_population(data, _instantiate(cfg.client))  # built when sampled (issue #35)
+    model_factory = build_model_factory(cfg, data)
+    strategy = _instantiate_a(cfg.strategy, Strategy, "strategy", "fedsim.strategy.Strategy")
+    secagg = build_secagg(cfg, strategy, _instantiate)  # before central DP's accountant is loaded: it may refuse it
     return data, dict(
-        model_factory=build_model_factory(cfg, data),
+        model_factory=model_factory,
         federation=Federation(clients, data.train, data.test, state_store=cfg.state_store),
-        strategy=_instantiate_a(cfg.strategy, Strategy, "strategy", "fedsim.strategy.Strategy"),
+        strategy=strategy,
         executor=executor,
         schedule=Schedule(
             num_rounds=cfg.num_rounds,
@@ -282,7 +286,7 @@ def _components(cfg: DictConfig, run_dir: str | Path | None) -> tuple[FederatedD
             compression=build_compression(cfg),
             privacy=build_privacy(cfg),
             attack=build_attack(cfg),
-            extra=build_extra_stages(cfg),
+            extra=secagg + build_extra_stages(cfg),
         ),
     )
 
@@ -340,9 +344,12 @@ def _run_config(cfg: DictConfig, run_dir: str | Path | None) -> RunResult:
         record_error(server, cfg, run_dir, time.perf_counter() - start, error)
         raise
     summary = record_summary(server, result, cfg, run_dir, time.perf_counter() - start)
+    tokens = "final_perplexity" in summary  # a token task: perplexity first
     log.info(
-        "final test accuracy %.4f after %d rounds (%.1f s)",
-        summary["final_accuracy"] or float("nan"),
+        "final test %s %.4f%s after %d rounds (%.1f s)",
+        "perplexity" if tokens else "accuracy",
+        summary["final_perplexity"] if tokens else summary["final_accuracy"] or float("nan"),
+        f" (token accuracy {summary['final_accuracy']:.4f})" if tokens else "",
         summary["rounds"],
         summary["wall_time_s"],
     )

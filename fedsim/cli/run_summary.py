@@ -95,12 +95,18 @@ def error_line(error: BaseException) -> str:
 
 
 def summarize(result: RunResult, wall_time_s: float) -> dict[str, float | int | None]:
-    """Final and best test accuracy, final test loss, rounds and wall time of a finished run."""
+    """Final and best test accuracy, final test loss, rounds and wall time of a finished run; for a token task
+    (``eval/perplexity`` logged) also ``final_perplexity`` and ``best_perplexity`` (the lowest)."""
     evaluated = [r for r in result.history if r.get("eval/accuracy") is not None]
-    return {
+    summary: dict[str, float | int | None] = {
         "rounds": len(result.history),
         "final_accuracy": evaluated[-1]["eval/accuracy"] if evaluated else None,
         "final_loss": evaluated[-1]["eval/loss"] if evaluated else None,
         "best_accuracy": max(r["eval/accuracy"] for r in evaluated) if evaluated else None,
         "wall_time_s": wall_time_s,
     }
+    perplexities = [r["eval/perplexity"] for r in evaluated if r.get("eval/perplexity") is not None]
+    if perplexities:
+        summary["final_perplexity"] = perplexities[-1]
+        summary["best_perplexity"] = min(perplexities)
+    return summary

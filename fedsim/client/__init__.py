@@ -6,6 +6,7 @@ researcher's own model objects, and the federation: a dataset partitioned into c
 strategies, executors or the server."""
 
 from fedsim.client.base import Client, OptimizerFactory, default_optimizer
+from fedsim.client.schedule import LrSchedule
 from fedsim.client.scoring import evaluate_indices, example_losses
 
-__all__ = ["Client", "OptimizerFactory", "default_optimizer", "evaluate_indices", "example_losses"]
+__all__ = ["Client", "LrSchedule", "OptimizerFactory", "default_optimizer", "evaluate_indices", "example_losses"]

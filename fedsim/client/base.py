@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from fedsim.client.local_training import BatchSteps, LocalTraining, hook_before_step, overrides_on_batch
+from fedsim.client.schedule import LrSchedule
 from fedsim.client.scoring import evaluate_indices
 from fedsim.client.task_trainer import TaskTrainer
 from fedsim.core.checks import integer
@@ -43,8 +44,16 @@ class Client:
     ``train_indices`` and ``test_indices`` index into the shared training dataset (the client's
     local test split lives inside the training set, away from the centralized test set).
     ``optimizer`` builds a fresh optimizer over the model's parameters for every ``fit`` call.
-    ``config`` keys from the strategy (``epochs``, ``batch_size``, ``lr``) override the defaults for
+    ``config`` keys from the strategy (``epochs``, ``local_steps``, ``batch_size``, ``lr``) override the defaults for
     one round; a strategy may add its own keys and a matching client subclass may read them.
+
+    ``local_steps``: when set, every task trains exactly that many batches (optimizer steps) whatever the client's
+    size, and ``epochs`` is not read: batches are cut from passes over the client's training indices, each pass a
+    fresh shuffle drawn from the task's generator (as an epoch's), its last batch possibly smaller; once a pass is
+    used up the next one is drawn, and the task stops after the K-th batch, in the middle of a pass if need be. So
+    K = E · ⌈n / B⌉ trains exactly as E epochs do, and the batches are a pure function of (seed, round, client).
+    ``lr_schedule``: the learning rate of every round (:class:`~fedsim.client.schedule.LrSchedule`; the server
+    computes it and sends it as the task config's ``lr``); ``None`` is constant.
     ``autocast`` (``"bfloat16"``, ``"float16"``; None: off) runs :meth:`objective`, the forward pass and the loss,
     under ``torch.autocast`` on the model's device; the backward pass and the optimizer step stay outside it.
     """
@@ -63,9 +72,13 @@ class Client:
         epochs: int = 1,
         batch_size: int = 10,
         optimizer: OptimizerFactory | None = None,
+        local_steps: int | None = None,
+        lr_schedule: LrSchedule | None = None,
         autocast: str | None = None,
     ) -> None:
         integer("client.epochs", epochs, 1)
+        if local_steps is not None:
+            integer("client.local_steps", local_steps, 1, hint="; null: client.epochs")
         integer("client.batch_size", batch_size, 1)
         if autocast not in AUTOCAST:
             raise ValueError(f"client.autocast must be null, bfloat16 or float16 (got {autocast!r})")
@@ -78,6 +91,8 @@ class Client:
         self.epochs = epochs
         self.batch_size = batch_size
         self.optimizer = optimizer or default_optimizer()
+        self.local_steps = local_steps
+        self.lr_schedule = lr_schedule
         self._local: LocalTraining | None = None
         self._batches: BatchSteps | None = None  # the strategy's per-batch hook, during the local epochs only
 
@@ -212,15 +227,12 @@ class Client:
         round_num: int,
         local: LocalTraining | None,
     ) -> ClientUpdate:
-        """The local epochs of :meth:`fit` and the update they produce."""
-        epochs = int(config.get("epochs", self.epochs))
-        batch_size = int(config.get("batch_size", self.batch_size))
+        """The local epochs (or local steps) of :meth:`fit` and the update they produce."""
         device = next(model.parameters()).device
         optimizer = self.make_optimizer(model, config)
         hook_before_step(local, model, optimizer)
         model.train()
-        epoch_losses = [self._run_epoch(model, optimizer, data, batch_size, generator, device) for _ in range(epochs)]
-        steps = epochs * math.ceil(self.num_train / batch_size)
+        epoch_losses, steps = self._local_work(model, optimizer, data, config, generator)
         return ClientUpdate(
             client_id=self.client_id,
             round_num=round_num,
@@ -235,6 +247,40 @@ class Client:
             device=str(device),
         )
 
+    def task_steps(self, config: dict[str, Any]) -> int | None:
+        """The task's local steps K (the config's ``local_steps``, else the client's), or ``None``: it trains epochs."""
+        steps = config.get("local_steps", self.local_steps)
+        return None if steps is None else int(steps)
+
+    def _local_work(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data: TensorData,
+        config: dict[str, Any],
+        generator: torch.Generator,
+    ) -> tuple[list[float], int]:
+        """The task's local training with ``optimizer``: its epochs, or its K local steps (see the class docstring);
+        returns each pass's mean loss and the number of batches trained."""
+        batch_size = int(config.get("batch_size", self.batch_size))
+        device = next(model.parameters()).device
+        per_pass = math.ceil(self.num_train / batch_size)
+        steps = self.task_steps(config)
+        if steps is None:
+            epochs = int(config.get("epochs", self.epochs))
+            losses = [self._run_epoch(model, optimizer, data, batch_size, generator, device) for _ in range(epochs)]
+            return losses, epochs * per_pass
+        if type(self)._run_epoch is not Client._run_epoch:
+            raise TypeError(
+                f"client.local_steps: {type(self).__name__} has its own epoch loop (_run_epoch), which cannot stop "
+                "after K batches; set client.epochs instead"
+            )
+        losses, left = [], steps if per_pass else 0
+        while left > 0:
+            losses.append(self._run_pass(model, optimizer, data, batch_size, generator, device, min(left, per_pass)))
+            left -= per_pass
+        return losses, steps if per_pass else 0
+
     def _run_epoch(
         self,
         model: nn.Module,
@@ -244,16 +290,31 @@ class Client:
         generator: torch.Generator,
         device: torch.device,
     ) -> float:
-        """One pass over the client's shuffled training indices; returns the example-weighted mean loss.
+        """One pass over the client's shuffled training indices; returns the example-weighted mean loss."""
+        per_pass = math.ceil(self.num_train / batch_size)
+        return self._run_pass(model, optimizer, data, batch_size, generator, device, per_pass)
+
+    def _run_pass(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data: TensorData,
+        batch_size: int,
+        generator: torch.Generator,
+        device: torch.device,
+        batches: int,
+    ) -> float:
+        """The first ``batches`` batches of one pass over the client's shuffled training indices (a whole pass is an
+        epoch); returns the example-weighted mean loss of the batches trained.
 
         Batch losses are summed in float64 where ``train_step`` leaves them (on a GPU: on the GPU), so the
-        device is waited for once per epoch, not once per step; the sum equals a Python float sum bit for bit.
+        device is waited for once per pass, not once per step; the sum equals a Python float sum bit for bit.
         """
         order = torch.from_numpy(self.train_indices)[torch.randperm(self.num_train, generator=generator)]
         order = order.to(data.x.device)  # data already on the GPU: index it there, no copy per step
         total: float | torch.Tensor = 0.0
         seen = 0
-        for start in range(0, self.num_train, batch_size):
+        for start in range(0, min(self.num_train, batches * batch_size), batch_size):
             idx = order[start : start + batch_size]
             x, y = data.x[idx].to(device, non_blocking=True), data.y[idx].to(device, non_blocking=True)
             loss = (

@@ -202,15 +202,18 @@ def _exp(loss: float | None) -> float:
 
 
 def describe(metrics: dict[str, float]) -> str | None:
-    """One line for the run log: the clients' accuracy distribution(s) of an evaluation round, or ``None``."""
+    """One line for the run log: the clients' accuracy distribution(s) of an evaluation round, or ``None``; on token
+    data their perplexity's (p90 and the worst 10 %: the highest)."""
     if "eval_global/accuracy" not in metrics:
         return None
-    parts = [f"{int(metrics['eval_global/clients'])} clients' accuracy"]
+    tokens = "eval_global/perplexity" in metrics
+    name, low = ("perplexity", "p90") if tokens else ("accuracy", "p10")
+    parts = [f"{int(metrics['eval_global/clients'])} clients' {name}"]
     for prefix, label in (("eval_global", "global"), ("eval_personal", "personal")):
-        if f"{prefix}/accuracy" in metrics:
+        if f"{prefix}/{name}" in metrics:
             parts.append(
-                f"{label} {metrics[f'{prefix}/accuracy']:.4f} (p10 {metrics[f'{prefix}/accuracy_p10']:.4f}, "
-                f"worst 10% {metrics[f'{prefix}/accuracy_worst10']:.4f}, std {metrics[f'{prefix}/accuracy_std']:.4f})"
+                f"{label} {metrics[f'{prefix}/{name}']:.4f} ({low} {metrics[f'{prefix}/{name}_{low}']:.4f}, "
+                f"worst 10% {metrics[f'{prefix}/{name}_worst10']:.4f}, std {metrics[f'{prefix}/{name}_std']:.4f})"
             )
     if "eval_personal/personalised" in metrics:
         parts.append(f"{int(metrics['eval_personal/personalised'])} with a personal model yet")

@@ -18,6 +18,7 @@ from fedsim.core.types import ClientUpdate
 
 if TYPE_CHECKING:
     from fedsim.client.task_trainer import TaskClient, TaskTrainer
+    from fedsim.data.tensor_data import TensorData
 
 
 @dataclass
@@ -117,6 +118,19 @@ class LocalTraining:
         ``eval_global/`` (see docs/personalisation.md). The default has nothing personal."""
         return False
 
+    def adapt(self, model: nn.Module, state: dict[str, Any], client: TaskClient, data: TensorData) -> bool:
+        """For evaluation, as :meth:`personalise`, with the client and the training data at hand: an algorithm whose
+        personal model is computed from the client's own examples when it is evaluated (Per-FedAvg's step of
+        adaptation from the global model, :mod:`fedsim.strategy.perfedavg`) overrides this instead. It must be a
+        pure function of the model, the state and the client's data (no random draw), as every executor calls it.
+        The default is :meth:`personalise`."""
+        return self.personalise(model, state)
+
+    def check(self, model: nn.Module) -> None:
+        """Refuse, with a one-line ``ValueError``, a model this client half cannot train (MOON needs a hidden
+        representation); called once when the server is built, with the round-0 global model. The default accepts
+        every model."""
+
     def update_state(
         self, state: dict[str, Any], config: dict[str, Any], global_params: torch.Tensor, update: ClientUpdate
     ) -> None:
@@ -180,8 +194,11 @@ class LocalTraining:
 
 
 def personalises(local: LocalTraining | None) -> bool:
-    """Whether ``local`` overrides :meth:`LocalTraining.personalise` (the algorithm has personal models)."""
-    return local is not None and type(local).personalise is not LocalTraining.personalise
+    """Whether ``local`` overrides :meth:`LocalTraining.personalise` or :meth:`LocalTraining.adapt` (the algorithm has
+    personal models)."""
+    return local is not None and (
+        type(local).personalise is not LocalTraining.personalise or type(local).adapt is not LocalTraining.adapt
+    )
 
 
 class BatchSteps:

@@ -31,6 +31,15 @@ class TaskClient(Protocol):
     epochs: int  # its default local epochs (Ditto reads them)
     train_indices: np.ndarray
 
+    def _local_work(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data: TensorData,
+        config: dict[str, Any],
+        generator: torch.Generator,
+    ) -> tuple[list[float], int]: ...
+
     def make_optimizer(self, model: nn.Module, config: dict[str, Any]) -> torch.optim.Optimizer:
         """This round's optimizer (:meth:`fedsim.client.Client.make_optimizer`)."""
         ...
@@ -90,6 +99,17 @@ class TaskTrainer:
             self.client._run_epoch(self.model, optimizer, self.data, batch_size, self.generator, device)
             for _ in range(epochs)
         ]
+
+    def run_local(self, *, before_step: Callable[[nn.Module], None] | None = None) -> list[float]:
+        """Train :attr:`model` in place for as long as the task's local training: its epochs, or its
+        ``local_steps`` when the client or the round sets them (see :class:`~fedsim.client.base.Client`), with a fresh
+        optimizer and ``before_step`` as :meth:`run_epochs`; returns each pass's mean loss (Ditto's personal model
+        when ``personal_epochs`` is null)."""
+        optimizer = self.client.make_optimizer(self.model, self.config)
+        if before_step is not None:
+            optimizer.register_step_pre_hook(lambda _optimizer, _args, _kwargs: before_step(self.model))
+        self.model.train()
+        return self.client._local_work(self.model, optimizer, self.data, self.config, self.generator)[0]
 
     def freeze(self, names: Collection[str]) -> None:
         """Stop training the named parameters (``requires_grad=False``) until the task ends: the client puts every

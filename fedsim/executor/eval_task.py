@@ -127,7 +127,7 @@ def _with_personal(
 ) -> ClientScore:
     """``score`` with the client's personal model's loss and accuracy added (its global ones if it has none)."""
     _load(model, global_params, fixed)
-    if not local.personalise(model, state):
+    if not local.adapt(model, state, client, data):
         return replace(score, personal_loss=score.loss, personal_accuracy=score.accuracy)
     own = _group_scores(model, [client], data)[0]
     return replace(score, personal_loss=own.loss, personal_accuracy=own.accuracy, personal=True)

@@ -250,15 +250,22 @@ class RunLogger:
             log.info("round %d: %s", round_num, clients_line)
 
     def _show_eval(self, round_num: int, metrics: dict[str, float]) -> None:
-        acc, loss = metrics["eval/accuracy"], metrics.get("eval/loss", math.nan)
+        """The round's test line: accuracy first, or for a token task (``eval/perplexity``) perplexity, then the
+        token accuracy."""
+        acc, perplexity = metrics["eval/accuracy"], metrics.get("eval/perplexity")
+        shown = f"test accuracy {acc:.4f}"
+        if perplexity is not None:
+            shown = f"test perplexity {perplexity:.4f}, token accuracy {acc:.4f}"
         log.info(
-            "round %d: test accuracy %.4f, test loss %.4f, train loss %.4f",
+            "round %d: %s, test loss %.4f, train loss %.4f",
             round_num,
-            acc,
-            loss,
+            shown,
+            metrics.get("eval/loss", math.nan),
             metrics.get("train/loss", math.nan),
         )
-        if self._bar is not None:
+        if self._bar is not None and perplexity is not None:
+            self._bar.set_postfix(ppl=f"{perplexity:.4f}")
+        elif self._bar is not None:
             self._bar.set_postfix(acc=f"{acc:.4f}")
 
     def close(self) -> None:

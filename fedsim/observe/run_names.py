@@ -6,6 +6,9 @@ fixed ones and be cut off in the run selector. :func:`sweep_run_label` orders th
 sweep's parameters (in the order they were given), then the other overrides with their keys shortened to the
 last part (``client.optimizer.foreach=true`` -> ``foreach=true``; the whole key where two last parts clash),
 all as ``key=value`` joined by ``,`` so that the run selector's regex filter (``strategy=fedprox``) still works.
+A label longer than :data:`MAX_LABEL_BYTES` keeps the entries that fit and ends with a digest of the whole
+(:func:`fit_label`): a name never breaks a run (a directory name holds at most 255 bytes), and the full overrides
+stay in the job's ``.hydra/overrides.yaml``, where ``python -m fedsim.report`` reads them.
 
 The sweep's parameters are the overrides of the sweep's command line that are sweeps (``a=1,2``, ``range(...)``,
 ``choice(...)``), recorded by Hydra in ``<sweep dir>/multirun.yaml``, and the keys of ``hydra.sweeper.params``.
@@ -15,6 +18,7 @@ The sweep's parameters are the overrides of the sweep's command line that are sw
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,9 @@ import yaml
 from fedsim.observe.tensorboard_log import NOT_SHOWN
 
 RESOLVER = "fedsim_run_label"
+MAX_LABEL_BYTES = 200
+"""A label's longest UTF-8 encoding: with the job number and ``_`` before it, a directory name stays within the
+255 bytes a filesystem allows for one name, and TensorBoard's and the trackers' run names (the directory) stay short."""
 
 
 def sweep_run_label(job_overrides: Sequence[str], swept: Iterable[str], exclude: Iterable[str] = ()) -> str:
@@ -40,9 +47,27 @@ def sweep_run_label(job_overrides: Sequence[str], swept: Iterable[str], exclude:
     fixed = [k for k in settings if k not in varying]
     last = [k.rsplit(".", 1)[-1] for k in fixed]
     short = [part if last.count(part) == 1 else key for key, part in zip(fixed, last, strict=True)]
-    return ",".join(
+    return fit_label(
         [f"{k}={settings[k]}" for k in varying] + [f"{s}={settings[k]}" for k, s in zip(fixed, short, strict=True)]
     )
+
+
+def fit_label(entries: Sequence[str], limit: int = MAX_LABEL_BYTES) -> str:
+    """``entries`` joined by ``,`` if that takes at most ``limit`` bytes (UTF-8); else the whole entries that fit
+    and ``,+<n>_more_<digest>`` for the ``n`` left out, ``<digest>`` the first 10 hex digits of the SHA-256 of the
+    whole label (the same overrides give the same name); an entry too long on its own is cut (at a character) and
+    ends with ``...``."""
+    label = ",".join(entries)
+    if len(label.encode()) <= limit:
+        return label
+    digest = hashlib.sha256(label.encode()).hexdigest()[:10]
+    for kept in range(len(entries) - 1, 0, -1):
+        head, tail = ",".join(entries[:kept]), f",+{len(entries) - kept}_more_{digest}"
+        if len((head + tail).encode()) <= limit:
+            return head + tail
+    tail = f"...,+{len(entries) - 1}_more_{digest}" if len(entries) > 1 else f"..._{digest}"
+    cut = entries[0].encode()[: limit - len(tail)].decode(errors="ignore")  # a split character is dropped
+    return cut + tail
 
 
 def swept_keys(sweep_overrides: Sequence[str], sweeper_params: Iterable[str] = ()) -> list[str]:

@@ -61,6 +61,11 @@ class DPSGDClient(Client):
         delta: float = 1e-5,
         **kwargs: Any,
     ) -> None:
+        if kwargs.get("local_steps") is not None:
+            raise ValueError(
+                "client.local_steps: client=dpsgd draws Poisson batches, an epoch being ⌈1/sampling_rate⌉ of them; "
+                "set client.epochs instead"
+            )
         super().__init__(client_id, train_indices, test_indices, **kwargs)
         if self.autocast is not None:
             raise ValueError(

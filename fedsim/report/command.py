@@ -17,6 +17,9 @@ ways ``comm/mb_total``: runs without the latter two are left out of those plots,
 ``<name>.png`` (see :mod:`fedsim.report.plot`; needs matplotlib: ``pip install fedsim-torch[plot]``). Reads files
 only; no Hydra, no torch. ``--grid ROWS COLS`` adds two-way tables (``grid.csv``, ``grid.md``; see
 :mod:`fedsim.report.grid`).
+``--metric A,B`` and ``--plot A,B`` take a fallback list: for each run, the first of the scalars it logged (e.g.
+``eval_personal/accuracy_mean,eval/accuracy``: personalised methods' personal accuracy beside FedAvg's global one,
+one column, one figure; :func:`~fedsim.report.runs.logged_name`).
 ``--metric NAME:AGG`` reduces the scalar over the rounds instead (AGG: last, the default, mean, sum, max, min;
 :func:`~fedsim.report.runs.metric_value`). ``--x epsilon`` plots against the privacy budget spent (``dp/epsilon``);
 ``--epsilon-budget B`` adds the accuracy of the last evaluated round within ε ≤ B, mean ± std over seeds
@@ -71,7 +74,9 @@ from fedsim.report.runs import (
     accuracy_within,
     along,
     at_target,
+    fallback_names,
     load_runs,
+    logged_name,
     mb_to_target,
     metric_value,
     seconds_to_target,
@@ -217,6 +222,25 @@ def unfinished_lines(runs: Sequence[Run], root: Path) -> list[str]:
     return lines
 
 
+def fallback_lines(groups: dict[tuple[str, ...], list[Run]], names: Sequence[str]) -> list[str]:
+    """For each fallback list ``A,B`` in ``names`` whose configurations did not all use the same scalar, one line
+    saying which scalar each used (``fedsim.report: eval_personal/accuracy_mean,eval/accuracy: eval/accuracy for
+    strategy=fedavg; eval_personal/accuracy_mean for the other 1``)."""
+    lines = []
+    short, _ = labels(list(groups))
+    for name in dict.fromkeys(n for n in names if "," in n):
+        used: dict[str, list[str]] = {}
+        for config, members in groups.items():
+            for scalar in dict.fromkeys(logged_name(r, name) for r in members):
+                if scalar is not None:
+                    used.setdefault(scalar, []).append(short[config])
+        if len(used) > 1:
+            first, *others = sorted(used.items(), key=lambda item: fallback_names(name).index(item[0]))
+            parts = [f"{scalar} for {', '.join(configs)}" for scalar, configs in others]
+            lines.append(f"{PROG}: {name}: {'; '.join(parts)}; {first[0]} for the other {len(first[1])}")
+    return lines
+
+
 def damage(run: Run) -> str:
     """``K lines skipped`` of a damaged run's ``metrics.jsonl`` (``, not counted as finished`` added when its
     ``summary.json`` says finished but its last round is not among the usable rows)."""
@@ -288,8 +312,12 @@ def _fraction(text: str) -> float:
 
 
 def _metric(text: str) -> str:
-    if not METRIC_NAME.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"must be a scalar name such as fit/personal_loss, got {text!r}")
+    """A scalar's name, or a fallback list of them (``A,B``: for each run, the first it logged)."""
+    if not all(METRIC_NAME.fullmatch(name) for name in fallback_names(text)):
+        raise argparse.ArgumentTypeError(
+            f"must be a scalar name such as fit/personal_loss, or a list such as eval_personal/accuracy_mean,"
+            f"eval/accuracy (each run: the first it logged), got {text!r}"
+        )
     return text
 
 
@@ -339,7 +367,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=[],
         metavar="NAME[:AGG]",
         help="add a column (this scalar's last value, or with AGG its mean, sum, max or min over the rounds; mean ± "
-        "std over seeds) and its plot, NAME.png (repeatable)",
+        "std over seeds) and its plot, NAME.png (repeatable); NAME may be a list A,B: each run's first logged one",
     )
     parser.add_argument(
         "--plot",
@@ -348,7 +376,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=[],
         metavar="NAME",
         help=f"plot this scalar per configuration into NAME.png (repeatable; default {ACCURACY}, "
-        "drawn as accuracy.png)",
+        "drawn as accuracy.png); NAME may be a list A,B: each run's first logged one",
     )
     parser.add_argument(
         "--x",
@@ -389,7 +417,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     root: Path = args.sweep_dir
     # every --metric is plotted too, per round (NAME of NAME:AGG)
     plots = list(dict.fromkeys([*(args.plot or [ACCURACY]), *(split_metric(m)[0] for m in args.metric)]))
-    runs = load_runs(root, series=plots + ([ROUND_TIME] if args.x == "wall_time" else []))
+    series = [name for plot in plots for name in fallback_names(plot)]  # every scalar of a fallback list
+    runs = load_runs(root, series=series + ([ROUND_TIME] if args.x == "wall_time" else []))
     if not runs:
         print(f"{PROG}: no runs (metrics.jsonl or summary.json) under {root}", file=sys.stderr)
         return 2
@@ -409,8 +438,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in unfinished_lines(runs, root):
         print(line)
     for name in metrics:
-        if not any(split_metric(name)[0] in r.finals for r in runs):
+        if not any(logged_name(r, split_metric(name)[0]) for r in runs):
             print(f"{PROG}: no run logged {split_metric(name)[0]}")
+    for line in fallback_lines(groups, [*plots, *(split_metric(m)[0] for m in metrics)]):
+        print(line)
     if budget is not None and not any(r.epsilon for r in runs):
         print(f"{PROG}: no run logged {CUMULATIVE['epsilon']} ({UNLOGGED['epsilon'][0]}); no accuracy within ε")
     for line in unplotted_lines(runs, root, args.x) if args.x in CUMULATIVE else []:

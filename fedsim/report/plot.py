@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedsim.report.runs import COMM_MB, CUMULATIVE, EPSILON, SIM_TIME, Run, along
+from fedsim.report.runs import COMM_MB, CUMULATIVE, EPSILON, SIM_TIME, Run, along, logged_name
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -108,8 +108,11 @@ def elapsed(run: Run) -> dict[int, float]:
 
 def points(run: Run, metric: str = ACCURACY, x: str = "round") -> list[tuple[int, float, float]]:
     """``(round, x, value)`` of the rounds where ``run`` logged a finite ``metric`` (and, for the
-    ``wall_time`` axis, a round time; for ``sim_time``, a simulated time; for ``comm_mb``, the megabytes sent)."""
-    values = run.curve if metric == ACCURACY else run.series.get(metric, ())
+    ``wall_time`` axis, a round time; for ``sim_time``, a simulated time; for ``comm_mb``, the megabytes sent).
+    ``metric`` may be a fallback list ``A,B``: the first of them the run logged
+    (:func:`~fedsim.report.runs.logged_name`)."""
+    name = logged_name(run, metric) or metric  # of a fallback list A,B, the first the run logged
+    values = run.curve if name == ACCURACY else run.series.get(name, ())
     when = elapsed(run) if x == "wall_time" else dict(along(run, x)) if x in CUMULATIVE else None
     return [
         (n, float(n) if when is None else when[n], v)
@@ -166,6 +169,18 @@ def png_name(metric: str) -> str:
     return "accuracy.png" if metric == ACCURACY else re.sub(r"[^A-Za-z0-9_.-]", "_", metric) + ".png"
 
 
+def _shown(metric: str) -> str:
+    """The axis label of ``metric``; a fallback list ``A,B`` reads ``A or B`` (each curve's legend entry says which)."""
+    return metric.replace(",", " or ")
+
+
+def _used(runs: Sequence[Run], metric: str) -> str:
+    """For a fallback list ``A,B``: ``"; B"``, the scalar(s) the configuration's runs logged first; else ``""``."""
+    if "," not in metric:
+        return ""
+    return "; " + ", ".join(dict.fromkeys(n for n in (logged_name(r, metric) for r in runs) if n is not None))
+
+
 def _seeds(runs: Sequence[Run]) -> str:
     failed = sum(r.failed for r in runs)
     return f"{len(runs)} seed{'s' if len(runs) != 1 else ''}" + (f", {failed} failed" if failed else "")
@@ -202,16 +217,16 @@ def draw(
             color=f"C{i % 10}",
             linestyle=STYLES[i // 10 % len(STYLES)],
             marker="." if len(at) == 1 else None,
-            label=_wrap(f"{names[config]} ({_seeds(groups[config])})"),
+            label=_wrap(f"{names[config]} ({_seeds(groups[config])}{_used(groups[config], metric)})"),
         )
         ax.fill_between(at, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
     if target is not None and metric == ACCURACY:
         ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
     if x == "round":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel=X_AXES[x], ylabel=metric)
+    ax.set(xlabel=X_AXES[x], ylabel=_shown(metric))
     over = "mean over seeds of the latest value" if x in CUMULATIVE else "mean over seeds"
-    ax.set_title(f"{metric}: {over}, band min–max", fontsize="medium")
+    ax.set_title(f"{_shown(metric)}: {over}, band min–max", fontsize="medium")
     entries = len(ax.get_legend_handles_labels()[1])
     ax.legend(
         loc="upper left",
@@ -305,9 +320,9 @@ def draw_facets(
     for ax in grid[-1]:
         ax.set_xlabel(X_AXES[x])
     for ax in grid[:, 0]:
-        ax.set_ylabel(metric)
+        ax.set_ylabel(_shown(metric))
     over = "mean over seeds of the latest value" if x in CUMULATIVE else "mean over seeds"
-    fig.suptitle(f"{metric} by {key}: {over}, band min–max", fontsize="medium")
+    fig.suptitle(f"{_shown(metric)} by {key}: {over}, band min–max", fontsize="medium")
     ordered = [n for n in [*(names[r] for r in rests), f"target {target}"] if n in handles]
     fig.legend(
         [handles[n] for n in ordered],

@@ -313,10 +313,26 @@ def over_rounds(values: Sequence[float], agg: str) -> float | None:
     return reduce[agg](values)
 
 
+def fallback_names(name: str) -> list[str]:
+    """The scalars of a fallback list ``A,B`` (``--metric A,B``, ``--plot A,B``) in order; a name is a list of one."""
+    return name.split(",")
+
+
+def logged_name(run: Run, name: str) -> str | None:
+    """The first scalar of the fallback list ``name`` (:func:`fallback_names`) that ``run`` logged in some round,
+    e.g. ``eval_personal/accuracy_mean`` for a personalised method and ``eval/accuracy`` for FedAvg of
+    ``eval_personal/accuracy_mean,eval/accuracy``; ``None`` if it logged none."""
+    return next((n for n in fallback_names(name) if n in run.finals), None)
+
+
 def metric_value(run: Run, spec: str) -> float | None:
-    """The run's value of ``--metric`` ``spec`` (``NAME`` or ``NAME:AGG``): the last logged value (``finals``) or
-    the ``series`` of NAME (loaded with :func:`load_run`'s ``series``) reduced over rounds by AGG."""
-    name, agg = split_metric(spec)
+    """The run's value of ``--metric`` ``spec`` (``NAME`` or ``NAME:AGG``, NAME a scalar or a fallback list
+    ``A,B``: the first the run logged, :func:`logged_name`): the last logged value (``finals``) or the ``series`` of
+    NAME (loaded with :func:`load_run`'s ``series``) reduced over rounds by AGG."""
+    names, agg = split_metric(spec)
+    name = logged_name(run, names)
+    if name is None:
+        return None
     if agg == "last":
         return run.finals.get(name)
     return over_rounds([v for _, v in run.series.get(name, ())], agg)

@@ -252,7 +252,7 @@ class BufferedLoop:
                     t.client_id,
                     t.seq + 1,
                     task_seed(self.seed, t.seq + 1, t.client_id),
-                    parts.client_config(t.version, t.client_id),
+                    parts.client_config(t.version, t.client_id, lr_round=t.version + 1),
                     task_state(states[t.client_id]),
                 )
                 for t in group

@@ -18,8 +18,8 @@ from fedsim.sim.rounds import clocked_round
 
 
 class DropStragglers(RoundStage):
-    """Simulated stragglers' updates (``stragglers.fraction``: fewer local epochs) do not reach aggregation unless the
-    strategy keeps them (:attr:`fedsim.strategy.Strategy.keeps_stragglers`)."""
+    """Simulated stragglers' updates (``stragglers.fraction``: fewer local epochs or steps) do not reach aggregation
+    unless the strategy keeps them (:attr:`fedsim.strategy.Strategy.keeps_stragglers`)."""
 
     name, position, needs = "stragglers", "after receive", frozenset({UPDATES})
 
@@ -29,9 +29,7 @@ class DropStragglers(RoundStage):
     def run(self, record: RoundRecord) -> None:
         if self.parts.strategy.keeps_stragglers:
             return
-        record.kept = [
-            u for u in record.kept if self.parts.stragglers.epochs_for(record.round_num, u.client_id) is None
-        ]
+        record.kept = [u for u in record.kept if not self.parts.straggles(record.round_num, u.client_id)]
 
 
 class ClockedPlan(Plan):

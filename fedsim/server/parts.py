@@ -13,6 +13,7 @@ from fedsim.attacks.stage import AttackStage
 from fedsim.client.base import Client
 from fedsim.client.evaluation import ClientEvaluation
 from fedsim.client.local_training import LocalTraining
+from fedsim.client.schedule import scheduled_config
 from fedsim.client.state import ClientStateStore
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor.base import Executor
@@ -69,8 +70,24 @@ class RoundParts:
         """Who is scored on their local test splits, and how often."""
         return self.evaluation.clients
 
-    def client_config(self, round_num: int, client_id: int) -> dict[str, Any]:
-        """A task's config: the strategy's, with fewer epochs for a simulated straggler."""
+    def client_config(self, round_num: int, client_id: int, *, lr_round: int | None = None) -> dict[str, Any]:
+        """A task's config: the strategy's, with fewer epochs (or local steps) for a simulated straggler and the
+        round's learning rate when the client has a schedule (:mod:`fedsim.client.schedule`; ``lr_round``: the round
+        it is read at, ``round_num`` unless given: FedBuff's tasks read it at their start version + 1)."""
         config = self.strategy.client_config(round_num, client_id)
-        epochs = self.stragglers.epochs_for(round_num, client_id)
-        return config if epochs is None else {**config, "epochs": epochs}
+        client = self.clients[client_id]
+        unit, full = self._work(config, client)
+        done = self.stragglers.work_for(round_num, client_id, full)
+        config = config if done is None else {**config, unit: done}
+        return scheduled_config(client, config, round_num if lr_round is None else lr_round, self.schedule.num_rounds)
+
+    def straggles(self, round_num: int, client_id: int) -> bool:
+        """Whether the client is one of the round's simulated stragglers (told to do less than its full work)."""
+        full = self._work(self.strategy.client_config(round_num, client_id), self.clients[client_id])[1]
+        return self.stragglers.work_for(round_num, client_id, full) is not None
+
+    def _work(self, config: dict[str, Any], client: Client) -> tuple[str, int]:
+        """The config key of a task's amount of work and its full value: ``local_steps`` K when the round or the client
+        sets them, else ``epochs`` E (``stragglers.epochs``)."""
+        steps = config.get("local_steps", getattr(client, "local_steps", None))
+        return ("epochs", self.stragglers.epochs) if steps is None else ("local_steps", int(steps))

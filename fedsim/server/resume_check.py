@@ -6,7 +6,7 @@ with one line listing the changes, unless each changed key is named in ``resume_
 changes are recorded in ``<run dir>/resume_changes.jsonl``. Settings that cannot change the result are
 free: the executor (every executor gives the same answer), logging, checkpointing, where the server
 evaluates, the state store, early stopping, the sweep objective and ``num_rounds`` (resume a finished run with more
-rounds to extend it).
+rounds to extend it; not with a cosine learning-rate schedule over the run's rounds, whose rates it changes).
 """
 
 from __future__ import annotations
@@ -33,6 +33,13 @@ ADDED_LATER = {
     "model.dtype": "float32",  # a language model's precision keys (fedsim.models.precision, client.autocast)
     "model.gradient_checkpointing": False,
     "client.autocast": None,
+    "client.local_steps": None,
+    "client.lr_schedule._target_": "fedsim.client.LrSchedule",
+    "client.lr_schedule.kind": "constant",
+    "client.lr_schedule.gamma": 0.99,
+    "client.lr_schedule.step_rounds": 10,
+    "client.lr_schedule.min_lr": 0.0,
+    "client.lr_schedule.num_rounds": None,
 }
 FREE_KEYS = {
     "resume",
@@ -47,8 +54,12 @@ FREE_KEYS = {
 
 
 def computation_settings(flat: dict[str, Any]) -> dict[str, Any]:
-    """The settings (dotted keys, plain values) that a resume must not change silently."""
-    return {k: v for k, v in sorted(flat.items()) if k not in FREE_KEYS and not k.startswith(FREE_PREFIXES)}
+    """The settings (dotted keys, plain values) that a resume must not change silently. ``num_rounds`` is one of them
+    when a cosine learning-rate schedule spans the run's rounds (``client.lr_schedule.num_rounds=null``): every
+    round's rate depends on it then."""
+    cosine = flat.get("client.lr_schedule.kind") == "cosine" and flat.get("client.lr_schedule.num_rounds") is None
+    free = FREE_KEYS - {"num_rounds"} if cosine else FREE_KEYS
+    return {k: v for k, v in sorted(flat.items()) if k not in free and not k.startswith(FREE_PREFIXES)}
 
 
 def check_changes(

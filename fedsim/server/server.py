@@ -27,7 +27,14 @@ from fedsim.server.early_stop import EarlyStop
 from fedsim.server.federated_eval import evaluate_clients
 from fedsim.server.record import RoundRecord
 from fedsim.server.settings import Checkpoints, Evaluation, Federation, Schedule, Stages, refuse_moved
-from fedsim.server.setup import build_parts, check_model_fits_data, check_run, initial_model, run_context
+from fedsim.server.setup import (
+    build_parts,
+    check_local_training,
+    check_model_fits_data,
+    check_run,
+    initial_model,
+    run_context,
+)
 from fedsim.server.stage import run_stages
 from fedsim.strategy.base import Strategy
 from fedsim.strategy.context import RunContext
@@ -101,7 +108,9 @@ class Server:
         self.start_round, self.stopped_early, self.stop_reason, self._stop_requested = 1, False, "completed", False
         self._stage_stop: str | None = None  # why the last round's stages asked the run to stop (RoundRecord)
         strategy.setup(self.run_context())  # here, so that a strategy's objection comes before any work
-        executor.check(self.workload())  # likewise the executor's (e.g. what vmap cannot vectorise)
+        workload = self.workload()
+        check_local_training(workload.local, self.model, self.parts.clients)  # e.g. MOON's representation
+        executor.check(workload)  # likewise the executor's (e.g. what vmap cannot vectorise)
 
     logger = property(lambda self: self.parts.logger, doc="The run's :class:`~fedsim.observe.run_logger.RunLogger`.")
     strategy = property(lambda self: self.parts.strategy, doc="The run's strategy.")

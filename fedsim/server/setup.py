@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from fedsim.client.base import Client
 from fedsim.client.federation import representatives, train_sizes
+from fedsim.client.local_training import LocalTraining, overrides_on_batch
 from fedsim.client.state import ClientStateStore
 from fedsim.core.params import ParamLayout
 from fedsim.core.progress import progress
@@ -34,7 +36,6 @@ from fedsim.strategy.root_data import root_trainer
 if TYPE_CHECKING:
     from fedsim.attacks.base import Attack
     from fedsim.attacks.stage import AttackStage
-    from fedsim.client.base import Client
     from fedsim.comm.pipeline import Compression
     from fedsim.data.tensor_data import TensorData
     from fedsim.privacy.local import LocalLedger
@@ -44,19 +45,47 @@ log = logging.getLogger("fedsim")
 
 
 def check_settings(
-    num_rounds: int, eval_every: int, clients_per_round: int, num_clients: int, stragglers: Stragglers
+    num_rounds: int,
+    eval_every: int,
+    clients_per_round: int,
+    num_clients: int,
+    stragglers: Stragglers,
+    local_steps: int | None = None,
 ) -> None:
-    """Refuse impossible round settings with one line; warn about stragglers that cannot straggle."""
+    """Refuse impossible round settings with one line; warn about stragglers that cannot straggle (``local_steps``:
+    the clients' K, whose steps a straggler cuts instead of epochs)."""
     if num_rounds < 1 or eval_every < 1:
         raise ValueError(f"num_rounds and eval_every must be >= 1 (got {num_rounds}, {eval_every})")
     if not 1 <= clients_per_round <= num_clients:
         raise ValueError(f"clients_per_round must be between 1 and the {num_clients} clients (got {clients_per_round})")
-    if stragglers.fraction > 0 and stragglers.epochs < 2:
+    unit, full = ("local epoch(s)", stragglers.epochs) if local_steps is None else ("local step(s)", local_steps)
+    if stragglers.fraction > 0 and full < 2:
         log.warning(
-            "stragglers.fraction=%s has no effect: with %d local epoch(s) there is nothing to cut",
-            stragglers.fraction,
-            stragglers.epochs,
+            "stragglers.fraction=%s has no effect: with %d %s there is nothing to cut", stragglers.fraction, full, unit
         )
+
+
+def check_local_training(local: LocalTraining | None, model: nn.Module, clients: Sequence[Client]) -> None:
+    """Refuse in one line, before any work, what the strategy's client half cannot train: the model it objects to
+    (:meth:`~fedsim.client.local_training.LocalTraining.check`, e.g. MOON's representation), or clients whose own epoch
+    loop (DP-SGD's) would skip its per-batch hook."""
+    if local is None:
+        return
+    local.check(model)
+    if not overrides_on_batch(local):
+        return
+    for client in representatives(clients):
+        if isinstance(client, Client) and type(client)._run_epoch is not Client._run_epoch:
+            raise ValueError(
+                f"strategy: {type(local).__name__} steps on every batch (on_batch) but {type(client).__name__} has its "
+                "own epoch loop that would skip it: use client=sgd or client=adam"
+            )
+
+
+def clients_local_steps(clients: Sequence[Client]) -> int | None:
+    """The K of clients that train ``local_steps`` (the first client class that sets them), else ``None``."""
+    steps = (getattr(c, "local_steps", None) for c in representatives(clients))
+    return next((int(k) for k in steps if k is not None), None)
 
 
 def check_run(
@@ -65,11 +94,16 @@ def check_run(
     """Every setting checked, before any work, with one line naming it; returns the run's stragglers, the event loop
     of an asynchronous strategy (FedBuff; else ``None``) and central DP's rounds (``None`` without DP)."""
     num_clients, clock = len(federation.clients), stages.clock
-    stragglers = stages.stragglers or Stragglers()
-    check_settings(schedule.num_rounds, evaluation.every, schedule.clients_per_round, num_clients, stragglers)
+    stragglers, steps = stages.stragglers or Stragglers(), clients_local_steps(federation.clients)
+    check_settings(schedule.num_rounds, evaluation.every, schedule.clients_per_round, num_clients, stragglers, steps)
     evaluation.clients.check(num_clients)
     strategy.check(schedule.clients_per_round)
     if clock is not None:
+        if steps is not None:
+            raise ValueError(
+                f"clock: the simulated clock times and cuts whole local epochs, so it cannot run clients with "
+                f"client.local_steps={steps} yet; set client.local_steps=null (and client.epochs) or clock=none"
+            )
         clock.check(num_clients)
         check_sampling(clock, strategy)
     loop = event_loop(clock, strategy, num_clients, seed)

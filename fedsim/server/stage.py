@@ -178,31 +178,34 @@ def check_declarations(stages: Sequence[RoundStage], available: set[str]) -> Non
     have, taken_by = set(available), dict[str, RoundStage]()
     for stage in stages:
         needs = stage.needs if stage.needs is not None else frozenset({UPDATES})
-        for fact in sorted(needs - have):
-            why = (
-                f"which stage {stage_label(taken_by[fact])} before it does not pass on"
-                if fact in taken_by
-                else (
-                    "which this run does not have"
-                    if fact in FACTS
-                    else f"which is not a fact of a round ({', '.join(FACTS)})"
-                )
-            )
-            undeclared = " (it declares no needs, so it is taken to read them)" if stage.needs is None else ""
-            hint = "; if it reads only the aggregate, declare needs = frozenset()" if fact == UPDATES else ""
-            if fact == UPDATES and stage.name == "aggregate":
-                hint = (
-                    "; use a strategy of the mean update (fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad), "
-                    "or declare needs = frozenset() on yours if it aggregates their mean alone"
-                )
-            raise ValueError(
-                f"round: stage {stage_label(stage)} needs {FACTS.get(fact, repr(fact))}{undeclared}, {why}{hint} "
-                "(docs/writing-a-round-step.md)"
-            )
+        missing = sorted(needs - have)
+        if missing:
+            raise ValueError(_missing(stage, missing[0], taken_by.get(missing[0])))
         if stage.preserves is not None:
             for fact in have - stage.preserves:
                 taken_by[fact] = stage
             have &= set(stage.preserves)
+
+
+def _missing(stage: RoundStage, fact: str, taken_by: RoundStage | None) -> str:
+    """The one line refusing ``stage``, which needs ``fact`` (taken away by ``taken_by``, or never there)."""
+    if taken_by is not None:
+        why = f"which stage {stage_label(taken_by)} before it does not pass on"
+    else:
+        why = (
+            "which this run does not have" if fact in FACTS else f"which is not a fact of a round ({', '.join(FACTS)})"
+        )
+    undeclared = " (it declares no needs, so it is taken to read them)" if stage.needs is None else ""
+    hint = "; if it reads only the aggregate, declare needs = frozenset()" if fact == UPDATES else ""
+    if fact == UPDATES and stage.name == "aggregate":
+        hint = (
+            "; use a strategy of the mean update (fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad), "
+            "or declare needs = frozenset() on yours if it aggregates their mean alone"
+        )
+    return (
+        f"round: stage {stage_label(stage)} needs {FACTS.get(fact, repr(fact))}{undeclared}, {why}{hint} "
+        "(docs/writing-a-round-step.md)"
+    )
 
 
 def stage_metrics(stage: RoundStage, values: Mapping[str, Any]) -> dict[str, float]:

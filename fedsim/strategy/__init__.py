@@ -16,7 +16,9 @@ from fedsim.strategy.fedprox import FedProx, ProximalTerm
 from fedsim.strategy.fedrep import FedRep, HeadThenBody
 from fedsim.strategy.fedsa_lora import FedSALoRA
 from fedsim.strategy.fltrust import FLTrust
+from fedsim.strategy.moon import MOON, ModelContrast
 from fedsim.strategy.norm_bounding import NormBounding
+from fedsim.strategy.perfedavg import MetaStep, PerFedAvg
 from fedsim.strategy.pfedme import MoreauEnvelope, PFedMe
 from fedsim.strategy.qffl import QFFL, StartLoss
 from fedsim.strategy.robust import Krum, Median, TrimmedMean
@@ -50,9 +52,13 @@ __all__ = [
     "Krum",
     "LocalNorms",
     "LocalTraining",
+    "MetaStep",
+    "MOON",
     "Median",
     "Mixture",
+    "ModelContrast",
     "MoreauEnvelope",
+    "PerFedAvg",
     "PersonalLayers",
     "PersonalModel",
     "PFedMe",

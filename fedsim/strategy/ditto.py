@@ -4,7 +4,8 @@ Li, Hu, Beirami, Smith. "Ditto: Fair and Robust Federated Learning Through Perso
 Algorithm 1. In every round it takes part in, client k
 
     1. trains its copy of the global model w^t as FedAvg's clients do and sends it back (the global update);
-    2. trains its personal model v_k for ``personal_epochs`` epochs on its own data, minimising
+    2. trains its personal model v_k for ``personal_epochs`` epochs on its own data (null: as long as the global
+       update, its epochs or its ``client.local_steps``), minimising
        F_k(v) + λ/2 ‖v − w^t‖², i.e. every step  v ← v − η (∇F_k(v) + λ (v − w^t)),
        with the same optimizer settings and batch size, batches drawn from the task's generator after the
        global update's (so the task stays a pure function of its seed).
@@ -53,8 +54,10 @@ class PersonalModel(LocalTraining):
 
     def after_training(self, trainer: TaskTrainer, state: dict[str, Any]) -> None:
         load_flat(trainer.model, state.get(STATE_KEY, self.start))
-        epochs = self.personal_epochs or int(trainer.config.get("epochs", trainer.client.epochs))
-        losses = trainer.run_epochs(epochs, before_step=self._pull)
+        if self.personal_epochs is None:  # as long as the global update: its epochs, or its local steps
+            losses = trainer.run_local(before_step=self._pull)
+        else:
+            losses = trainer.run_epochs(self.personal_epochs, before_step=self._pull)
         state[STATE_KEY] = flatten(trainer.model)
         trainer.metrics["personal_train_loss"] = sum(losses) / len(losses)
 

@@ -17,6 +17,13 @@ only for accepted updates, checkpointed and scored with ``evaluate_clients`` (``
 reported training loss is f_i(θ; D) at the last inner step of each batch. Buffers (BatchNorm statistics) are the
 global model's. Defaults λ = 15, K = 5, p = 0.01, β = 1 are those of FL-bench's pFedMe. ``executor=vmap``
 refuses pFedMe (per-batch second model).
+
+A client's personal model dates from its last participation: only the round's sampled clients train, so θ̃ of a
+client that was not sampled this round is the one it computed from an older global model (a client never sampled
+has none and is scored with the global model), and that is what ``evaluate_clients`` scores. In the paper's
+Algorithm 1 the server sends w^t to every client every round, all N clients run the local update (so every θ_i is
+computed from the latest w), and only the sampled subset's w_i are aggregated; that costs N local trainings a round.
+The two agree when every client is sampled every round (``clients_per_round`` equal to the number of clients).
 """
 
 from __future__ import annotations

@@ -9,19 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from builders import tiny_server
 from cli_runner import run_cli
 from torch import nn
 
 from fedsim.cli.run import build_server, compose
-from fedsim.client.federation import federate, make_clients
+from fedsim.client.federation import federate
 from fedsim.data.arrays import npz
 from fedsim.data.partition import auto, iid, natural
 from fedsim.data.tensor_data import DataSplit
-from fedsim.executor import SerialExecutor
 from fedsim.models import LogisticRegression
 from fedsim.server.server import Server
-from fedsim.server.settings import Federation, Schedule
-from fedsim.strategy import FedAvg
 
 
 def _arrays(n_train: int = 90, n_test: int = 30, owners: int = 6, seed: int = 0) -> dict[str, np.ndarray]:
@@ -178,16 +176,7 @@ class _FixedOutput(nn.Module):
 
 def _server_with(model_factory, split: DataSplit) -> Server:
     data = federate(split, functools.partial(iid, num_clients=3), client_test_fraction=0.2, seed=0)
-    return Server(
-        model_factory=model_factory,
-        federation=Federation(
-            clients=make_clients(data, functools.partial(_client)), train_data=data.train, test_data=data.test
-        ),
-        strategy=FedAvg(),
-        executor=SerialExecutor(),
-        schedule=Schedule(num_rounds=1, clients_per_round=2),
-        seed=0,
-    )
+    return tiny_server(data, model=model_factory, client=functools.partial(_client), num_rounds=1, clients_per_round=2)
 
 
 def _client(**kwargs):

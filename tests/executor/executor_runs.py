@@ -8,40 +8,34 @@ import re
 from pathlib import Path
 
 import torch
+from builders import tiny_federation, tiny_server
 
 from fedsim.client.base import Client
-from fedsim.client.federation import federate, make_clients
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
 from fedsim.executor import SerialExecutor
 from fedsim.models import MLP2NN
 from fedsim.observe.run_logger import RunLogger
-from fedsim.server.server import RunResult, Server
-from fedsim.server.settings import Federation, Schedule
+from fedsim.server.server import RunResult
 from fedsim.strategy import FedAvg
 
 ROUNDS, PER_ROUND = 3, 4
 
 
-@functools.lru_cache(maxsize=1)
 def federation_data():  # noqa: ANN201
-    split = synthetic(num_devices=8, min_size=20, size_sigma_log=0.5, max_size=60, seed=3)
-    return federate(split, natural, client_test_fraction=0.2, seed=0)
+    return tiny_federation(8, size_sigma_log=0.5)
 
 
 def run(executor, client_cls=Client, run_dir=None, min_success_fraction=1.0, **client_kwargs) -> RunResult:
-    data = federation_data()
-    clients = make_clients(data, functools.partial(client_cls, epochs=2, batch_size=8, **client_kwargs))
-    server = Server(
-        model_factory=functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32),
-        federation=Federation(clients=clients, train_data=data.train, test_data=data.test),
-        strategy=FedAvg(),
+    return tiny_server(
+        federation_data(),
+        model=functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32),
+        client=functools.partial(client_cls, epochs=2, batch_size=8, **client_kwargs),
         executor=executor,
-        schedule=Schedule(num_rounds=ROUNDS, clients_per_round=PER_ROUND, min_success_fraction=min_success_fraction),
+        num_rounds=ROUNDS,
+        clients_per_round=PER_ROUND,
+        min_success_fraction=min_success_fraction,
         seed=7,
         logger=RunLogger(run_dir, tensorboard=run_dir is not None, progress=False),
-    )
-    return server.run()
+    ).run()
 
 
 @functools.lru_cache(maxsize=1)

@@ -7,17 +7,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from builders import tiny_server
 from torch import nn
 
 from fedsim.client.base import Client
-from fedsim.client.federation import federate, make_clients
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
 from fedsim.executor import Executor, ProcessExecutor, SerialExecutor, VmapExecutor
 from fedsim.models import MLP2NN, LogisticRegression
-from fedsim.server.server import RunResult, Server
-from fedsim.server.settings import Evaluation, Federation, Schedule
-from fedsim.strategy import FedAvg, FedProx, Scaffold, Strategy
+from fedsim.server.server import RunResult
+from fedsim.server.settings import Evaluation
+from fedsim.strategy import FedProx, Scaffold, Strategy
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -32,16 +30,14 @@ def _run(
     executor: Executor, model: str = "2nn", optimizer: Callable | None = None, strategy: Strategy | None = None
 ) -> RunResult:
     """2 rounds of 8 Synthetic(1,1) clients of unequal sizes (2 to 6 local steps of batch 8)."""
-    data = federate(
-        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
-    )
     client = functools.partial(Client, batch_size=8, **({"optimizer": optimizer} if optimizer else {}))
-    server = Server(
-        model_factory=MODELS[model],
-        federation=Federation(clients=make_clients(data, client), train_data=data.train, test_data=data.test),
-        strategy=strategy or FedAvg(),
+    server = tiny_server(
+        model=MODELS[model],
+        client=client,
+        strategy=strategy,
         executor=executor,
-        schedule=Schedule(num_rounds=2, clients_per_round=8),
+        num_rounds=2,
+        clients_per_round=8,
         seed=1,
     )
     return server.run()
@@ -138,23 +134,12 @@ def test_gpu_vmap_strategy_terms_match_gpu_serial(strategy: Callable[[], Strateg
 
 def test_server_evaluates_on_the_gpu_with_the_cpus_answers(full_fp32: None) -> None:
     """eval_device=cuda:0 (what auto picks here) changes no weight and metrics only in the last bits."""
-    data = federate(
-        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
-    )
 
     def run(device: str) -> RunResult:
-        return Server(
-            model_factory=MODELS["2nn"],
-            federation=Federation(
-                clients=make_clients(data, functools.partial(Client, batch_size=8)),
-                train_data=data.train,
-                test_data=data.test,
-            ),
-            strategy=FedAvg(),
-            executor=SerialExecutor(),
-            schedule=Schedule(num_rounds=2, clients_per_round=8),
-            seed=1,
-            evaluation=Evaluation(device=device),
+        client = functools.partial(Client, batch_size=8)
+        evaluation = Evaluation(device=device)
+        return tiny_server(
+            model=MODELS["2nn"], client=client, num_rounds=2, clients_per_round=8, seed=1, evaluation=evaluation
         ).run()
 
     on_gpu, on_cpu = run("cuda:0"), run("cpu")

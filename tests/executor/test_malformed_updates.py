@@ -11,37 +11,23 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fault_clients  # noqa: E402
+from builders import tiny_federation, tiny_server  # noqa: E402
 
-from fedsim.client.federation import federate, make_clients  # noqa: E402
-from fedsim.data.partition import natural  # noqa: E402
-from fedsim.data.synthetic import synthetic  # noqa: E402
 from fedsim.executor import ProcessExecutor, RayExecutor, SerialExecutor  # noqa: E402
-from fedsim.models import LogisticRegression  # noqa: E402
 from fedsim.observe.run_logger import RunLogger  # noqa: E402
-from fedsim.server.server import Server  # noqa: E402
-from fedsim.server.settings import Federation, Schedule
 
 VICTIM = 3
 
 
 def _run(executor, kind: str, caplog: pytest.LogCaptureFixture) -> tuple[list[str], list[dict]]:  # type: ignore[no-untyped-def]
-    data = federate(
-        synthetic(num_devices=6, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.0, seed=0
-    )
-    server = Server(
-        model_factory=functools.partial(LogisticRegression, input_shape=(60,), num_classes=10),
-        federation=Federation(
-            clients=make_clients(
-                data, functools.partial(fault_clients.MalformedClient, victim=VICTIM, kind=kind, epochs=1, batch_size=8)
-            ),
-            train_data=data.train,
-            test_data=None,
-        ),
-        strategy=__import__("fedsim.strategy", fromlist=["FedAvg"]).FedAvg(),
+    server = tiny_server(
+        tiny_federation(6, max_size=40, seed=1, client_test_fraction=0.0),
+        client=functools.partial(fault_clients.MalformedClient, victim=VICTIM, kind=kind, epochs=1, batch_size=8),
         executor=executor,
-        schedule=Schedule(num_rounds=2, clients_per_round=6),
-        seed=0,
+        num_rounds=2,
+        clients_per_round=6,
         logger=RunLogger(None, tensorboard=False, progress=False),
+        central_test=False,
     )
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="fedsim"):

@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from builders import sgd, tiny_server
 
 from fedsim.client.base import Client
-from fedsim.client.federation import FederatedData, federate, make_clients
+from fedsim.client.federation import FederatedData, federate
 from fedsim.core.params import flatten
 from fedsim.data.leaf import shakespeare
 from fedsim.data.partition import natural
@@ -29,9 +30,7 @@ from fedsim.data.text import NUM_CHARACTER_IDS
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
 from fedsim.models.text import BagOfWords, CharLSTM, SentimentLSTM
 from fedsim.observe.run_logger import RunLogger
-from fedsim.server.server import RunResult, Server
-from fedsim.server.settings import Federation, Schedule
-from fedsim.strategy import FedAvg
+from fedsim.server.server import RunResult
 
 SEQ_LEN, WORDS = 12, 40
 ROUNDS, PER_ROUND, EPOCHS, BATCH = 2, 3, 2, 8
@@ -100,19 +99,16 @@ MODELS = {
 def run(executor, model: str = "char_lstm", rounds: int = ROUNDS, spec: tuple | None = None) -> RunResult:  # noqa: ANN001
     """A ``rounds``-round FedAvg run of ``MODELS[model]`` (or of ``spec``: (padded data?, model factory))."""
     padded, factory = spec or MODELS[model]
-    data = federation(padded)
-    sgd = functools.partial(torch.optim.SGD, lr=0.5)
-    client = functools.partial(Client, epochs=EPOCHS, batch_size=BATCH, optimizer=sgd)
-    server = Server(
-        model_factory=factory,
-        federation=Federation(clients=make_clients(data, client), train_data=data.train, test_data=data.test),
-        strategy=FedAvg(),
+    return tiny_server(
+        federation(padded),
+        model=factory,
+        client=functools.partial(Client, epochs=EPOCHS, batch_size=BATCH, optimizer=sgd(0.5)),
         executor=executor,
-        schedule=Schedule(num_rounds=rounds, clients_per_round=PER_ROUND),
+        num_rounds=rounds,
+        clients_per_round=PER_ROUND,
         seed=7,
         logger=RunLogger(None, tensorboard=False, progress=False),
-    )
-    return server.run()
+    ).run()
 
 
 @functools.cache

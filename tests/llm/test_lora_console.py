@@ -32,7 +32,7 @@ def test_a_lora_run_prints_fedsim_lines_only_and_run_log_keeps_the_warnings(lora
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     lines = done.stdout.splitlines()
-    assert lines[-1].startswith("final test accuracy: ")
+    assert lines[-1].startswith("final test perplexity: ")
     assert all("][fedsim][" in line for line in lines[:-1]), done.stdout
     log = (run_dir / "run.log").read_text()
     for warning in LIBRARY_WARNINGS:
@@ -62,7 +62,7 @@ def test_process_workers_keep_their_warnings_in_their_logs(llm_files: dict[str, 
         done = run_cli(args(llm_files, tmp_path, "num_rounds=1", *LORA, *process, "logger=quiet"))
     assert done.returncode == 0, done.stderr
     assert done.stderr == "" and len(done.stdout.splitlines()) == 1
-    assert done.stdout.startswith("final test accuracy: ")
+    assert done.stdout.startswith("final test perplexity: ")
     for worker in ("worker-0.log", "worker-1.log"):
         log = (tmp_path / "workers" / worker).read_text()
         assert all(warning in log for warning in LIBRARY_WARNINGS)

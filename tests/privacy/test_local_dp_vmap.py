@@ -10,22 +10,19 @@ import math
 import numpy as np
 import pytest
 import torch
+from builders import tiny_federation, tiny_server
 from torch import nn
 
 pytest.importorskip("dp_accounting")
 
 from fedsim.cli.run import build_data, build_server, compose  # noqa: E402
-from fedsim.client.federation import federate, make_clients  # noqa: E402
-from fedsim.data.partition import natural  # noqa: E402
-from fedsim.data.synthetic import synthetic  # noqa: E402
+from fedsim.client.federation import make_clients  # noqa: E402
 from fedsim.executor import SerialExecutor, VmapExecutor, VmapUnsupportedError, Workload  # noqa: E402
 from fedsim.executor.vmap.dpsgd import ExampleClipping, LinearClipping, linear_layers, poisson_batches  # noqa: E402
 from fedsim.models import MLP2NN  # noqa: E402
 from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.privacy.local import DPSGDClient  # noqa: E402
-from fedsim.server.server import Server  # noqa: E402
-from fedsim.server.settings import Federation, Schedule
-from fedsim.strategy import FedAvg, LocalTraining  # noqa: E402
+from fedsim.strategy import LocalTraining  # noqa: E402
 
 UNIT_ROUNDOFF = 2.0**-24  # float32
 SHORT = [
@@ -194,32 +191,22 @@ class NormNet(nn.Module):
         return self.body(x)
 
 
-@functools.lru_cache(maxsize=1)
 def small_data():  # noqa: ANN201
     """Synthetic(1,1): 8 devices of 20–60 examples."""
-    return federate(
-        synthetic(num_devices=8, min_size=20, size_sigma_log=0.5, max_size=60, seed=3),
-        natural,
-        client_test_fraction=0.2,
-        seed=0,
-    )
+    return tiny_federation(8, size_sigma_log=0.5)
 
 
 def run_small(executor, model_factory, local_client=DPSGDClient):  # noqa: ANN001, ANN201
-    data = small_data()
-    clients = make_clients(
-        data, functools.partial(local_client, sampling_rate=0.2, clip_norm=0.5, noise_multiplier=0.3)
-    )
-    server = Server(
-        model_factory=model_factory,
-        federation=Federation(clients=clients, train_data=data.train, test_data=data.test),
-        strategy=FedAvg(),
+    return tiny_server(
+        small_data(),
+        model=model_factory,
+        client=functools.partial(local_client, sampling_rate=0.2, clip_norm=0.5, noise_multiplier=0.3),
         executor=executor,
-        schedule=Schedule(num_rounds=2, clients_per_round=5),
+        num_rounds=2,
+        clients_per_round=5,
         seed=7,
         logger=RunLogger(None, tensorboard=False, progress=False),
-    )
-    return server.run()
+    ).run()
 
 
 @pytest.mark.parametrize("model_factory", [TiedNet, TwiceNet, NormNet], ids=["tied_weight", "layer_twice", "layernorm"])

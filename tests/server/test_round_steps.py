@@ -19,21 +19,17 @@ from typing import Any
 
 import pytest
 import torch
+from builders import sgd, tiny_federation, tiny_server
 from cli_runner import run_cli
 from own_processes import live_tagged, new_tag, tagged_environment
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fedsim.client.base import Client
-from fedsim.client.federation import federate, make_clients
 from fedsim.core.checkpoint import CheckpointError, load_latest, save_checkpoint
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
-from fedsim.executor import ProcessExecutor, RayExecutor, SerialExecutor
-from fedsim.models import LogisticRegression
+from fedsim.executor import ProcessExecutor, RayExecutor
 from fedsim.server import RoundRecord, RoundStage, Server
-from fedsim.server.settings import Checkpoints, Federation, Schedule, Stages
+from fedsim.server.settings import Checkpoints, Stages
 from fedsim.server.stage import CLOCK, UPDATES, check_declarations, check_names, place, stage_metrics
-from fedsim.strategy import FedAvg
 
 STAGES_DIR = Path(__file__).resolve().parents[2] / "experiments" / "round_steps"
 sys.path.insert(0, str(STAGES_DIR))
@@ -133,25 +129,12 @@ def test_a_stages_metrics_are_logged_under_its_name() -> None:
 # --- from Python ----------------------------------------------------------------------------------------------
 
 
-@functools.cache
-def _data() -> Any:
-    return federate(
-        synthetic(num_devices=12, num_features=10, num_classes=5, min_size=30, max_size=60, seed=3),
-        natural,
-        client_test_fraction=0.2,
-        seed=0,
-    )
-
-
 def _server(*extra: RoundStage, executor: Any = None, checkpoint_dir: Path | None = None, rounds: int = 4) -> Server:
-    data = _data()
-    factory = functools.partial(Client, epochs=2, batch_size=10, optimizer=functools.partial(torch.optim.SGD, lr=0.1))
-    return Server(
-        model_factory=functools.partial(LogisticRegression, data.train.input_shape, data.train.num_classes),
-        federation=Federation(make_clients(data, factory), data.train, data.test),
-        strategy=FedAvg(),
-        executor=executor or SerialExecutor(),
-        schedule=Schedule(num_rounds=rounds, clients_per_round=4),
+    return tiny_server(
+        tiny_federation(12, num_features=10, num_classes=5, min_size=30),
+        client=functools.partial(Client, epochs=2, batch_size=10, optimizer=sgd(0.1)),
+        executor=executor,
+        num_rounds=rounds,
         seed=1,
         checkpoints=Checkpoints(checkpoint_dir) if checkpoint_dir is not None else None,
         stages=Stages(extra=list(extra)),

@@ -9,6 +9,7 @@ forgets a parameter, or whose parameter has no command-line override here, fails
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,9 @@ OVERRIDES: dict[str, tuple[str, object]] = {
     "adapt_alpha": ("true", True),
     "personal_lr": ("0.05", 0.05),
     "inner_steps": ("3", 3),
+    "variant": ("hf", "hf"),
+    "delta": ("0.01", 0.01),
+    "temperature": ("0.2", 0.2),
 }
 
 
@@ -105,3 +109,12 @@ def test_a_bad_strategy_value_from_the_command_line_names_the_field() -> None:
     ):
         with pytest.raises(ValueError, match=message):
             build_server(compose(overrides))
+
+
+def test_the_readme_names_every_strategy_in_its_list() -> None:
+    """The README's "Strategies built in" paragraph names every option of conf/strategy/ (a new strategy is added
+    there in the same change)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    start = readme.index("Strategies built in (`strategy=...`):")
+    listed = set(re.findall(r"`([a-z0-9_]+)`", readme[start : readme.index("Also:", start)]))
+    assert [option for option in OPTIONS if option not in listed] == []

@@ -8,22 +8,20 @@ import functools
 import numpy as np
 import pytest
 import torch
+from builders import tiny_federation, tiny_server
 from torch import nn
 
 from fedsim.client.base import Client
 from fedsim.client.evaluation import ClientEvaluation
-from fedsim.client.federation import federate, make_clients
 from fedsim.core.params import ParamLayout, flatten, load_flat
 from fedsim.core.types import ClientUpdate
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
 from fedsim.data.tensor_data import TensorData
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
 from fedsim.executor.vmap.optim import VmapUnsupportedError
 from fedsim.models import MLP2NN
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RunResult, Server
-from fedsim.server.settings import Evaluation, Federation, Schedule
+from fedsim.server.settings import Evaluation
 from fedsim.strategy import Ditto, FedRep, Strategy
 from fedsim.strategy.context import RunContext
 from fedsim.strategy.ditto import STATE_KEY as DITTO_KEY
@@ -135,19 +133,12 @@ def test_bad_parameters_name_the_field(make, field: str) -> None:  # type: ignor
 
 
 def _run(strategy: Strategy, executor) -> tuple[RunResult, Server]:  # type: ignore[no-untyped-def]
-    data = federate(
-        synthetic(num_devices=10, min_size=20, max_size=50, seed=4), natural, client_test_fraction=0.25, seed=0
-    )
-    server = Server(
-        model_factory=functools.partial(MLP2NN, (60,), 10, hidden=16),
-        federation=Federation(
-            clients=make_clients(data, functools.partial(Client, batch_size=8)),
-            train_data=data.train,
-            test_data=data.test,
-        ),
+    server = tiny_server(
+        tiny_federation(10, max_size=50, seed=4, client_test_fraction=0.25),
+        model=functools.partial(MLP2NN, (60,), 10, hidden=16),
+        client=functools.partial(Client, batch_size=8),
         strategy=strategy,
         executor=executor,
-        schedule=Schedule(num_rounds=3, clients_per_round=4),
         seed=1,
         logger=RunLogger(None, progress=False),
         evaluation=Evaluation(clients=ClientEvaluation("all")),

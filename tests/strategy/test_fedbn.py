@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import tiny_server
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
@@ -17,7 +18,7 @@ import vision_files  # noqa: E402
 
 from fedsim.cli.run import compose, run_config  # noqa: E402
 from fedsim.client.base import Client  # noqa: E402
-from fedsim.client.federation import federate, make_clients  # noqa: E402
+from fedsim.client.federation import federate  # noqa: E402
 from fedsim.client.state import ClientStateStore  # noqa: E402
 from fedsim.core.checkpoint import load_latest  # noqa: E402
 from fedsim.core.params import ParamLayout, flatten  # noqa: E402
@@ -29,7 +30,6 @@ from fedsim.executor import ProcessExecutor, SerialExecutor  # noqa: E402
 from fedsim.models import CNNBatchNorm  # noqa: E402
 from fedsim.observe.run_logger import RunLogger  # noqa: E402
 from fedsim.server.server import Server
-from fedsim.server.settings import Federation, Schedule  # noqa: E402
 from fedsim.strategy.context import RunContext  # noqa: E402
 from fedsim.strategy.fedbn import STATE_KEY, FedBN, LocalNorms, norm_entries  # noqa: E402
 
@@ -198,14 +198,13 @@ def _run(executor: object) -> Server:
     train = TensorData(torch.randn(48, 1, 8, 8, generator=gen), torch.arange(48) % 3, 3)
     test = TensorData(torch.randn(12, 1, 8, 8, generator=gen), torch.arange(12) % 3, 3)
     data = federate(DataSplit(train, test), functools.partial(iid, num_clients=4), client_test_fraction=0.25, seed=0)
-    server = Server(
-        model_factory=functools.partial(CNNBatchNorm, input_shape=(1, 8, 8), num_classes=3, fc_units=8),
-        federation=Federation(
-            make_clients(data, functools.partial(Client, epochs=1, batch_size=4)), data.train, data.test
-        ),
+    server = tiny_server(
+        data,
+        model=functools.partial(CNNBatchNorm, input_shape=(1, 8, 8), num_classes=3, fc_units=8),
+        client=functools.partial(Client, epochs=1, batch_size=4),
         strategy=FedBN(),
         executor=executor,  # type: ignore[arg-type]
-        schedule=Schedule(num_rounds=3, clients_per_round=3),
+        clients_per_round=3,
         seed=7,
         logger=RunLogger(None, tensorboard=False, progress=False),
     )

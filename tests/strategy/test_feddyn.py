@@ -10,19 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from builders import tiny_federation, tiny_server
 from torch import nn
 
 from fedsim.client.base import Client
-from fedsim.client.federation import FederatedData, federate, make_clients
+from fedsim.client.federation import FederatedData
 from fedsim.core.params import ParamLayout
 from fedsim.core.types import ClientUpdate
-from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
-from fedsim.models import LogisticRegression
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import Server
-from fedsim.server.settings import Checkpoints, Federation, Schedule
+from fedsim.server.settings import Checkpoints
 from fedsim.strategy import FedAvg
 from fedsim.strategy.context import RunContext
 from fedsim.strategy.feddyn import ALPHA_KEY, SIZE_KEY, STATE_KEY, DynamicRegulariser, FedDyn
@@ -223,26 +222,18 @@ def test_client_half_trains_as_the_written_out_loss_term() -> None:
     assert (fast - plain).norm() > 100 * (fast - written).norm()  # the term really changes training
 
 
-@functools.lru_cache(maxsize=1)
 def _data() -> FederatedData:
     """FedProx's Synthetic(1,1): 8 devices of unequal sizes (20–60 examples), 60 features."""
-    return federate(
-        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
-    )
+    return tiny_federation()
 
 
 def _server(strategy, executor, rounds: int = 3, run_dir: Path | None = None) -> Server:  # type: ignore[no-untyped-def]
-    data = _data()
-    return Server(
-        model_factory=functools.partial(LogisticRegression, (60,), 10),
-        federation=Federation(
-            clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
-            train_data=data.train,
-            test_data=data.test,
-        ),
+    return tiny_server(
+        _data(),
+        client=functools.partial(Client, epochs=2, batch_size=8),
         strategy=strategy,
         executor=executor,
-        schedule=Schedule(num_rounds=rounds, clients_per_round=4),
+        num_rounds=rounds,
         seed=5,
         logger=RunLogger(run_dir, tensorboard=False, progress=False),
         checkpoints=Checkpoints(run_dir / "checkpoints", every=1) if run_dir is not None else None,

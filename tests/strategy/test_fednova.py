@@ -8,17 +8,15 @@ import math
 
 import pytest
 import torch
+from builders import tiny_federation, tiny_server
 
 from fedsim.client.base import Client
-from fedsim.client.federation import FederatedData, federate, make_clients
+from fedsim.client.federation import FederatedData
 from fedsim.core.types import ClientUpdate
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor
-from fedsim.models import LogisticRegression
 from fedsim.observe.run_logger import RunLogger
-from fedsim.server.server import RunResult, Server
-from fedsim.server.settings import Federation, Schedule, Stages
+from fedsim.server.server import RunResult
+from fedsim.server.settings import Stages
 from fedsim.server.stragglers import Stragglers
 from fedsim.strategy import FedAvg
 from fedsim.strategy.fednova import FedNova
@@ -84,31 +82,22 @@ def test_bad_parameters_name_the_field() -> None:
     assert FedNova.keeps_stragglers and FedNova().state_dict() == {}
 
 
-@functools.lru_cache(maxsize=1)
 def _data() -> FederatedData:
     """FedProx's Synthetic(1,1): 8 devices of unequal sizes (20–60 examples), 60 features."""
-    return federate(
-        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
-    )
+    return tiny_federation()
 
 
 def _run(strategy, executor, *, batch_size: int = 8, stragglers=None, rounds: int = 3) -> RunResult:  # type: ignore[no-untyped-def]
-    data = _data()
-    server = Server(
-        model_factory=functools.partial(LogisticRegression, (60,), 10),
-        federation=Federation(
-            clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=batch_size)),
-            train_data=data.train,
-            test_data=data.test,
-        ),
+    return tiny_server(
+        _data(),
+        client=functools.partial(Client, epochs=2, batch_size=batch_size),
         strategy=strategy,
         executor=executor,
-        schedule=Schedule(num_rounds=rounds, clients_per_round=4),
+        num_rounds=rounds,
         seed=5,
         logger=RunLogger(None, tensorboard=False, progress=False),
         stages=Stages(stragglers=stragglers),
-    )
-    return server.run()
+    ).run()
 
 
 def test_equal_local_steps_in_a_real_run_are_fedavg() -> None:

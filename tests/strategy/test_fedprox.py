@@ -6,17 +6,15 @@ import functools
 
 import pytest
 import torch
+from builders import tiny_server
 from torch import nn
 
 from fedsim.client.base import Client
-from fedsim.client.federation import federate, make_clients
 from fedsim.core.types import ClientUpdate
-from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
-from fedsim.models import LogisticRegression
 from fedsim.server.server import Server
-from fedsim.server.settings import Federation, Schedule, Stages
+from fedsim.server.settings import Stages
 from fedsim.server.stragglers import Stragglers
 from fedsim.strategy import FedAvg, FedProx, ProximalTerm
 
@@ -139,19 +137,11 @@ def test_straggler_parameters_are_checked(bad: dict) -> None:
 
 
 def _server(strategy, executor, stragglers=None, clients=None) -> Server:  # type: ignore[no-untyped-def]
-    data = federate(
-        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
-    )
-    return Server(
-        model_factory=functools.partial(LogisticRegression, (60,), 10),
-        federation=Federation(
-            clients=clients or make_clients(data, functools.partial(Client, epochs=3, batch_size=8)),
-            train_data=data.train,
-            test_data=data.test,
-        ),
+    return tiny_server(
+        client=functools.partial(Client, epochs=3, batch_size=8),
+        clients=clients,
         strategy=strategy,
         executor=executor,
-        schedule=Schedule(num_rounds=3, clients_per_round=4),
         seed=5,
         stages=Stages(stragglers=stragglers),
     )

@@ -11,18 +11,16 @@ import math
 import numpy as np
 import pytest
 import torch
+from builders import tiny_federation, tiny_server
 
 from fedsim.client import Client, evaluate_indices
-from fedsim.client.federation import FederatedData, federate, make_clients
+from fedsim.client.federation import FederatedData, make_clients
 from fedsim.core.params import ParamLayout
 from fedsim.core.types import ClientUpdate
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor, VmapExecutor, VmapUnsupportedError
 from fedsim.models import LogisticRegression
 from fedsim.observe.run_logger import RunLogger
-from fedsim.server.server import RunResult, Server
-from fedsim.server.settings import Federation, Schedule
+from fedsim.server.server import RunResult
 from fedsim.strategy import Strategy
 from fedsim.strategy.context import RunContext
 from fedsim.strategy.functional import weighted_average
@@ -176,11 +174,9 @@ def test_weighted_sampling_follows_the_client_sizes() -> None:
     QFFL(sampling="uniform").setup(_context(sizes, 6))
 
 
-@functools.lru_cache(maxsize=1)
 def _data() -> FederatedData:
     """FedProx's Synthetic(1,1): 8 devices of unequal sizes (20–60 examples), 60 features."""
-    split = synthetic(num_devices=8, min_size=20, max_size=60, seed=3)
-    return federate(split, natural, client_test_fraction=0.2, seed=0)
+    return tiny_federation()
 
 
 def test_the_client_half_records_the_global_models_training_loss_and_changes_no_training() -> None:
@@ -200,21 +196,15 @@ def test_the_client_half_records_the_global_models_training_loss_and_changes_no_
 
 
 def _run(strategy: Strategy, executor, *, rounds: int = 3) -> RunResult:  # type: ignore[no-untyped-def]
-    data = _data()
-    server = Server(
-        model_factory=functools.partial(LogisticRegression, (60,), 10),
-        federation=Federation(
-            clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
-            train_data=data.train,
-            test_data=data.test,
-        ),
+    return tiny_server(
+        _data(),
+        client=functools.partial(Client, epochs=2, batch_size=8),
         strategy=strategy,
         executor=executor,
-        schedule=Schedule(num_rounds=rounds, clients_per_round=4),
+        num_rounds=rounds,
         seed=5,
         logger=RunLogger(None, tensorboard=False, progress=False),
-    )
-    return server.run()
+    ).run()
 
 
 class UnweightedMean(Strategy):

@@ -7,18 +7,15 @@ import functools
 import numpy as np
 import pytest
 import torch
+from builders import tiny_server
 from torch import nn
 
 from fedsim.client.base import Client
-from fedsim.client.federation import federate, make_clients
 from fedsim.core.params import ParamLayout
 from fedsim.core.types import ClientUpdate
-from fedsim.data.partition import natural
 from fedsim.data.synthetic import synthetic
 from fedsim.executor import ProcessExecutor, SerialExecutor
-from fedsim.models import LogisticRegression
 from fedsim.server.server import Server
-from fedsim.server.settings import Federation, Schedule
 from fedsim.strategy import ControlCorrection, FedAvg, Scaffold
 from fedsim.strategy.context import RunContext
 from fedsim.strategy.scaffold import STATE_KEY, correction
@@ -142,21 +139,13 @@ def test_client_half_trains_as_the_written_out_linear_term() -> None:
 
 
 def _run(strategy, executor, state_store: str = "memory") -> Server:  # type: ignore[no-untyped-def]
-    data = federate(
-        synthetic(num_devices=8, min_size=20, max_size=60, seed=3), natural, client_test_fraction=0.2, seed=0
-    )
-    server = Server(
-        model_factory=functools.partial(LogisticRegression, (60,), 10),
-        federation=Federation(
-            clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
-            train_data=data.train,
-            test_data=data.test,
-            state_store=state_store,
-        ),
+    server = tiny_server(
+        client=functools.partial(Client, epochs=2, batch_size=8),
         strategy=strategy,
         executor=executor,
-        schedule=Schedule(num_rounds=4, clients_per_round=4),
+        num_rounds=4,
         seed=5,
+        state_store=state_store,
     )
     server.run()
     return server

@@ -41,7 +41,8 @@ class ClientPlan:
 def plan_task(
     client: Client, task: FitTask, model: nn.Module, spec_cache: dict | None = None, local: LocalTraining | None = None
 ) -> ClientPlan:
-    """Draw the task's batch order from its generator exactly as :meth:`Client.fit` does.
+    """Draw the task's batch order from its generator exactly as :meth:`Client.fit` does (its epochs, or its
+    ``local_steps``: the first K batches of as many passes as they need).
 
     ``spec_cache`` remembers the optimizer each (client class, optimizer factory, config) builds, so a
     round of a hundred clients sharing one factory builds one optimizer, not a hundred. A client class
@@ -63,7 +64,12 @@ def plan_task(
         rows, sizes = dpsgd.poisson_batches(client, generator, epochs)
     else:
         steps = math.ceil(client.num_train / batch_size)
+        local_steps = client.task_steps(config)
+        if local_steps is not None:  # K batches cut from as many passes as they need (Client.fit's local steps)
+            epochs = math.ceil(local_steps / steps) if steps else 0
         rows, sizes = _shuffled_batches(client, generator, epochs, batch_size)
+        if local_steps is not None:
+            rows, sizes = rows[:local_steps], sizes[:local_steps]
     inputs = local.vectorised_inputs(config, dict(task.state)) if local is not None else config
     numbers = {k: float(v) for k, v in inputs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     vectors = {k: v for k, v in inputs.items() if isinstance(v, np.ndarray)}

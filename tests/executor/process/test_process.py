@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import tiny_server
 
 from fedsim.client.base import Client
 from fedsim.client.federation import make_clients
@@ -26,8 +27,6 @@ from fedsim.executor.base import Workload
 from fedsim.models import MLP2NN
 from fedsim.observe.run_logger import RunLogger
 from fedsim.server.server import RoundFailedError, Server
-from fedsim.server.settings import Federation, Schedule
-from fedsim.strategy import FedAvg
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/executor: fault_clients, executor_runs
 import fault_clients  # noqa: E402  (workers import it by the same name: spawn copies sys.path)
@@ -59,22 +58,20 @@ def test_bitwise_equal_to_serial(workers: int, tmp_path: Path) -> None:
 def test_dropout_is_the_same_in_every_worker_and_in_serial() -> None:
     """Dropout draws from torch's global RNG, which each task seeds from its own seed: the weights do not
     depend on which worker ran a task, after which other tasks, or on the parent's RNG."""
-    data = federation_data()
 
     def final(executor) -> torch.Tensor:  # type: ignore[no-untyped-def]
         torch.manual_seed(len(str(executor)))  # a different parent RNG state for every executor
+        model = functools.partial(fault_clients.dropout_mlp, (60,), 10)
+        client = functools.partial(Client, epochs=2, batch_size=8)
         return (
-            Server(
-                model_factory=functools.partial(fault_clients.dropout_mlp, (60,), 10),
-                federation=Federation(
-                    clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
-                    train_data=data.train,
-                    test_data=data.test,
-                ),
-                strategy=FedAvg(),
+            tiny_server(
+                federation_data(),
+                model=model,
+                client=client,
                 executor=executor,
-                schedule=Schedule(num_rounds=2, clients_per_round=PER_ROUND),
+                num_rounds=2,
                 seed=7,
+                clients_per_round=PER_ROUND,
             )
             .run()
             .params
@@ -87,22 +84,21 @@ def test_integer_buffers_start_every_task_as_built() -> None:
     """BatchNorm with ``momentum=None`` averages over ``num_batches_tracked``, an integer buffer that is not
     federated. It must start every task at its built value; if it carried over from earlier tasks (or from a
     worker's warm-up step), the result would depend on which worker ran which clients."""
-    data = federation_data()
 
     def final(executor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        model = functools.partial(fault_clients.cumulative_bn_mlp, (60,), 10)
+        client = functools.partial(Client, epochs=2, batch_size=8)
+        quiet = RunLogger(None, tensorboard=False, progress=False)
         return (
-            Server(
-                model_factory=functools.partial(fault_clients.cumulative_bn_mlp, (60,), 10),
-                federation=Federation(
-                    clients=make_clients(data, functools.partial(Client, epochs=2, batch_size=8)),
-                    train_data=data.train,
-                    test_data=data.test,
-                ),
-                strategy=FedAvg(),
+            tiny_server(
+                federation_data(),
+                model=model,
+                client=client,
                 executor=executor,
-                schedule=Schedule(num_rounds=2, clients_per_round=PER_ROUND),
+                num_rounds=2,
+                clients_per_round=PER_ROUND,
                 seed=7,
-                logger=RunLogger(None, tensorboard=False, progress=False),
+                logger=quiet,
             )
             .run()
             .params
@@ -245,13 +241,12 @@ def _mlp_with(lock: threading.Lock) -> MLP2NN:
 
 
 def test_unsendable_model_factory_fails_before_training() -> None:
-    data = federation_data()
-    server = Server(
-        model_factory=functools.partial(_mlp_with, threading.Lock()),
-        federation=Federation(clients=make_clients(data, Client), train_data=data.train, test_data=data.test),
-        strategy=FedAvg(),
+    server = tiny_server(
+        federation_data(),
+        model=functools.partial(_mlp_with, threading.Lock()),
         executor=ProcessExecutor(devices="cpu", workers=1),
-        schedule=Schedule(num_rounds=1, clients_per_round=2),
+        num_rounds=1,
+        clients_per_round=2,
     )
     with pytest.raises(
         TypeError,
@@ -270,17 +265,13 @@ def test_lambdas_and_local_classes_go_to_workers_by_value() -> None:
             return super().loss(model, x, y) * 1.0
 
     def build(executor) -> Server:  # type: ignore[no-untyped-def]
-        data = federation_data()
-        return Server(
-            model_factory=lambda: MLP2NN((60,), 10, hidden=32),
-            federation=Federation(
-                clients=make_clients(data, functools.partial(LocalClient, epochs=1, batch_size=8)),
-                train_data=data.train,
-                test_data=data.test,
-            ),
-            strategy=FedAvg(),
+        return tiny_server(
+            federation_data(),
+            model=lambda: MLP2NN((60,), 10, hidden=32),
+            client=functools.partial(LocalClient, epochs=1, batch_size=8),
             executor=executor,
-            schedule=Schedule(num_rounds=2, clients_per_round=3),
+            num_rounds=2,
+            clients_per_round=3,
             seed=1,
             logger=RunLogger(None, tensorboard=False, progress=False),
         )

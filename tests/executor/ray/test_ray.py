@@ -27,10 +27,11 @@ from fedsim.executor.base import Workload  # noqa: E402
 from fedsim.executor.ray.executor import MISSING_RAY  # noqa: E402
 from fedsim.models import MLP2NN  # noqa: E402
 from fedsim.server.server import RoundFailedError  # noqa: E402
-from fedsim.server.settings import Evaluation, Federation, Schedule  # noqa: E402
+from fedsim.server.settings import Evaluation  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/executor: fault_clients, executor_runs
 import fault_clients  # noqa: E402
+from builders import tiny_server  # noqa: E402
 from executor_runs import (  # noqa: E402
     PER_ROUND,
     ROUNDS,
@@ -462,17 +463,16 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the model class a
 def _algorithm_run(strategy, executor):  # type: ignore[no-untyped-def]
     from fedsim.client.evaluation import ClientEvaluation
     from fedsim.observe.run_logger import RunLogger
-    from fedsim.server.server import Server
 
-    data = federation_data()
-    # one batch per epoch (every client has fewer than 64 training examples): BatchNorm never sees a batch of one
-    clients = make_clients(data, functools.partial(Client, epochs=2, batch_size=64))
-    server = Server(
-        model_factory=_BatchNormMLP,
-        federation=Federation(clients=clients, train_data=data.train, test_data=data.test),
+    server = tiny_server(
+        federation_data(),
+        model=_BatchNormMLP,
+        # one batch per epoch (every client has fewer than 64 training examples): BatchNorm never sees a batch of one
+        client=functools.partial(Client, epochs=2, batch_size=64),
         strategy=strategy,
         executor=executor,
-        schedule=Schedule(num_rounds=3, clients_per_round=4),
+        num_rounds=3,
+        clients_per_round=4,
         seed=7,
         logger=RunLogger(None, progress=False),
         evaluation=Evaluation(clients=ClientEvaluation("all")),

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from builders import tiny_federation, tiny_server
 from torch import nn
 
 from fedsim.cli.run import build_data, compose, run_config
@@ -16,17 +17,16 @@ from fedsim.client.base import Client
 from fedsim.client.federation import FederatedData, federate, make_clients
 from fedsim.core.params import flatten
 from fedsim.core.types import ClientFailure, ClientUpdate, FitTask
-from fedsim.data.partition import lognormal, natural
-from fedsim.data.synthetic import synthetic
+from fedsim.data.partition import lognormal
 from fedsim.data.tensor_data import DataSplit, TensorData
 from fedsim.executor import SerialExecutor, VmapExecutor, VmapUnsupportedError, Workload
 from fedsim.executor.vmap.executor import auto_chunk_size
 from fedsim.models import MLP2NN, LogisticRegression, McMahanCNN
 from fedsim.observe.run_logger import RunLogger
-from fedsim.server.server import RunResult, Server
-from fedsim.server.settings import Federation, Schedule, Stages
+from fedsim.server.server import RunResult
+from fedsim.server.settings import Stages
 from fedsim.server.stragglers import Stragglers
-from fedsim.strategy import FedAvg, FedProx, LocalTraining, Scaffold
+from fedsim.strategy import FedProx, LocalTraining, Scaffold
 
 UNIT_ROUNDOFF = 2.0**-24  # float32
 
@@ -52,15 +52,9 @@ def model_tolerance(model: str) -> float:
     return CNN_TOLERANCE if model == "cnn" else TOLERANCE
 
 
-@functools.lru_cache(maxsize=1)
 def vector_data() -> FederatedData:
     """FedProx's Synthetic(1,1): 8 devices of unequal sizes (20–60 examples), 60 features."""
-    return federate(
-        synthetic(num_devices=8, min_size=20, size_sigma_log=0.5, max_size=60, seed=3),
-        natural,
-        client_test_fraction=0.2,
-        seed=0,
-    )
+    return tiny_federation(8, size_sigma_log=0.5)
 
 
 @functools.lru_cache(maxsize=1)
@@ -94,23 +88,19 @@ def run(
     per_round: int = 4,
 ) -> RunResult:
     data_fn, model_factory = MODELS[model]
-    data = data_fn()
     kwargs = {"epochs": 2, "batch_size": 8} | ({"optimizer": optimizer} if optimizer else {})
-    server = Server(
-        model_factory=model_factory,
-        federation=Federation(
-            clients=make_clients(data, functools.partial(client_cls, **kwargs)),
-            train_data=data.train,
-            test_data=data.test,
-        ),
-        strategy=strategy or FedAvg(),
+    return tiny_server(
+        data_fn(),
+        model=model_factory,
+        client=functools.partial(client_cls, **kwargs),
+        strategy=strategy,
         executor=executor,
-        schedule=Schedule(num_rounds=rounds, clients_per_round=per_round),
+        num_rounds=rounds,
+        clients_per_round=per_round,
         seed=7,
         logger=RunLogger(None, tensorboard=False, progress=False),
         stages=Stages(stragglers=stragglers),
-    )
-    return server.run()
+    ).run()
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
