@@ -25,12 +25,13 @@ from fedsim.attacks.base import Attack
 from fedsim.cli.config import ConfigError, register_schema, to_yaml, validate
 from fedsim.cli.run_dir_guard import removing_new_files
 from fedsim.cli.run_summary import flat_hparams, record_error, record_summary
+from fedsim.cli.run_tokenizer import tokenizer_setting, trained_tokenizer
 from fedsim.cli.secagg_option import build_secagg
 from fedsim.client.evaluation import ClientEvaluation
 from fedsim.client.federation import FederatedData, federate, make_population
 from fedsim.comm.names import codec_from
 from fedsim.comm.pipeline import Compression
-from fedsim.core.checkpoint import check_writable, list_checkpoints, write_text_atomic
+from fedsim.core.checkpoint import check_writable, list_checkpoints
 from fedsim.core.progress import configure as configure_progress
 from fedsim.core.run_lock import hold
 from fedsim.core.seeding import partition_seed
@@ -65,8 +66,6 @@ def _config_dir() -> str:
 CONFIG_DIR = _config_dir()
 log = logging.getLogger("fedsim")
 register_schema()
-TRAIN, TOKENIZER_FILE = "train", "tokenizer.json"
-"""``data.tokenizer=train``, and the file in the run directory that holds the tokenizer it trained."""
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
@@ -102,36 +101,10 @@ def _instantiate_a(node: DictConfig, kind: type, group: str, base: str) -> Any:
 
 def build_data(cfg: DictConfig, run_dir: str | Path | None = None) -> FederatedData:
     """Load the dataset and partition it over clients; with ``data.tokenizer=train``, the tokenizer is saved in
-    ``run_dir`` or read back from it (:func:`trained_tokenizer`)."""
-    split = _instantiate(cfg.data, **trained_tokenizer(cfg, run_dir))
+    ``run_dir`` or read back from it (:func:`~fedsim.cli.run_tokenizer.trained_tokenizer`)."""
+    split = _instantiate(cfg.data, **trained_tokenizer(cfg, run_dir, resume_target(cfg.resume, run_dir)))
     partition = _instantiate(cfg.partition)
     return federate(split, partition, client_test_fraction=cfg.client_test_fraction, seed=partition_seed(cfg.seed))
-
-
-def trained_tokenizer(cfg: DictConfig, run_dir: str | Path | None) -> dict[str, str]:
-    """The data's arguments for ``data.tokenizer=train`` in a run directory: a fresh run trains the tokenizer and
-    saves it as ``<run dir>/tokenizer.json`` (``tokenizer_file``); a resumed run reads the file its run saved
-    (``tokenizer``: that file) and never trains again. A resume from another run's directory copies that file into
-    ``run_dir``, so that this run resumes too. Nothing for any other tokenizer, or without a run directory."""
-    if cfg.data.get("tokenizer") != TRAIN or "tokenizer_kind" not in cfg.data or run_dir is None:
-        return {}
-    own = Path(run_dir) / TOKENIZER_FILE
-    target = resume_target(cfg.resume, run_dir)
-    if target is None:
-        return {"tokenizer_file": str(own)}
-    target = Path(target)
-    resumed_dir = (
-        target.parent.parent if target.is_file() else target.parent if target.name == "checkpoints" else target
-    )
-    saved = resumed_dir / TOKENIZER_FILE
-    if not saved.is_file():
-        raise ConfigError(
-            f"resume: data.tokenizer=train, but {saved}, the tokenizer the run trained, is missing; put the run's "
-            "tokenizer.json back, or start a new run"
-        )
-    if saved.resolve() != own.resolve():
-        write_text_atomic(own, saved.read_text(encoding="utf-8"))
-    return {"tokenizer": str(saved)}
 
 
 def build_model_factory(cfg: DictConfig, data: FederatedData) -> Callable[[], Any]:
@@ -238,7 +211,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         on_failure.append(logger.close)
         logger.log_label_distribution(label_counts(data))
         server = Server(logger=logger, **parts)
-        server.settings = computation_settings(flat_hparams(cfg))
+        server.settings = computation_settings(flat_hparams(cfg)) | tokenizer_setting(cfg, run_dir)
         resume = resume_target(cfg.resume, run_dir)
         if resume is not None:
             server.resume(resume, allow_changes=list(cfg.resume_allow_changes or []))

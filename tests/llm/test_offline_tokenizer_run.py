@@ -1,7 +1,7 @@
 """The instruction-tuning task from the command line with no tokenizer given (``data.tokenizer=train``), offline: the
 run trains one on its training rows, saves it as ``<run dir>/tokenizer.json``, and a resumed run reads that file
 (never trains again) and ends bitwise equal to a run that was not interrupted. A resume whose tokenizer keys
-changed, or whose tokenizer file is gone, is refused in one line."""
+changed, whose tokenizer file was changed, or whose tokenizer file is gone, is refused in one line."""
 
 from __future__ import annotations
 
@@ -85,7 +85,19 @@ def test_a_resume_with_other_tokenizer_keys_or_without_its_tokenizer_is_one_line
     changed = run_cli(args(llm_files, resumed, "num_rounds=4", "resume=true", "data.vocab_size=400"), env=OFFLINE)
     lines = [line for line in changed.stderr.splitlines() if line.strip()]
     assert changed.returncode != 0 and len(lines) == 1 and "data.vocab_size (300 -> 400)" in lines[0], changed.stderr
-    (resumed / "tokenizer.json").rename(resumed / "moved.json")
+    tokenizer = resumed / "tokenizer.json"
+    original = tokenizer.read_text()
+    edited = json.loads(original)
+    vocab = edited["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[-2:]  # two ids swapped: a tokenizer of the same size that differs
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    tokenizer.write_text(json.dumps(edited))
+    other = run_cli(args(llm_files, resumed, "num_rounds=4", "resume=true"), env=OFFLINE)
+    lines = [line for line in other.stderr.splitlines() if line.strip()]
+    assert other.returncode == 2 and len(lines) == 1, other.stderr
+    assert "tokenizer.json is not the tokenizer the run trained" in lines[0] and "start a new run" in lines[0]
+    tokenizer.write_text(original)
+    tokenizer.rename(resumed / "moved.json")
     gone = run_cli(args(llm_files, resumed, "num_rounds=4", "resume=true"), env=OFFLINE)
     lines = [line for line in gone.stderr.splitlines() if line.strip()]
     assert gone.returncode == 2 and len(lines) == 1, gone.stderr
