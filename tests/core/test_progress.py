@@ -162,3 +162,18 @@ def test_scoring_in_several_executor_calls_gives_the_one_call_scores(monkeypatch
     whole = server.evaluate_clients(1, [])
     monkeypatch.setattr(federated_eval, "TASKS_PER_CALL", 1)  # every client group a call of its own
     assert server.evaluate_clients(1, []) == whole and whole["eval_global/accuracy_mean"] > 0
+
+
+@pytest.mark.slow
+def test_the_million_devices_preset_shows_its_start_up_although_its_rounds_are_quiet(tmp_path: Path) -> None:
+    """experiment=million_devices (logger=quiet with logger.progress=null) on 3,000 devices: the start-up's progress
+    is a bar on a terminal and lines in run.log elsewhere, while the console has no round line."""
+    preset = ["experiment=million_devices", "data.num_devices=3000", "num_rounds=1", "logger.progress_after=0"]
+    done = run_cli([*preset, f"hydra.run.dir={tmp_path / 'log'}"])
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "log" / "run.log").read_text()
+    assert all(f"{step}: done" in log for step in STEPS[:2]), log
+    assert not any(step in done.stdout + done.stderr for step in STEPS) and "round 1:" not in done.stdout + done.stderr
+    assert "draws" not in (tmp_path / "log" / "metrics.jsonl").read_text()
+    shown = _on_a_terminal([*preset, f"hydra.run.dir={tmp_path / 'terminal'}"], tmp_path)
+    assert any(piece.startswith(STEPS[0]) and "draw/s" in piece for piece in shown.split("\r")), shown[-2000:]
