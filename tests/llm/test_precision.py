@@ -1,7 +1,8 @@
 """A language model's memory knobs (fedsim/models/precision.py, client.autocast): the frozen base in bfloat16 or
 float16 with float32 adapters and logits, transformers' gradient checkpointing (the same gradients, bit for bit),
 autocast around the forward pass and the loss, a LoRA run with all three from the command line (serial = process
-bitwise), the float32 default unchanged, and the one-line refusals where an executor cannot honour them."""
+bitwise; a resume with another model.dtype refused in one line), the float32 default unchanged, and the one-line
+refusals where an executor cannot honour them."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from fedsim.client.base import Client
 from fedsim.core.checkpoint import load_latest
 from fedsim.core.params import checkpoints_activations
 from fedsim.models.hf_lm import LoRA, hf_causal_lm, hf_seq_cls
+
+pytest.importorskip("peft")  # with transformers: imported once when collected, not inside the first test's time
 
 SIZE = {"input_shape": (8,), "num_classes": 20, "hidden_size": 16, "num_layers": 2, "num_heads": 2, "seed": 0}
 
@@ -127,3 +130,9 @@ def test_a_bfloat16_lora_run_with_checkpointing_and_autocast_is_bitwise_equal_se
     assert plain.returncode == 0, plain.stderr
     reference = load_latest(tmp_path / "float32" / "checkpoints")[1]["params"]
     assert reference.shape == serial.shape and not torch.equal(reference, serial)  # bfloat16 did change the sums
+    other = [*base, *knobs[1:], "model.dtype=float32", "num_rounds=3", "resume=true"]
+    refused = run_cli([*other, f"hydra.run.dir={tmp_path / 'serial'}"])
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert "model.dtype ('bfloat16' -> 'float32')" in lines[0] and "resume_allow_changes=[model.dtype]" in lines[0]
+    assert len(metrics(tmp_path / "serial")) == 2  # nothing ran
