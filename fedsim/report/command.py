@@ -49,18 +49,26 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from fedsim.report.grid import grid_problem, report_grids
+from fedsim.report.notes import (
+    UNLOGGED,
+    damage,
+    damaged_lines,
+    facet_problem,
+    fallback_lines,
+    unclocked_lines,
+    unfinished_lines,
+    unplotted_lines,
+)
 from fedsim.report.plot import (
     ACCURACY,
     ROUND_TIME,
     X_AXES,
-    facet_key,
     have_matplotlib,
     labels,
     mean_curve,
@@ -72,8 +80,6 @@ from fedsim.report.runs import (
     CUMULATIVE,
     Run,
     accuracy_within,
-    along,
-    at_target,
     fallback_names,
     load_runs,
     logged_name,
@@ -83,6 +89,7 @@ from fedsim.report.runs import (
     split_metric,
     split_seed,
 )
+from fedsim.report.summary import aggregate, group_runs, mean_std, rounds_to_target
 from fedsim.report.table import ConfigStats, csv_rows, format_table, status, table_rows, write_csv
 
 __all__ = [
@@ -121,187 +128,10 @@ PROG = "fedsim.report"
 METRIC_NAME = re.compile(r"[A-Za-z0-9_.\-/]+")  # as fedsim.server.round_metrics.NAME (not imported: no torch here)
 
 
-def group_runs(runs: Sequence[Run]) -> dict[tuple[str, ...], list[Run]]:
-    """Runs by configuration, configurations in order of their first run."""
-    groups: dict[tuple[str, ...], list[Run]] = {}
-    for run in runs:
-        groups.setdefault(run.config, []).append(run)
-    return groups
-
-
-def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation (n - 1); std is ``None`` for fewer than two values, NaN when
-    a value is NaN or infinite."""
-    if not values:
-        return None, None
-    if not all(math.isfinite(v) for v in values):
-        return statistics.fmean(values), math.nan if len(values) > 1 else None
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
-
-
-def rounds_to_target(curve: Sequence[tuple[int, float]], target: float) -> int | None:
-    """The first round whose test accuracy is at least ``target``; ``None`` if none is."""
-    return next((round_num for round_num, acc in curve if acc >= target), None)
-
-
-def aggregate(
-    config: tuple[str, ...],
-    runs: Sequence[Run],
-    target: float | None = None,
-    metrics: Sequence[str] = (),
-    budget: float | None = None,
-) -> ConfigStats:
-    """Summarise one configuration over its seeds. Unfinished runs count with what they have logged.
-    Each of ``metrics`` (``NAME`` or ``NAME:AGG``, see :func:`~fedsim.report.runs.metric_value`) gets the mean ±
-    std of its value over the seeds that logged it; with ``budget``, the accuracy within that ε
-    (:func:`~fedsim.report.runs.accuracy_within`) too, over the seeds that had a round within it."""
-    within = [v for v in (accuracy_within(r, budget) for r in runs) if v is not None] if budget is not None else []
-    evaluated = [r for r in runs if r.curve]
-    hits = [n for n in (rounds_to_target(r.curve, target) for r in runs) if n is not None] if target is not None else []
-    seconds, megabytes = (_totals_at_target(runs, target, x) for x in ("sim_time", "comm_mb"))
-    return ConfigStats(
-        config=config,
-        finished=sum(r.finished for r in runs),
-        total=len(runs),
-        rounds=(min(r.rounds for r in runs), max(r.rounds for r in runs)),
-        final=mean_std([r.curve[-1][1] for r in evaluated]),
-        best=mean_std([max(acc for _, acc in r.curve) for r in evaluated]),
-        to_target=statistics.fmean(hits) if hits else None,
-        reached=len(hits),
-        wall_time_s=statistics.fmean(r.wall_time_s for r in runs) if runs else None,
-        failures=tuple(f"seed={r.seed}: {r.stop_reason}" for r in runs if r.failed),
-        damaged=tuple(f"seed={r.seed}: {damage(r)}" for r in runs if r.damaged),
-        metrics={name: mean_std(_values(runs, name)) for name in metrics},
-        clocked=sum(bool(r.sim_time) for r in runs),
-        sim_to_target=mean_std(seconds),
-        sim_reached=len(seconds),
-        metered=sum(bool(r.comm_mb) for r in runs),
-        mb_to_target=mean_std(megabytes),
-        mb_reached=len(megabytes),
-        private=sum(bool(r.epsilon) for r in runs),
-        running=sum(r.running for r in runs),
-        within_budget=mean_std(within),
-        within_reached=len(within),
-    )
-
-
-def _values(runs: Sequence[Run], spec: str) -> list[float]:
-    """The value of ``--metric`` ``spec`` of each run that logged it."""
-    return [v for v in (metric_value(r, spec) for r in runs) if v is not None]
-
-
-def _totals_at_target(runs: Sequence[Run], target: float | None, x: str) -> list[float]:
-    """The running total ``x`` (``sim_time`` or ``comm_mb``) at the target round of each seed that reached it."""
-    if target is None:
-        return []
-    return [v for v in (at_target(r, target, x) for r in runs) if v is not None]
-
-
 def plot_accuracy(groups: dict[tuple[str, ...], list[Run]], path: Path, target: float | None = None) -> bool:
     """Test accuracy per round for each configuration (see :func:`~fedsim.report.plot.plot_metric`); ``False``
     without matplotlib or without an evaluated round."""
     return have_matplotlib() and plot_metric(groups, path, ACCURACY, "round", target)
-
-
-def unfinished_lines(runs: Sequence[Run], root: Path) -> list[str]:
-    """One line per run that has not finished: ``running: <dir> (<n> rounds logged so far)`` for a run whose process
-    still holds its directory, ``failed: <dir> (<n> rounds logged): error: ...`` for a run stopped by an error, else
-    ``unfinished: <dir> (<n> rounds logged[, no summary.json])``."""
-    lines = []
-    for r in runs:
-        where = r.path.relative_to(root) if r.path != root else r.path
-        if r.running:
-            lines.append(f"running: {where} ({r.rounds} rounds logged so far)")
-        elif r.failed:
-            lines.append(f"failed: {where} ({r.rounds} rounds logged): {r.stop_reason}")
-        elif not r.finished:
-            lines.append(
-                f"unfinished: {where} ({r.rounds} rounds logged"
-                f"{'' if (r.path / 'summary.json').exists() else ', no summary.json'})"
-            )
-    return lines
-
-
-def fallback_lines(groups: dict[tuple[str, ...], list[Run]], names: Sequence[str]) -> list[str]:
-    """For each fallback list ``A,B`` in ``names`` whose configurations did not all use the same scalar, one line
-    saying which scalar each used (``fedsim.report: eval_personal/accuracy_mean,eval/accuracy: eval/accuracy for
-    strategy=fedavg; eval_personal/accuracy_mean for the other 1``)."""
-    lines = []
-    short, _ = labels(list(groups))
-    for name in dict.fromkeys(n for n in names if "," in n):
-        used: dict[str, list[str]] = {}
-        for config, members in groups.items():
-            for scalar in dict.fromkeys(logged_name(r, name) for r in members):
-                if scalar is not None:
-                    used.setdefault(scalar, []).append(short[config])
-        if len(used) > 1:
-            first, *others = sorted(used.items(), key=lambda item: fallback_names(name).index(item[0]))
-            parts = [f"{scalar} for {', '.join(configs)}" for scalar, configs in others]
-            lines.append(f"{PROG}: {name}: {'; '.join(parts)}; {first[0]} for the other {len(first[1])}")
-    return lines
-
-
-def damage(run: Run) -> str:
-    """``K lines skipped`` of a damaged run's ``metrics.jsonl`` (``, not counted as finished`` added when its
-    ``summary.json`` says finished but its last round is not among the usable rows)."""
-    skipped = len(run.skipped)
-    return f"{_count(skipped, 'line')} skipped" + (", not counted as finished" if run.uncounted else "")
-
-
-def damaged_lines(runs: Sequence[Run], root: Path) -> list[str]:
-    """One note per damaged ``metrics.jsonl``: ``fedsim.report: <run>/metrics.jsonl is damaged: skipped K of N
-    lines (line 4: not JSON; line 9: cut short); read the run from the other M`` (and ``; not counted as
-    finished: ...`` when its last round is not among them)."""
-    lines = []
-    for r in runs:
-        if not r.damaged:
-            continue
-        where = (r.path.relative_to(root) if r.path != root else r.path) / "metrics.jsonl"
-        kinds = dict.fromkeys(why for _, why in r.skipped)  # in the order they first occur
-        which = "; ".join(f"{_numbers([n for n, w in r.skipped if w == kind])}: {kind}" for kind in kinds)
-        kept = r.lines - len(r.skipped)
-        line = f"{PROG}: {where} is damaged: skipped {len(r.skipped)} of {_count(r.lines, 'line')} ({which}); " + (
-            f"read the run from the other {kept}" if kept else "no line is left to read the run from"
-        )
-        lines.append(line + (f"; not counted as finished: {r.uncounted}" if r.uncounted else ""))
-    return lines
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def _numbers(numbers: Sequence[int], shown: int = 3) -> str:
-    """``line 4``, ``lines 4, 7``, ``lines 4, 7, 9 and 2 more``."""
-    more = f" and {len(numbers) - shown} more" if len(numbers) > shown else ""
-    return f"line{'' if len(numbers) == 1 else 's'} {', '.join(str(n) for n in numbers[:shown])}{more}"
-
-
-UNLOGGED = {  # per running total: why no run logged it, and why one run did not
-    "sim_time": ("run with clock=sampled or clock=trace", "no clock"),
-    "comm_mb": ("runs written before fedsim counted bytes", "written before fedsim counted bytes"),
-    "epsilon": ("run with differential privacy, dp=central or dp=adaptive", "no DP"),
-}
-
-
-def unplotted_lines(runs: Sequence[Run], root: Path, x: str) -> list[str]:
-    """For ``--x sim_time``, ``--x comm_mb`` or ``--x epsilon``: one line per run that logged rounds but not the
-    running total (``sim/time_s``, ``comm/mb_total``, ``dp/epsilon``; left out of the plots); a single line when no
-    run did."""
-    name, (hint, why) = CUMULATIVE[x], UNLOGGED[x]
-    if not any(along(r, x) for r in runs):
-        return [f"{PROG}: no run logged {name} ({hint}); nothing to plot against {x}"]
-    return [
-        f"{PROG}: {r.path.relative_to(root) if r.path != root else r.path} logged no {name} ({why}); "
-        f"left out of the {x} plots"
-        for r in runs
-        if r.rounds and not along(r, x)
-    ]
-
-
-def unclocked_lines(runs: Sequence[Run], root: Path) -> list[str]:
-    """:func:`unplotted_lines` for ``--x sim_time``."""
-    return unplotted_lines(runs, root, "sim_time")
 
 
 def _fraction(text: str) -> float:
@@ -335,17 +165,6 @@ def _budget(text: str) -> float:
     if not value > 0 or not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a privacy budget ε > 0, got {text}")
     return value
-
-
-def facet_problem(runs: Sequence[Run], key: str) -> str | None:
-    """Why ``--facet KEY`` cannot split ``runs`` (one line), or ``None`` when it can."""
-    key = key.lstrip("+~")
-    if key == "seed":
-        return f"{PROG}: --facet cannot use seed: a curve is the mean over the seeds"
-    known = sorted({facet_key(o) for r in runs for o in r.config})
-    if key not in known:
-        return f"{PROG}: --facet: no run overrides {key} (the runs' keys: {', '.join(known) or 'none'})"
-    return None
 
 
 class _Parser(argparse.ArgumentParser):
