@@ -7,6 +7,7 @@ refusals where an executor cannot honour them."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,10 @@ import torch
 from cli_runner import run_cli
 from test_fedsa_upload import fedsa_args
 
+from fedsim.cli.run import build_server, compose
 from fedsim.client.base import Client
 from fedsim.core.checkpoint import load_latest
-from fedsim.core.params import checkpoints_activations
+from fedsim.core.params import ParamLayout, checkpoints_activations
 from fedsim.models.hf_lm import LoRA, hf_causal_lm, hf_seq_cls
 
 pytest.importorskip("peft")  # with transformers: imported once when collected, not inside the first test's time
@@ -136,3 +138,19 @@ def test_a_bfloat16_lora_run_with_checkpointing_and_autocast_is_bitwise_equal_se
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
     assert "model.dtype ('bfloat16' -> 'float32')" in lines[0] and "resume_allow_changes=[model.dtype]" in lines[0]
     assert len(metrics(tmp_path / "serial")) == 2  # nothing ran
+
+
+@pytest.mark.slow
+def test_vmap_trains_float32_adapters_on_a_bfloat16_base(llm_files: dict[str, Path], tmp_path: Path) -> None:
+    """executor=vmap stacks the float32 adapters per client and uses the bfloat16 base unbatched (it refuses only
+    checkpointing and autocast): the run ends with float32 adapters that moved and a finite perplexity."""
+    base = [*fedsa_args(llm_files, "strategy=fedavg", "num_rounds=2"), "logger.progress=false", "executor=vmap"]
+    done = run_cli([*base, "model.dtype=bfloat16", f"hydra.run.dir={tmp_path / 'vmap'}"])
+    assert done.returncode == 0, done.stderr
+    params = load_latest(tmp_path / "vmap" / "checkpoints")[1]["params"]
+    server = build_server(compose([*base, "model.dtype=bfloat16"]))  # the run's initial model, not run
+    layout = ParamLayout.of(server.model)
+    b_rows = layout.mask(layout.matching(r"\.lora_B\."))
+    assert params.dtype == torch.float32 and params.shape == server.params.shape and bool(b_rows.any())
+    assert not server.params[b_rows].any() and params[b_rows].any()  # B starts at zero: the adapters were trained
+    assert all(math.isfinite(r["eval/perplexity"]) for r in metrics(tmp_path / "vmap")) and metrics(tmp_path / "vmap")
