@@ -12,7 +12,6 @@ returns.
 
 from __future__ import annotations
 
-import errno
 import logging
 from pathlib import Path
 from typing import Any
@@ -67,11 +66,11 @@ def _lock_or_exit(directory: Path | None) -> None:
         command_line_lease(directory)
     except RunDirectoryInUse as error:
         fail(str(error), 2)
-    except OSError as error:
-        if error.errno != errno.ENAMETOOLONG:
-            raise
-        # a name too long to create: Hydra's mkdir fails next, in one line (fedsim.cli.hydra_entry), with no warning
-        # of Hydra's about this callback before it
+    except OSError:
+        # a directory that cannot be created or written (a name too long, a full disk, a read-only file system):
+        # Hydra's own mkdir or write fails next, in one line naming its file (fedsim.cli.hydra_entry); raised here,
+        # Hydra would print a warning about this callback before it
+        pass
 
 
 class DirectoryLockCallback(Callback):

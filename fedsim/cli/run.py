@@ -26,7 +26,7 @@ from fedsim.cli.config import ConfigError, register_schema, to_yaml, validate
 from fedsim.cli.run_dir_guard import removing_new_files
 from fedsim.cli.run_summary import flat_hparams, record_error, record_summary
 from fedsim.cli.run_tokenizer import tokenizer_setting, trained_tokenizer
-from fedsim.cli.secagg_option import build_secagg
+from fedsim.cli.secagg_option import build_secagg, prepare_secagg
 from fedsim.client.evaluation import ClientEvaluation
 from fedsim.client.federation import FederatedData, federate, make_population
 from fedsim.comm.names import codec_from
@@ -211,6 +211,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         on_failure.append(logger.close)
         logger.log_label_distribution(label_counts(data))
         server = Server(logger=logger, **parts)
+        prepare_secagg(parts["stages"].extra, server.params.numel())  # distributed DP's z, before any round
         server.settings = computation_settings(flat_hparams(cfg)) | tokenizer_setting(cfg, run_dir)
         resume = resume_target(cfg.resume, run_dir)
         if resume is not None:
@@ -229,7 +230,9 @@ def _components(cfg: DictConfig, run_dir: str | Path | None) -> tuple[FederatedD
     clients = make_population(data, _instantiate(cfg.client))  # built when sampled (issue #35)
     model_factory = build_model_factory(cfg, data)
     strategy = _instantiate_a(cfg.strategy, Strategy, "strategy", "fedsim.strategy.Strategy")
-    secagg = build_secagg(cfg, strategy, _instantiate)  # before central DP's accountant is loaded: it may refuse it
+    clock = build_clock(cfg, len(clients))
+    # before central DP's accountant is loaded: it may refuse it; it times its protocol on the clock
+    secagg = build_secagg(cfg, strategy, _instantiate, clock=clock, num_clients=len(clients))
     return data, dict(
         model_factory=model_factory,
         federation=Federation(clients, data.train, data.test, state_store=cfg.state_store),
@@ -255,7 +258,7 @@ def _components(cfg: DictConfig, run_dir: str | Path | None) -> tuple[FederatedD
         ),
         stages=Stages(
             stragglers=Stragglers(fraction=cfg.stragglers.fraction, epochs=cfg.stragglers.epochs, seed=cfg.seed),
-            clock=build_clock(cfg, len(clients)),
+            clock=clock,
             compression=build_compression(cfg),
             privacy=build_privacy(cfg),
             attack=build_attack(cfg),

@@ -30,7 +30,7 @@ from typing import Any
 
 from fedsim.core.extras import require
 
-NEEDED_BY = "the privacy accountant (dp=central, dp=adaptive, client=dpsgd)"  # Google's dp-accounting
+NEEDED_BY = "the privacy accountant (dp=central, dp=adaptive, client=dpsgd, secagg.dp)"  # Google's dp-accounting
 ACCOUNTANTS = ("rdp", "pld")
 
 

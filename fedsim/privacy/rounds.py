@@ -31,26 +31,28 @@ from fedsim.strategy.base import Strategy
 log = logging.getLogger("fedsim")
 
 
-def check_delta(delta: float, num_clients: int) -> None:
-    """Refuse, in one line, a ``dp.delta`` of at least 1/``num_clients``; warn when it is above 1/(10·num_clients)
-    (see the module docstring)."""
+def check_delta(delta: float, num_clients: int, key: str = "dp.delta") -> None:
+    """Refuse, in one line naming ``key``, a δ of at least 1/``num_clients``; warn when it is above
+    1/(10·num_clients) (see the module docstring)."""
     suggestion = min(1e-5, 10.0 ** math.floor(math.log10(0.1 / num_clients)))
     if delta >= 1 / num_clients:
         raise ValueError(
-            f"dp.delta={delta:g} must be below 1/{num_clients} = {1 / num_clients:.3g}, one over the run's "
+            f"{key}={delta:g} must be below 1/{num_clients} = {1 / num_clients:.3g}, one over the run's "
             f"{num_clients} clients (with δ >= 1/n a mechanism may publish a client's data outright and ε means "
-            f"nothing); use e.g. dp.delta={suggestion:g}"
+            f"nothing); use e.g. {key}={suggestion:g}"
         )
     if delta >= 0.1 / num_clients:
         log.warning(
-            "dp.delta=%g is close to 1/%d = %.3g (the run's %d clients): the guarantee allows revealing %.2g "
-            "clients' data outright on average (δ·n); keep it below 1/(10·n) = %.3g, e.g. dp.delta=%g",
+            "%s=%g is close to 1/%d = %.3g (the run's %d clients): the guarantee allows revealing %.2g "
+            "clients' data outright on average (δ·n); keep it below 1/(10·n) = %.3g, e.g. %s=%g",
+            key,
             delta,
             num_clients,
             1 / num_clients,
             num_clients,
             delta * num_clients,
             0.1 / num_clients,
+            key,
             suggestion,
         )
 

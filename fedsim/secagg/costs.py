@@ -25,6 +25,9 @@ client and O(n² + n·d') at the server for SecAgg (k = n - 1), O(log n + d') an
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fedsim.server.record import RoundRecord
 
 KEY_BYTES = 32
 SHARE_BYTES = 16
@@ -81,3 +84,41 @@ def cohort_bytes(cohort: int, degree: int, coordinates: int, bits: int) -> tuple
     neighbours and survives: the closed form of the module docstring, for cohorts too large to train."""
     per_client = sum(sum(b) for b in client_phase_bytes(degree, degree, True, coordinates, bits).values())
     return per_client, cohort * per_client
+
+
+class CommLedger:
+    """The ``comm/`` metrics of a round as secure aggregation moves the bytes: the uplink is what the clients send
+    in its phases (the masked input in place of the update), the downlink gains what they receive. Keeps what it
+    changed in the exchange's running totals so far (``up_offset``, ``down_offset``: the stage's state)."""
+
+    def __init__(self) -> None:
+        self.up_offset, self.down_offset = 0, 0
+
+    def apply(self, record: RoundRecord, per_client: Mapping[int, Mapping[str, tuple[int, int]]]) -> dict[str, float]:
+        """The round's byte metrics (:func:`cost_metrics`); each client row's bytes and ``record``'s ``comm/``
+        metrics set to secure aggregation's."""
+        metrics = cost_metrics(per_client)
+        for cid, phases in per_client.items():
+            down = record.client_extras.get(cid, {}).get("bytes_down", 0)
+            sent, received = sum(p[0] for p in phases.values()), sum(p[1] for p in phases.values())
+            record.add_to_rows(cid, bytes_up=sent, bytes_down=down + received)
+        comm = record.metrics
+        if "comm/bytes_up" in comm:
+            self.up_offset += int(metrics["bytes_up"] - comm["comm/bytes_up"])
+            self.down_offset += int(metrics["bytes_down"])
+            comm["comm/bytes_up"], comm["comm/bytes_down"] = (
+                metrics["bytes_up"],
+                comm["comm/bytes_down"] + metrics["bytes_down"],
+            )
+            comm["comm/bytes_up_total"] += self.up_offset
+            comm["comm/bytes_down_total"] += self.down_offset
+            comm["comm/mb_total"] = (comm["comm/bytes_up_total"] + comm["comm/bytes_down_total"]) / 1e6
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """The offsets added to the exchange's totals so far."""
+        return {"bytes_up_offset": self.up_offset, "bytes_down_offset": self.down_offset}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put the offsets back (a resume)."""
+        self.up_offset, self.down_offset = int(state["bytes_up_offset"]), int(state["bytes_down_offset"])

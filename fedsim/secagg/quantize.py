@@ -20,7 +20,8 @@ x̂ = D·H·(T̂/s)/√d' cut to d coordinates, divided by m: the mean update.
 Since |T_i| <= m·⌈ℓ⌉ <= n·⌈ℓ⌉ for a cohort of n clients, the condition n·⌈s·c⌉ <= 2^(b-1) - 1 rules wrap-around out
 (the sufficient n·(s·c + 1) <= 2^(b-1) follows from ⌈s·c⌉ < s·c + 1). The default scale (``secagg.scale: null``) is
 the largest that meets it with an integer ℓ: ℓ = M = ⌊(2^(b-1) - 1 - h)/n⌋ and s = M/c, h the headroom reserved for
-integer noise the clients add (0 in this increment). A user's scale may break it: the sum then wraps for real.
+integer noise the clients add (distributed DP: :mod:`fedsim.secagg.ddp`, which also reserves
+room for it its own way). A user's scale may break it: the sum then wraps for real.
 
 **Rounding error.** Without wrap-around T̂ = T, and T_i - Σ_u z_u,i = Σ_u (q_u,i - z_u,i) has |·| < m. The decoded
 mean differs from the mean of the clipped updates by e = Rᵀ(T - Σz)/(s·m) (cut to d coordinates), so
@@ -40,6 +41,8 @@ from dataclasses import dataclass
 import torch
 
 from fedsim.secagg.seeds import ROTATION, ROUNDING, stream_seed
+
+MAX_ROUNDINGS = 1000  # conditional rounding's tries: each fails with probability at most β < 1 (e^(-1/2) by default)
 
 
 def padded_size(size: int, rotation: bool) -> int:
@@ -83,6 +86,17 @@ def default_levels(bits: int, cohort: int, headroom: int = 0) -> int:
     return max(0, (2 ** (bits - 1) - 1 - headroom) // cohort)
 
 
+def sigma_levels(bits: int, cohort: int, dim: int, sigmas: float, noise: float = 0.0) -> int:
+    """The papers' scale (Kairouz, Liu, Steinke 2021, §4; Agarwal, Kairouz, Liu 2021): the largest integer ℓ with
+    which k = ``sigmas`` standard deviations of a coordinate of the sum fit in [−2^(b−1), 2^(b−1)), the sum's
+    coordinate taken as a centred variable of variance ℓ²·(n²/d' + ``noise``) + n/4: n inputs of norm ℓ whose sum
+    (of norm at most n·ℓ) the rotation spreads evenly over d' coordinates, their noise of variance ``noise``·ℓ²
+    (z²·n/K for distributed DP) and the rounding's (at most 1/4 a client). Unlike :func:`default_levels` it does
+    not rule wrap-around out: a coordinate beyond k standard deviations wraps (0: none fits)."""
+    room = ((2 ** (bits - 1) - 1) / sigmas) ** 2 - cohort / 4
+    return max(0, math.floor(math.sqrt(max(0.0, room) / (cohort**2 / dim + noise))))
+
+
 def rounding_generator(seed: int, round_num: int, client_id: int) -> torch.Generator:
     """The generator of ``client_id``'s stochastic rounding in round ``round_num``."""
     return torch.Generator().manual_seed(stream_seed(seed, ROUNDING, round_num, client_id))
@@ -120,14 +134,19 @@ class Quantizer:
         norm = float(torch.linalg.vector_norm(delta))
         return (delta * (self.clip / norm), True) if norm > self.clip else (delta, False)
 
-    def quantize(self, clipped: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def quantize(self, clipped: torch.Tensor, generator: torch.Generator, bound: float | None = None) -> torch.Tensor:
         """A clipped update's integers q (int64, d' of them, not yet reduced mod 2^b): rotated, scaled, clamped and
-        stochastically rounded with ``generator``."""
+        stochastically rounded with ``generator``. With a ``bound`` (conditional randomized rounding, Kairouz, Liu,
+        Steinke, ICML 2021): rounded again, from the same generator, until ‖q‖₂ <= ``bound`` (the norm in float64)."""
         y = clipped if self.signs is None else rotate(clipped, self.signs)
         z = torch.clamp(y * self.scale, -self.levels, self.levels)
         low = torch.floor(z)
-        up = torch.rand(z.numel(), generator=generator, dtype=torch.float64) < (z - low)
-        return low.long() + up.long()
+        for _ in range(MAX_ROUNDINGS):
+            up = torch.rand(z.numel(), generator=generator, dtype=torch.float64) < (z - low)
+            q = low.long() + up.long()
+            if bound is None or float(q.double().square().sum()) <= bound * bound:
+                return q
+        raise RuntimeError(f"conditional rounding: no rounding within the bound {bound} in {MAX_ROUNDINGS} tries")
 
     def decode(self, total: torch.Tensor, count: int, size: int) -> torch.Tensor:
         """The mean update (float64, ``size`` coordinates) of ``count`` inputs from their group sum ``total``."""

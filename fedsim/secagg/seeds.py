@@ -1,6 +1,6 @@
 """Every random stream of secure aggregation, a pure function of the run seed, the round and the client (never the
 global RNG, never who computes it): the rotation, each client's stochastic rounding, the dropouts, SecAgg+'s graph,
-each client's keys and self-mask seed, and the polynomials of its Shamir shares.
+each client's keys and self-mask seed, the polynomials of its Shamir shares, and its distributed-DP noise.
 
 Each stream is a ``numpy.random.SeedSequence`` over ``(seed, SECAGG, purpose, round, ...)``: the domain tag
 :data:`SECAGG` keeps them apart from :mod:`fedsim.core.seeding`'s streams, the purpose apart from each other.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 SECAGG = 45_0000  # the domain tag of secure aggregation's streams (issue #45); fedsim.core.seeding uses 0..9
-ROTATION, ROUNDING, DROPOUT, GRAPH, KEYS, SHARES = 0, 1, 2, 3, 4, 5
+ROTATION, ROUNDING, DROPOUT, GRAPH, KEYS, SHARES, NOISE = 0, 1, 2, 3, 4, 5, 6
 
 
 def sequence(seed: int, purpose: int, round_num: int, *more: int) -> np.random.SeedSequence:

@@ -14,7 +14,12 @@ What it does each round, on the server (docs/secure-aggregation.md):
 * the **decoded mean update** becomes the one aggregate input of the strategy (``record.aggregate_input``), each
   client weighing 1 (the mean of the clipped updates, not FedAvg's example-weighted one; see the docs), and
   ``record.kept`` the survivors' updates (their states are committed, the dropped clients' are not);
-* its ``secagg/`` metrics, and the ``comm/`` bytes of the round as secure aggregation moves them.
+* with **distributed DP** (``dp``, :mod:`fedsim.secagg.ddp`): each client's conditionally rounded integers get its
+  discrete Gaussian or Skellam noise before the reduction mod 2^b; the ledger adds the round's privacy and may stop
+  the run before its budget is exceeded (``record.stop_reason``);
+* its ``secagg/`` metrics, and the ``comm/`` bytes of the round as secure aggregation moves them;
+* on the **simulated clock** (``clock``): the protocol's phases, their bytes and compute, make the round's simulated
+  duration (:mod:`fedsim.secagg.timing`; ``record.schedule`` is replaced before the clock stage moves the clock).
 
 It declares ``needs = {"updates"}`` and ``preserves = {"clock"}``: after it no stage and no strategy may read the
 individual updates, so Krum, the median or FLTrust are refused in one line before any work.
@@ -22,9 +27,6 @@ individual updates, so Krum, the median or FLTrust are refused in one line befor
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from numbers import Real
 from typing import Any
 
 import numpy as np
@@ -32,7 +34,8 @@ import torch
 
 from fedsim.core.errors import RoundFailedError
 from fedsim.core.types import ClientUpdate
-from fedsim.secagg.costs import cost_metrics, round_bytes
+from fedsim.secagg.costs import CommLedger, round_bytes
+from fedsim.secagg.ddp import DistributedDP, RoundNoise
 from fedsim.secagg.masking import complete_graph, default_degree, harary_graph
 from fedsim.secagg.protocol import RoundSetup, secure_sum, threshold_of
 from fedsim.secagg.quantize import (
@@ -41,32 +44,27 @@ from fedsim.secagg.quantize import (
     padded_size,
     rotation_signs,
     rounding_generator,
+    sigma_levels,
     to_group,
 )
 from fedsim.secagg.seeds import DROPOUT, uniform
+from fedsim.secagg.settings import check_settings
+from fedsim.secagg.timing import on_the_clock
 from fedsim.server.record import RoundRecord
 from fedsim.server.stage import CLOCK, UPDATES, RoundStage
-
-PROTOCOLS = ("secagg", "secagg_plus")
-
-
-def _check(name: str, ok: bool, rule: str, value: object, hint: str = "") -> None:
-    """Refuse, in one line naming ``secagg.<name>``, a value for which ``ok`` is false."""
-    if not ok:
-        raise ValueError(f"secagg.{name} must be {rule} (got {value!r}){'; ' + hint if hint else ''}")
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(float(value))
+from fedsim.sim.clock import SyncClock
 
 
 class SecureAggregation(RoundStage):
     """SecAgg (``protocol="secagg"``, Bonawitz et al., CCS 2017) or SecAgg+ (``"secagg_plus"``, Bell et al., CCS
     2020) with ``bits`` b per coordinate (8 to 32), updates clipped to L2 norm ``clip``, scaled by ``scale`` (``None``:
-    the largest with which the sum cannot wrap around), rotated when ``rotation``; a secret is recovered from
+    the largest with which the sum cannot wrap around; with ``scale_sigmas`` k, the papers' scale, with which k
+    standard deviations of a coordinate of the sum fit), rotated when ``rotation``; a secret is recovered from
     ``threshold`` (a fraction) of its holders; ``dropout``: each client's chance to drop out after the key phases;
     ``degree``: SecAgg+'s k (``None``: of order log n). ``seed``: the run's seed (every draw comes from it);
-    ``clients_per_round``: when given, a default scale that cannot fit that cohort is refused at once."""
+    ``clients_per_round``: K, the clients a round plans to aggregate (a default scale that cannot fit them is refused
+    at once; distributed DP calibrates its noise to them). ``dp``: distributed DP (:class:`DistributedDP`; its
+    target ε is for ``num_rounds`` rounds). ``clock``: the run's simulated clock, to time the protocol's phases."""
 
     name, position = "secagg", "after receive"
     needs, preserves = frozenset({UPDATES}), frozenset({CLOCK})
@@ -83,39 +81,75 @@ class SecureAggregation(RoundStage):
         dropout: float = 0.0,
         rotation: bool = True,
         degree: int | None = None,
+        scale_sigmas: float | None = None,
         clients_per_round: int | None = None,
+        dp: DistributedDP | None = None,
+        num_rounds: int | None = None,
+        clock: SyncClock | None = None,
     ) -> None:
-        _check("protocol", protocol in PROTOCOLS, f"one of {', '.join(PROTOCOLS)}", protocol)
-        _check("bits", isinstance(bits, int) and not isinstance(bits, bool) and 8 <= bits <= 32, "in [8, 32]", bits)
-        _check("clip", _number(clip) and clip > 0, "a finite number > 0", clip, "the L2 bound on each update")
-        _check("scale", scale is None or (_number(scale) and scale > 0), "> 0 or null (derived)", scale)
-        _check("threshold", _number(threshold) and 0 < threshold <= 1, "in (0, 1]", threshold)
-        _check("dropout", _number(dropout) and 0 <= dropout < 1, "in [0, 1)", dropout)
-        _check("rotation", isinstance(rotation, bool), "true or false", rotation)
-        even = isinstance(degree, int) and not isinstance(degree, bool) and degree >= 2 and degree % 2 == 0
-        _check("degree", degree is None or even, "an even integer >= 2 or null (of order log n)", degree)
-        _check("degree", degree is None or protocol == "secagg_plus", "null with secagg=secagg", degree, "SecAgg+ only")
+        check_settings(
+            protocol=protocol, bits=bits, clip=clip, scale=scale, threshold=threshold, dropout=dropout,
+            rotation=rotation, degree=degree, scale_sigmas=scale_sigmas, dp=dp,
+        )  # fmt: skip
         self.seed, self.protocol, self.bits, self.clip, self.scale = int(seed), protocol, bits, float(clip), scale
         self.threshold, self.dropout, self.rotation, self.degree = float(threshold), float(dropout), rotation, degree
+        self.scale_sigmas = None if scale_sigmas is None else float(scale_sigmas)
+        self.dp, self.planned, self.num_rounds, self.clock = dp or DistributedDP(), clients_per_round, num_rounds, clock
+        if self.dp.target is not None and num_rounds is None:
+            raise ValueError("secagg.dp.epsilon is a target for the whole run: give the stage num_rounds")
         self.label = f"secagg={protocol}: only the sum reaches the server"
-        self.up_offset, self.down_offset = 0, 0  # what secure aggregation changed in the comm/ totals so far
-        if clients_per_round is not None and scale is None and default_levels(bits, clients_per_round) < 1:
+        self.comm = CommLedger()
+        self.round_noise: RoundNoise | None = None  # this round's, while it runs
+        self.prepared = False  # distributed DP's z solved and its budget checked (prepare)
+        if (
+            clients_per_round is not None
+            and scale is None
+            and scale_sigmas is None
+            and self._levels(clients_per_round, 1) < 1
+        ):
             raise ValueError(
                 f"secagg.bits={bits} cannot hold the sum of clients_per_round={clients_per_round} clients without "
-                f"wrap-around (the default scale needs n < 2^(b-1) = {2 ** (bits - 1)}); raise secagg.bits, or set "
-                "secagg.scale to study wrap-around"
+                f"wrap-around (the default scale needs n < 2^(b-1) = {2 ** (bits - 1)}, less the noise's room); raise "
+                "secagg.bits, or set secagg.scale to study wrap-around"
             )
 
     def client_noise(self, round_num: int, client_id: int, size: int) -> torch.Tensor | None:
         """Integer noise ``client_id`` adds to its quantized update before masking (int64, ``size`` coordinates), or
-        ``None`` (none: this increment). The place of distributed DP: a subclass draws discrete Gaussian or Skellam
-        noise from (seed, round, client) here and reserves room for it in :meth:`noise_headroom`."""
-        return None
+        ``None``: distributed DP's discrete Gaussian or Skellam noise from the client's own stream. A subclass may
+        add noise of its own here, and reserve room for it in :meth:`noise_headroom`."""
+        noise = self.round_noise
+        return None if noise is None else noise.sample(self.seed, round_num, client_id)
 
     def noise_headroom(self, cohort: int) -> int:
         """A bound on |Σ noise| per coordinate for ``cohort`` clients, which the default scale keeps free so that
-        the sum does not wrap around (0: no noise)."""
+        the sum does not wrap around (0: no noise of a subclass; distributed DP keeps its room in :meth:`_levels`)."""
         return 0
+
+    def _levels(self, cohort: int, dim: int, planned: int | None = None, z: float | None = None) -> int:
+        """The default scale's ℓ for a cohort of n, d' = ``dim``, K = ``planned`` (by default the stage's, or n)
+        and noise multiplier ``z`` (by default distributed DP's; before it is solved, and without DP, 0)."""
+        planned = planned or self.planned or cohort
+        z = 0.0 if not self.dp.on else (self.dp.z or 0.0) if z is None else z
+        if self.scale_sigmas is not None:
+            return sigma_levels(self.bits, cohort, dim, self.scale_sigmas, z * z * cohort / planned)
+        if not self.dp.on:
+            return default_levels(self.bits, cohort, self.noise_headroom(cohort))
+        return self.dp.levels(self.bits, cohort, planned, z)
+
+    def prepare(self, size: int, planned: int | None = None) -> None:
+        """Once the model's ``size`` is known: distributed DP's noise multiplier solved from its target ε, and an
+        ``epsilon_max`` that a single round exceeds refused (one line). The command line calls it before the first
+        round; otherwise the first round does."""
+        if not self.dp.on:
+            self.prepared = True
+            return
+        planned = planned or self.planned
+        assert planned is not None  # the first round passes its cohort when the stage was not told
+        dim = padded_size(size, self.rotation)
+        fixed = self.scale * self.clip if self.scale is not None else None
+        z = self.dp.solve(lambda z: fixed or self._levels(planned, dim, planned, z), dim, planned, self.num_rounds or 1)
+        self.dp.check_first(self.dp.noise(z, fixed or self._levels(planned, dim, planned), dim, planned), planned)
+        self.prepared = True
 
     def drops(self, round_num: int, client_id: int) -> bool:
         """Whether ``client_id`` drops out after the key phases of round ``round_num`` (``dropout``'s draw)."""
@@ -130,11 +164,11 @@ class SecureAggregation(RoundStage):
 
     def quantizer(self, round_num: int, cohort: int, size: int) -> Quantizer:
         """The round's :class:`~fedsim.secagg.quantize.Quantizer` for a cohort of ``cohort`` and ``size``-coordinate
-        updates (the default scale is derived from b, the cohort and the clip: no wrap-around)."""
+        updates (the default scale is derived from b, the cohort, the clip and the noise: no wrap-around)."""
         signs = rotation_signs(self.seed, round_num, padded_size(size, True)) if self.rotation else None
         if self.scale is not None:
             return Quantizer(self.bits, self.clip, float(self.scale), float(self.scale) * self.clip, signs)
-        levels = default_levels(self.bits, cohort, self.noise_headroom(cohort))
+        levels = self._levels(cohort, padded_size(size, self.rotation))
         if levels < 1:
             raise RoundFailedError(
                 f"round {round_num}: secagg.bits={self.bits} cannot hold the sum of this round's {cohort} clients "
@@ -157,17 +191,51 @@ class SecureAggregation(RoundStage):
             self.seed, round_num, self.bits, self.graph(cohort, round_num), self.threshold, self.protocol
         )
         setup.check(survivors)  # before any work: too few survivors fail the round
-        quantizer = self.quantizer(round_num, len(cohort), start.numel())
-        inputs, exact, metrics = self._client_side(round_num, quantizer, start, [arrived[c] for c in survivors])
-        total = secure_sum(setup, {c: x.numpy() for c, x in inputs.items()})
-        mean = quantizer.decode(torch.from_numpy(total.astype(np.int64)), len(survivors), start.numel())
+        quantizer = self._round_quantizer(round_num, len(cohort), start.numel())
+        inputs, exact, noise, metrics = self._client_side(round_num, quantizer, start, [arrived[c] for c in survivors])
+        total = torch.from_numpy(secure_sum(setup, {c: x.numpy() for c, x in inputs.items()}).astype(np.int64))
+        mean = quantizer.decode(total, len(survivors), start.numel())
         update = ClientUpdate(-1, round_num, (start + mean).to(record.params.dtype), num_examples=1)
         record.aggregate_input, record.kept = [update], [arrived[c] for c in survivors]
         for cid in arrived:
             record.add_to_rows(cid, secagg_dropped=cid not in inputs)
-        metrics |= self._round_metrics(setup, survivors, quantizer, (mean - exact).abs().max(), start.numel())
+        error = (quantizer.decode(total - noise, len(survivors), start.numel()) - exact).abs().max()
+        metrics |= self._round_metrics(setup, survivors, quantizer, error, start.numel())
+        metrics |= self._privacy(record, len(inputs), len(cohort))
         coordinates = quantizer.coordinates(start.numel())
-        return metrics | self._bytes(record, round_bytes(setup.neighbours, survivors, coordinates, self.bits))
+        per_client = round_bytes(setup.neighbours, survivors, coordinates, self.bits)
+        metrics |= self.comm.apply(record, per_client)
+        if self.clock is not None and record.schedule is not None:
+            metrics |= on_the_clock(record, setup, survivors, per_client, coordinates, self.clock.profiles)
+        return metrics
+
+    def _round_quantizer(self, round_num: int, cohort: int, size: int) -> Quantizer:
+        """The round's quantizer and, with distributed DP, its noise (:attr:`round_noise`); a noise multiplier
+        that cannot be solved, or a budget one round exceeds, fails the round in one line before any release."""
+        if self.dp.on and not self.prepared:
+            try:
+                self.prepare(size, self.planned or cohort)
+            except ValueError as error:
+                raise RoundFailedError(f"round {round_num}: {error}") from None
+        quantizer = self.quantizer(round_num, cohort, size)
+        self.round_noise = None
+        if self.dp.on:
+            assert self.dp.z is not None  # prepare solved it
+            dim = quantizer.coordinates(size)
+            self.round_noise = self.dp.noise(self.dp.z, quantizer.levels, dim, self.planned or cohort)
+        return quantizer
+
+    def _privacy(self, record: RoundRecord, clients: int, cohort: int) -> dict[str, float]:
+        """Distributed DP's ledger after the round (``clients``: whose noise is in the sum), its ``dp/`` metrics and,
+        when the budget runs out, the run's ``stop_reason``."""
+        noise = self.round_noise
+        if noise is None:
+            return {}
+        epsilon = self.dp.record(noise, clients)
+        stop = self.dp.stop_reason(record.round_num, noise, self.planned or cohort)
+        record.stop_reason = record.stop_reason or stop
+        gamma = 1.0 / (noise.levels / self.clip)  # the papers' γ = 1/s: one integer step, in the update's units
+        return noise.metrics(clients) | {"dp/gamma": gamma, "dp/epsilon": epsilon, "dp/delta": self.dp.delta}
 
     def _round_metrics(
         self, setup: RoundSetup, survivors: list[int], quantizer: Quantizer, error: torch.Tensor, size: int
@@ -188,50 +256,33 @@ class SecureAggregation(RoundStage):
 
     def _client_side(
         self, round_num: int, quantizer: Quantizer, start: torch.Tensor, updates: list[ClientUpdate]
-    ) -> tuple[dict[int, torch.Tensor], torch.Tensor, dict[str, float]]:
+    ) -> tuple[dict[int, torch.Tensor], torch.Tensor, torch.Tensor, dict[str, float]]:
         """Each survivor's input in [0, 2^b) (by client id), the exact mean of their clipped updates (what the
-        decoding approximates) and the ``clipped`` and ``wrapped`` counts (the latter from the true integer sum,
-        which only the simulator knows)."""
+        decoding approximates), the sum of their noise, and the ``clipped`` and ``wrapped`` counts (the latter from
+        the true integer sum, which only the simulator knows)."""
         inputs, clipped_total, clipped = {}, torch.zeros_like(start), 0
         true_sum = torch.zeros(quantizer.coordinates(start.numel()), dtype=torch.int64)
+        noise_sum = torch.zeros_like(true_sum)
+        bound = None if self.round_noise is None else self.round_noise.l2
         for update in updates:
-            delta, bound = quantizer.clip_update(update.params.double() - start)
-            q = quantizer.quantize(delta, rounding_generator(self.seed, round_num, update.client_id))
+            delta, bound_hit = quantizer.clip_update(update.params.double() - start)
+            q = quantizer.quantize(delta, rounding_generator(self.seed, round_num, update.client_id), bound)
             noise = self.client_noise(round_num, update.client_id, q.numel())
-            q = q if noise is None else q + noise
+            if noise is not None:
+                q, noise_sum = q + noise, noise_sum + noise
             inputs[update.client_id] = to_group(q, self.bits)
-            true_sum, clipped_total, clipped = true_sum + q, clipped_total + delta, clipped + bound
+            true_sum, clipped_total, clipped = true_sum + q, clipped_total + delta, clipped + bound_hit
         half = 2 ** (self.bits - 1)
         wrapped = int(((true_sum < -half) | (true_sum >= half)).sum())
         exact = clipped_total / max(1, len(updates))
-        return inputs, exact, {"clipped": float(clipped), "wrapped": float(wrapped)}
-
-    def _bytes(self, record: RoundRecord, per_client: Mapping[int, Mapping[str, tuple[int, int]]]) -> dict[str, float]:
-        """The round's ``secagg/`` byte metrics; each client row's bytes and the round's ``comm/`` metrics as secure
-        aggregation moves them: the uplink is what the clients send in its phases (the masked input in place of the
-        update), the downlink gains what they receive (the offsets to the exchange's totals are this stage's state)."""
-        metrics = cost_metrics(per_client)
-        for cid, phases in per_client.items():
-            down = record.client_extras.get(cid, {}).get("bytes_down", 0)
-            sent, received = sum(p[0] for p in phases.values()), sum(p[1] for p in phases.values())
-            record.add_to_rows(cid, bytes_up=sent, bytes_down=down + received)
-        comm = record.metrics
-        if "comm/bytes_up" in comm:
-            self.up_offset += int(metrics["bytes_up"] - comm["comm/bytes_up"])
-            self.down_offset += int(metrics["bytes_down"])
-            comm["comm/bytes_up"], comm["comm/bytes_down"] = (
-                metrics["bytes_up"],
-                comm["comm/bytes_down"] + metrics["bytes_down"],
-            )
-            comm["comm/bytes_up_total"] += self.up_offset
-            comm["comm/bytes_down_total"] += self.down_offset
-            comm["comm/mb_total"] = (comm["comm/bytes_up_total"] + comm["comm/bytes_down_total"]) / 1e6
-        return metrics
+        return inputs, exact, noise_sum, {"clipped": float(clipped), "wrapped": float(wrapped)}
 
     def state_dict(self) -> dict[str, Any]:
-        """The offsets this stage added to the exchange's ``comm/`` totals so far."""
-        return {"bytes_up_offset": self.up_offset, "bytes_down_offset": self.down_offset}
+        """The offsets this stage added to the exchange's ``comm/`` totals so far, and distributed DP's ledger."""
+        return self.comm.state_dict() | ({"dp": self.dp.state_dict()} if self.dp.on else {})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Put the offsets back (a resume)."""
-        self.up_offset, self.down_offset = int(state["bytes_up_offset"]), int(state["bytes_down_offset"])
+        """Put them back (a resume)."""
+        self.comm.load_state_dict(state)
+        if self.dp.on:
+            self.dp.load_state_dict(state["dp"])

@@ -99,6 +99,7 @@ def test_a_full_disk_at_start_is_one_line_naming_hydras_file_and_exit_2(tmpfs: M
         f"fedsim: error: cannot write {disk}/run/.hydra/config.yaml: No space left on device; "
         "free space or choose another hydra.run.dir"
     )
+    assert "Callback" not in done.stderr, "no warning of Hydra's about the directory lock before the one line"
 
 
 @pytest.mark.parametrize(

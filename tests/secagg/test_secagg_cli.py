@@ -1,7 +1,9 @@
 """Secure aggregation from the command line (conf/secagg/, fedsim/cli/secagg_option.py): what it cannot run with
 is one line before any work (Krum by the round's declarations, central DP, uplink codecs, an asynchronous strategy,
-a bad key); a SecAgg+ run with dropouts recovers and its comm/ totals add up; a round with too few survivors stops
-the run in one line with the last good round's checkpoint; a run killed with kill -9 resumes exactly."""
+a bad key, distributed DP's bad settings, a target ε no noise reaches, a budget one round exceeds); a SecAgg+ run with
+dropouts recovers and its comm/ totals add up; a round with too few survivors stops the run in one line with the
+last good round's checkpoint; distributed DP's budget stops a run before it is exceeded; a run with SecAgg+ and
+distributed DP killed with kill -9 resumes exactly (Skellam on the simulated clock, DDG with the process executor)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from cli_runner import run_cli
 from own_processes import live_tagged, new_tag, tagged_environment
 
 from fedsim.core.checkpoint import load_latest
-from fedsim.secagg import SecureAggregation
+from fedsim.secagg import DistributedDP, SecureAggregation
+from fedsim.secagg.accounting import rdp_epsilon
 
 FAST = ["data.num_devices=12", "clients_per_round=4", "logger.progress=false"]
 
@@ -52,6 +55,21 @@ KRUM = (
         (["secagg.clip=0"], "fedsim: error: secagg.clip must be a finite number > 0 (got 0)"),
         (["secagg.bits=sixteen"], "fedsim: error: secagg.bits"),
         (["secagg.dropuot=0.1"], "fedsim: error: unknown setting secagg.dropuot; did you mean secagg.dropout?"),
+        (["secagg.dp.mechanism=gauss"], "fedsim: error: secagg.dp.mechanism must be one of none, ddg, skellam"),
+        (["secagg.dp.mechanism=ddg"], "fedsim: error: secagg.dp.mechanism=ddg needs exactly one of"),
+        (["secagg.dp.mechanism=ddg", "secagg.dp.noise_multiplier=one"], "fedsim: error: secagg.dp.noise_multiplier"),
+        (
+            ["secagg.dp.mechanism=skellam", "secagg.dp.noise_multiplier=1", "secagg.dp.delta=0.1"],
+            "fedsim: error: secagg.dp.delta=0.1 must be below 1/12",
+        ),
+        (
+            ["secagg.dp.mechanism=ddg", "secagg.dp.noise_multiplier=1", "secagg.dp.epsilon_max=0.01"],
+            "fedsim: error: secagg.dp.epsilon_max=0.01 is below ε=",
+        ),
+        (
+            ["secagg.dp.mechanism=ddg", "secagg.dp.epsilon=0.001", "secagg.bits=8"],
+            "fedsim: error: secagg.dp.epsilon=0.001 cannot be reached in 30 rounds of 4 clients",
+        ),
     ],
 )
 def test_what_secure_aggregation_cannot_run_with_is_one_line(tmp_path: Path, overrides: list[str], line: str) -> None:
@@ -112,6 +130,37 @@ def test_too_few_survivors_stop_the_run_in_one_line_with_the_last_good_checkpoin
     assert summary["stop_reason"] == f"error: {lines[0].removeprefix('fedsim: error: ')}"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mechanism", ["ddg", "skellam"])
+def test_the_budget_stops_a_distributed_dp_run_before_the_round_that_would_exceed_it(
+    tmp_path: Path, mechanism: str
+) -> None:
+    """z = 1 with 4 clients a round: ε of r rounds is the stage's own ledger; the budget sits between rounds 3 and
+    4, so the run ends after round 3 with a checkpoint and the stop reason, never above the budget."""
+    stage = SecureAggregation(seed=0, clients_per_round=4, dp=DistributedDP(mechanism=mechanism, noise_multiplier=1.0))
+    stage.prepare(610)  # the default task's logistic regression: 60 features, 10 classes
+    noise = stage.dp.noise(1.0, stage.quantizer(1, 4, 610).levels, 1024, 4)  # the stage's default scale
+    eps = [rdp_epsilon(r * noise.rdp(4), 1e-5) for r in (3, 4)]
+    budget = round((eps[0] + eps[1]) / 2, 4)
+    done = _cli(
+        tmp_path,
+        "secagg=secagg",
+        f"secagg.dp.mechanism={mechanism}",
+        "secagg.dp.noise_multiplier=1",
+        f"secagg.dp.epsilon_max={budget}",
+        "num_rounds=10",
+    )
+    assert done.returncode == 0, done.stderr
+    rows = _history(tmp_path)
+    assert len(rows) == 3 and rows[-1]["secagg/dp/epsilon"] == pytest.approx(eps[0], rel=1e-12)
+    assert rows[-1]["secagg/dp/epsilon"] <= budget
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stop_reason"].startswith(
+        f"privacy budget: round 4 would bring ε to {eps[1]:.4g} > secagg.dp.epsilon_max={budget}"
+    )
+    assert load_latest(tmp_path / "checkpoints")[0].name == "round-000003.ckpt"
+
+
 @pytest.fixture
 def own() -> Iterator[str]:
     tag = new_tag()
@@ -120,7 +169,21 @@ def own() -> Iterator[str]:
 
 
 @pytest.mark.slow
-def test_a_run_with_secure_aggregation_resumes_exactly_after_kill_9(tmp_path: Path, own: str) -> None:
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ["secagg.dp.mechanism=skellam", "clock=sampled"],
+        ["secagg.dp.mechanism=ddg", "executor=process", "executor.devices=cpu", "executor.workers=2"],
+    ],
+    ids=["skellam-serial-clock", "ddg-process"],
+)
+def test_a_run_with_secure_aggregation_and_distributed_dp_resumes_exactly_after_kill_9(
+    tmp_path: Path, own: str, setting: list[str]
+) -> None:
+    """The run killed after round 4 or later and resumed from its last checkpoint ends with the weights, the stage's
+    checkpoint entry and every secagg/, comm/ and sim/ metric of the run never killed: Skellam noise with SecAgg+'s
+    dropouts on the simulated clock, and the discrete Gaussian's noise with the clients trained in worker processes
+    (which die with the killed run)."""
     rounds = [
         "num_rounds=12",
         "checkpoint_every=1",
@@ -128,9 +191,11 @@ def test_a_run_with_secure_aggregation_resumes_exactly_after_kill_9(tmp_path: Pa
         "secagg.degree=4",
         "secagg.dropout=0.1",
         "secagg.threshold=0.4",
-        "secagg.bits=12",
+        "secagg.bits=16",
+        "secagg.dp.noise_multiplier=0.5",
         "data.num_devices=16",
         "clients_per_round=8",
+        *setting,
     ]
     whole = _cli(tmp_path / "whole", *rounds)
     assert whole.returncode == 0, whole.stderr
@@ -153,7 +218,10 @@ def test_a_run_with_secure_aggregation_resumes_exactly_after_kill_9(tmp_path: Pa
     final = load_latest(run_dir / "checkpoints")[1]
     assert torch.equal(final["params"], load_latest(tmp_path / "whole" / "checkpoints")[1]["params"])
     assert final["stage/secagg"] == load_latest(tmp_path / "whole" / "checkpoints")[1]["stage/secagg"]
-    keys = [k for k in _history(run_dir)[0] if k.startswith(("secagg/", "comm/"))]
+    keys = [k for k in _history(run_dir)[0] if k.startswith(("secagg/", "comm/", "sim/"))]
+    assert "secagg/dp/epsilon" in keys and ({"secagg/time/round_s", "sim/time_s"} <= set(keys)) == (
+        "clock=sampled" in setting
+    )
     resumed_rows, whole_rows = ([[r[k] for k in keys] for r in _history(d)] for d in (run_dir, tmp_path / "whole"))
     assert resumed_rows == whole_rows and len(whole_rows) == 12
     assert sum(r["secagg/dropped"] for r in _history(run_dir)) > 0  # the recoveries were resumed too

@@ -101,7 +101,10 @@ def test_the_bytes_are_the_cost_model_s_and_comm_totals_follow(tmp_path: Any) ->
     assert record.metrics["comm/bytes_down_total"] == totals["down"] + 2 * expected["bytes_down"]
     resumed = SecureAggregation(seed=0, bits=16)
     resumed.load_state_dict(stage.state_dict())
-    assert resumed.state_dict() == {"bytes_up_offset": stage.up_offset, "bytes_down_offset": stage.down_offset}
+    assert resumed.state_dict() == {
+        "bytes_up_offset": stage.comm.up_offset,
+        "bytes_down_offset": stage.comm.down_offset,
+    }
 
 
 class _PlusOne(SecureAggregation):

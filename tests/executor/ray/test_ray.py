@@ -335,7 +335,7 @@ if __name__ == "__main__":
     clients = make_clients(data, functools.partial(HogOnceClient, marker=sys.argv[1], epochs=1, batch_size=8))
     factory = functools.partial(LogisticRegression, (60,), 10)
     total, used = used_bytes()  # Ray and one actor add about 1 GiB; the hog must pass the rest
-    os.environ["RAY_memory_usage_threshold"] = f"{(used + 2.5 * GIB) / total:.4f}"
+    os.environ["RAY_memory_usage_threshold"] = f"{(used + 4 * GIB) / total:.4f}"
     os.environ["RAY_memory_monitor_refresh_ms"] = "100"
     warnings = Warnings()
     logging.getLogger("fedsim").addHandler(warnings)
@@ -352,8 +352,9 @@ if __name__ == "__main__":
 
 
 def test_actor_killed_by_rays_memory_monitor_is_reported_as_out_of_memory_and_retried(tmp_path: Path) -> None:
-    """A real OOM kill: a Ray of its own with a memory threshold 2.5 GiB above what the machine uses
-    now, and a client that takes memory until Ray's memory monitor kills its actor."""
+    """A real OOM kill: a Ray of its own with a memory threshold 4 GiB above what the machine uses
+    now (headroom for other programs on the machine: the threshold is the whole machine's), and a client that takes
+    memory until Ray's memory monitor kills its actor."""
     script = tmp_path / "oom.py"
     script.write_text(OOM)
     done = subprocess.run(
