@@ -85,7 +85,13 @@ CASES = [
     ("lm-context", "synthetic_text", ["model.context_length=4"], "model.context_length=4"),
     ("lm-path", "synthetic_text", ["model.path=/nonexistent/gpt2"], "model.path=/nonexistent/gpt2"),
     ("lm-unknown-key", "synthetic_text", ["+model.foo=1"], "unknown setting model.foo"),
-    ("seq-cls-vocab", "classification", ["model.vocab_size=null"], "model.vocab_size"),
+    ("lm-dtype", "synthetic_text", ["model.dtype=float64"], "model.dtype must be one of float32, bfloat16, float16"),
+    ("lm-dtype-full-fine-tuning", "synthetic_text", ["model.dtype=bfloat16"], "adapter=none trains every weight"),
+    ("lm-checkpointing", "synthetic_text", ["model.gradient_checkpointing=maybe"], "model.gradient_checkpointing"),
+    ("client-autocast", "small", ["client.autocast=float32"], "client.autocast must be null, bfloat16 or float16"),
+    ("vmap-autocast", "small", ["executor=vmap", "client.autocast=bfloat16"], "executor=vmap cannot apply client.aut"),
+    ("dpsgd-autocast", "small", ["client=dpsgd", "+client.autocast=bfloat16"], "client.autocast: DP-SGD's per-exam"),
+    ("seq-cls-vocab", "small", ["model=hf_seq_cls"], "model.vocab_size"),  # data without a token vocabulary
     ("seq-cls-pad", "classification", ["model.pad_token_id=-1"], "model.pad_token_id must be >= 0"),
     ("synthetic-text-vocab", "synthetic_text", ["data.vocab_size=1"], "data.vocab_size"),
     ("synthetic-text-alpha", "synthetic_text", ["data.alpha=2"], "data.alpha"),
@@ -97,6 +103,20 @@ CASES = [
     ("instructions-path", "instructions", ["data.path=/nonexistent/train.jsonl"], "/nonexistent/train.jsonl"),
     ("instructions-tokenizer", "instructions", ["data.tokenizer=/nonexistent/t.json"], "data.tokenizer"),
     ("instructions-seq-len", "instructions", ["data.seq_len=0"], "data.seq_len"),
+    ("trained-tokenizer-kind", "instructions", ["data.tokenizer=train", "data.tokenizer_kind=spm"], "tokenizer_kind"),
+    ("trained-tokenizer-vocab", "corpus", ["data.tokenizer=train", "data.vocab_size=100"], "data.vocab_size"),
+    (
+        "trained-tokenizer-words",
+        "classification",
+        ["data.tokenizer=train", "data.tokenizer_kind=word", "data.vocab_size=3"],
+        "data.vocab_size",
+    ),
+    (
+        "trained-tokenizer-shakespeare",
+        "language_model",
+        ["data=shakespeare_lm", "data.folder=/nonexistent", "data.tokenizer=train"],
+        "data.tokenizer=train is for jsonl_instructions, jsonl_classification and text_corpus",
+    ),
     ("instructions-test-fraction", "instructions", ["data.test_path=null", "data.test_fraction=1.5"], "test_fraction"),
     ("instructions-user-column", "instructions", ["data.user_column=nope"], "train.jsonl line 1 has no 'nope'"),
     (
@@ -143,6 +163,18 @@ SLOW_CASES = [
     ("lora-vmap-dropout", "synthetic_text", ["executor=vmap", "adapter=lora", "adapter.dropout=0.1"], "dropout"),
     ("lora-target-module", "synthetic_text", ["adapter=lora", "adapter.target_modules=[nope]"], "target_modules"),
     ("ffa-target-module", "synthetic_text", ["adapter=ffa_lora", "adapter.target_modules=[nope]"], "target_modules"),
+    (
+        "vmap-checkpointing",
+        "synthetic_text",
+        ["executor=vmap", "adapter=lora", "model.gradient_checkpointing=true"],
+        "executor=vmap cannot run gradient checkpointing",
+    ),
+    (
+        "dpsgd-checkpointing",
+        "synthetic_text",
+        ["client=dpsgd", "adapter=lora", "model.gradient_checkpointing=true"],
+        "client=dpsgd cannot use gradient checkpointing",
+    ),
 ]
 
 

@@ -6,10 +6,11 @@
 #
 # Steps, each under its own `timeout`, each logging into $OUT (default ./gpu_out), each run even when
 # an earlier one failed: (0) pick a Python with torch (+CUDA), creating .venv-gpu only if none has it;
-# (a) nvidia-smi; (b) pytest tests/executor/test_gpu.py, which must not skip on a GPU; (c) bench_vmap.py;
-# (d) bench_executors.py, one run per model. The whole script stays within FEDSIM_GPU_CHECK_BUDGET_S
-# seconds (default 540 = 9 min): a step gets at most what is left. It writes at most 8 files into
-# $OUT (what the device tool brings back) and exits 0 only when every step passed.
+# (a) nvidia-smi (into summary.txt); (b) pytest tests/executor/test_gpu.py, which must not skip on a GPU;
+# (c) lora_run.py: a federated LoRA run, float32 and with a bfloat16 base, gradient checkpointing and autocast;
+# (d) bench_vmap.py; (e) bench_executors.py, one run per model. The whole script stays within
+# FEDSIM_GPU_CHECK_BUDGET_S seconds (default 540 = 9 min): a step gets at most what is left. It writes at most 8
+# files into $OUT (what the device tool brings back) and exits 0 only when every step passed.
 
 set -u -o pipefail
 
@@ -17,7 +18,7 @@ SMOKE=0
 for arg in "$@"; do
     case "$arg" in
         --smoke) SMOKE=1 ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) echo "unknown argument: $arg (use --smoke)" >&2; exit 2 ;;
     esac
 done
@@ -115,7 +116,7 @@ pick_python() {
 }
 
 step_nvidia_smi() {
-    local log=$OUT/nvidia-smi.txt
+    local log=$SUMMARY
     if ! command -v nvidia-smi >/dev/null 2>&1; then
         if [ "$SMOKE" = 1 ]; then record nvidia-smi SKIPPED 0 "not installed (smoke run)"; else record nvidia-smi FAILED 0 "not installed"; fi
         return
@@ -135,6 +136,12 @@ step_pytest() {
         echo "!!! tests were skipped on a GPU machine" | tee -a "$log"
         record pytest_no_skips FAILED 0 "tests skipped on a GPU machine; log: $log"
     fi
+}
+
+step_lora() {
+    local rounds=()
+    if [ "$SMOKE" = 1 ]; then rounds=(--rounds 3); fi
+    run_step lora 120 "$OUT/lora_gpu.log" "$PY" experiments/gpu/lora_run.py --device "$DEVICE" "${rounds[@]}"
 }
 
 step_bench_vmap() {
@@ -163,6 +170,7 @@ PY=python3
 pick_python
 step_nvidia_smi
 step_pytest
+step_lora
 step_bench_vmap
 step_bench_executors
 

@@ -10,8 +10,8 @@ While a command-line run lasts (:func:`library_output_to_run_log`, entered once 
   any other logger's, also when fedsim imports them during the run (:func:`fedsim.core.extras.require` calls back);
 * the console handlers of Hydra's ``job_logging`` (``console``; ``logger=quiet`` sets it to WARNING) drop the
   records of third-party code: Python warnings, and whatever is logged from installed code (site-packages, the
-  standard library) other than fedsim's and Hydra's. Code of the user's own (a custom strategy, say) keeps the
-  console.
+  standard library) other than fedsim's and Hydra's, and the progress lines of :mod:`fedsim.core.progress` (a
+  terminal gets a bar instead). Code of the user's own (a custom strategy, say) keeps the console.
 
 ``run.log`` (``job_logging``'s file handler) keeps every record. Process workers and Ray actors write everything,
 warnings included, to their own files (:mod:`fedsim.executor.worker_log`). On leaving, everything is put back as
@@ -58,11 +58,16 @@ def third_party(record: logging.LogRecord) -> bool:
     return record.name == "py.warnings" or _installed(record.pathname)
 
 
+PROGRESS_LOGGER = "fedsim.progress"
+"""The lines of :mod:`fedsim.core.progress` (off a terminal): ``run.log`` only."""
+
+
 class _OwnLines(logging.Filter):
-    """A console handler's filter: third-party records stay off the console (``run.log`` has them)."""
+    """A console handler's filter: third-party records and progress lines stay off the console (``run.log`` has
+    them)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not third_party(record)
+        return not third_party(record) and record.name != PROGRESS_LOGGER
 
 
 def _warning_to_log(

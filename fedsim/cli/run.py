@@ -25,12 +25,14 @@ from fedsim.cli.config import ConfigError, register_schema, to_yaml, validate
 from fedsim.cli.config_dir import config_dir
 from fedsim.cli.run_dir_guard import removing_new_files
 from fedsim.cli.run_summary import flat_hparams, record_error, record_summary
+from fedsim.cli.run_tokenizer import tokenizer_setting, trained_tokenizer
 from fedsim.cli.secagg_option import build_secagg, prepare_secagg
 from fedsim.client.evaluation import ClientEvaluation
 from fedsim.client.federation import FederatedData, federate, make_population
 from fedsim.comm.names import codec_from
 from fedsim.comm.pipeline import Compression
 from fedsim.core.checkpoint import check_writable, list_checkpoints
+from fedsim.core.progress import configure as configure_progress
 from fedsim.core.run_lock import hold
 from fedsim.core.seeding import partition_seed
 from fedsim.executor.base import Executor
@@ -60,11 +62,11 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
         return hydra_compose(config_name=config_name, overrides=list(overrides))
 
 
-def _instantiate(node: DictConfig) -> Any:
-    """``hydra.utils.instantiate``, but a component's own error surfaces as itself (one clear line),
-    not wrapped in Hydra's InstantiationException."""
+def _instantiate(node: DictConfig, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate`` (``kwargs`` override the node's), but a component's own error surfaces as itself
+    (one clear line), not wrapped in Hydra's InstantiationException."""
     try:
-        return instantiate(node)
+        return instantiate(node, **kwargs)
     except InstantiationException as error:
         if isinstance(error.__cause__, (ValueError, FileNotFoundError)):
             raise error.__cause__ from None
@@ -82,22 +84,32 @@ def _instantiate_a(node: DictConfig, kind: type, group: str, base: str) -> Any:
     return built
 
 
-def build_data(cfg: DictConfig) -> FederatedData:
-    """Load the dataset and partition it over clients."""
-    split = _instantiate(cfg.data)
+def build_data(cfg: DictConfig, run_dir: str | Path | None = None) -> FederatedData:
+    """Load the dataset and partition it over clients; with ``data.tokenizer=train``, the tokenizer is saved in
+    ``run_dir`` or read back from it (:func:`~fedsim.cli.run_tokenizer.trained_tokenizer`)."""
+    split = _instantiate(cfg.data, **trained_tokenizer(cfg, run_dir, resume_target(cfg.resume, run_dir)))
     partition = _instantiate(cfg.partition)
     return federate(split, partition, client_test_fraction=cfg.client_test_fraction, seed=partition_seed(cfg.seed))
 
 
 def build_model_factory(cfg: DictConfig, data: FederatedData) -> Callable[[], Any]:
     """The model's constructor with ``input_shape`` and ``num_classes`` taken from the data (the option file
-    must make a ``_partial_`` node, or the call would miss them)."""
+    must make a ``_partial_`` node, or the call would miss them), and ``vocab_size`` too when the data has one
+    (:attr:`~fedsim.data.tensor_data.TensorData.vocab_size`) and the model's is null."""
     if cfg.model.get("_partial_") is not True:
         raise ConfigError(
             f"model: the option for {cfg.model.get('_target_')} needs `_partial_: true` (fedsim passes "
             "input_shape and num_classes from the data); add `_partial_: true` to the model's option file"
         )
-    shapes = {"input_shape": data.train.input_shape, "num_classes": data.train.num_classes}
+    dtype = cfg.model.get("dtype", "float32")
+    if cfg.adapter.get("_target_") is None and dtype in ("bfloat16", "float16"):
+        raise ConfigError(
+            f"model.dtype={dtype} is the frozen base's dtype of a LoRA run, and adapter=none trains every weight; "
+            f"use adapter=lora, or model.dtype=float32 with client.autocast={dtype} for mixed precision"
+        )
+    shapes: dict[str, Any] = {"input_shape": data.train.input_shape, "num_classes": data.train.num_classes}
+    if data.train.vocab_size is not None and "vocab_size" in cfg.model and cfg.model.vocab_size is None:
+        shapes["vocab_size"] = data.train.vocab_size  # a text classifier's tokens: the tokenizer's vocabulary
     if cfg.adapter.get("_target_") is None:
         return functools.partial(_instantiate(cfg.model), **shapes)
     return functools.partial(with_adapter, _instantiate(cfg.model), _instantiate(cfg.adapter), **shapes)
@@ -173,6 +185,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
     with a one-line message before any training starts, and then leaves no file of the run behind
     (:mod:`fedsim.cli.run_dir_guard`)."""
     validate(cfg)
+    configure_progress(cfg.logger.progress, cfg.logger.get("progress_after", 3))
     with removing_new_files(run_dir) as on_failure:  # files are created from here on, and later checks may still refuse
         if run_dir is not None:
             check_writable(run_dir)
@@ -185,7 +198,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
         server = Server(logger=logger, **parts)
         on_failure.append(server.parts.executor.close)  # the workers Server started building models (prepare)
         prepare_secagg(parts["stages"].extra, server.params.numel())  # distributed DP's z, before any round
-        server.settings = computation_settings(flat_hparams(cfg))
+        server.settings = computation_settings(flat_hparams(cfg)) | tokenizer_setting(cfg, run_dir)
         resume = resume_target(cfg.resume, run_dir)
         if resume is not None:
             server.resume(resume, allow_changes=list(cfg.resume_allow_changes or []))
@@ -199,7 +212,7 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
 def _components(cfg: DictConfig, run_dir: str | Path | None) -> tuple[FederatedData, dict[str, Any]]:
     """The data, and every :class:`Server` argument but the logger, built from ``cfg`` (none of them writes a file)."""
     executor = _instantiate_a(cfg.executor, Executor, "executor", "fedsim.executor.Executor")  # first: see process.py
-    data = build_data(cfg)
+    data = build_data(cfg, run_dir)
     clients = make_population(data, _instantiate(cfg.client))  # built when sampled (issue #35)
     model_factory = build_model_factory(cfg, data)
     strategy = _instantiate_a(cfg.strategy, Strategy, "strategy", "fedsim.strategy.Strategy")

@@ -28,6 +28,7 @@ OWN = (
     "malicious.json",
     "resume_changes.jsonl",
     "summary.json",
+    "tokenizer.json",
 )
 
 

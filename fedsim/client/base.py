@@ -29,6 +29,10 @@ from fedsim.data.tensor_data import TensorData
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
+AUTOCAST = {None: None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""What ``client.autocast`` takes: the dtype of ``torch.autocast`` around :meth:`Client.objective`."""
+
+
 def default_optimizer() -> OptimizerFactory:
     """Plain SGD with learning rate 0.01, as in McMahan et al. 2017."""
     return functools.partial(torch.optim.SGD, lr=0.01)
@@ -50,6 +54,8 @@ class Client:
     K = E · ⌈n / B⌉ trains exactly as E epochs do, and the batches are a pure function of (seed, round, client).
     ``lr_schedule``: the learning rate of every round (:class:`~fedsim.client.schedule.LrSchedule`; the server
     computes it and sends it as the task config's ``lr``); ``None`` is constant.
+    ``autocast`` (``"bfloat16"``, ``"float16"``; None: off) runs :meth:`objective`, the forward pass and the loss,
+    under ``torch.autocast`` on the model's device; the backward pass and the optimizer step stay outside it.
     """
 
     task_attributes: tuple[str, ...] = ()
@@ -68,11 +74,15 @@ class Client:
         optimizer: OptimizerFactory | None = None,
         local_steps: int | None = None,
         lr_schedule: LrSchedule | None = None,
+        autocast: str | None = None,
     ) -> None:
         integer("client.epochs", epochs, 1)
         if local_steps is not None:
             integer("client.local_steps", local_steps, 1, hint="; null: client.epochs")
         integer("client.batch_size", batch_size, 1)
+        if autocast not in AUTOCAST:
+            raise ValueError(f"client.autocast must be null, bfloat16 or float16 (got {autocast!r})")
+        self.autocast = autocast
         self.client_id = int(client_id)
         # numpy, not torch: a client pickles as plain bytes (a CPU tensor would claim a shared-memory
         # segment per client when sent to worker processes)
@@ -119,8 +129,15 @@ class Client:
     def objective(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """What a step minimises: :meth:`loss` plus the strategy's client-side term (e.g. FedProx's).
 
-        An overridden :meth:`train_step` should call this rather than :meth:`loss`.
+        An overridden :meth:`train_step` should call this rather than :meth:`loss`. Under ``autocast``, both run in
+        ``torch.autocast``.
         """
+        if self.autocast is not None:
+            with torch.autocast(device_type=x.device.type, dtype=AUTOCAST[self.autocast]):
+                return self._objective(model, x, y)
+        return self._objective(model, x, y)
+
+    def _objective(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = self.loss(model, x, y)
         term = self._local.loss_term(model) if self._local is not None else None
         return loss if term is None else loss + term

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from fedsim.client.base import Client
+from fedsim.core.progress import progress
 from fedsim.core.seeding import cohort_rng
 from fedsim.core.types import ClientScore, EvalTask
 
@@ -94,15 +95,19 @@ def eval_tasks(
     tasks: list[EvalTask] = []
     group: list[int] = []
     examples = 0
-    for cid in sorted(client_ids):
-        n = int(clients[cid].test_indices.size)
-        if n == 0:
-            continue
-        group.append(cid)
-        examples += n
-        if examples >= EXAMPLES_PER_TASK:
-            tasks.append(_task(round_num, group, state_of))
-            group, examples = [], 0
+    with progress(f"grouping {len(client_ids):,} clients' test sets", len(client_ids), "client") as advance:
+        for i, cid in enumerate(sorted(client_ids), start=1):
+            if i % 4096 == 0:
+                advance(4096)
+            n = int(clients[cid].test_indices.size)
+            if n == 0:
+                continue
+            group.append(cid)
+            examples += n
+            if examples >= EXAMPLES_PER_TASK:
+                tasks.append(_task(round_num, group, state_of))
+                group, examples = [], 0
+        advance(len(client_ids) % 4096)
     if group:
         tasks.append(_task(round_num, group, state_of))
     return tasks

@@ -11,6 +11,7 @@ from typing import Any, overload
 import numpy as np
 
 from fedsim.client.base import Client
+from fedsim.core.progress import progress
 from fedsim.data.local_split import split_train_test
 from fedsim.data.partition import follows_groups
 from fedsim.data.shares import Shares
@@ -45,8 +46,15 @@ def federate(split: DataSplit, partition: Partitioner, *, client_test_fraction: 
     Data with its own per-client split (``split.local_test``, e.g. LEAF) keeps it under a partitioner
     that follows the data's groups (``natural``, ``auto``): client ``i`` trains on its owner's training
     rows and tests on its owner's test rows, and ``client_test_fraction`` is not used. Any other
-    partitioner divides only the training rows and splits them with ``client_test_fraction``.
+    partitioner divides only the training rows and splits them with ``client_test_fraction``. Its time shows
+    while it runs (:mod:`fedsim.core.progress`).
     """
+    with progress(f"partitioning {len(split.train):,} rows", None, "step"):
+        return _federate(split, partition, client_test_fraction, seed)
+
+
+def _federate(split: DataSplit, partition: Partitioner, client_test_fraction: float, seed: int) -> FederatedData:
+    """:func:`federate`."""
     if split.local_test is None:
         shares = partition(split.train.labels, seed=seed, groups=split.train.groups)
         client_train, client_test = split_train_test(shares, client_test_fraction, seed=seed)

@@ -95,6 +95,17 @@ NO_FROZEN_WEIGHTS = hashlib.sha256().hexdigest()
 """What :func:`frozen_hash` gives for a model without frozen weights (every model that federates all of them)."""
 
 
+def checkpoints_activations(model: nn.Module) -> bool:
+    """Whether any part of ``model`` has transformers' activation (gradient) checkpointing on, which the torch.func
+    transforms of ``executor=vmap`` and DP-SGD cannot run (``is_activation_checkpointing``; before transformers 5,
+    ``is_gradient_checkpointing``)."""
+    for module in model.modules():
+        flag = getattr(module, "is_activation_checkpointing", None)
+        if (getattr(module, "is_gradient_checkpointing", False) if flag is None else flag) is True:
+            return True
+    return False
+
+
 def frozen_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """The float ``state_dict`` entries that are not federated and do not share storage with a federated one: the
     frozen base of a ``federates_trainable_only`` model, nothing for any other model. Every worker must build the

@@ -21,6 +21,10 @@ response only, the usual masking of instruction tuning). Each example has exactl
 ones are cut at the end (the response's tail is lost first), shorter ones padded on the right with the pad token in
 ``x`` and -100 in the labels. ``num_classes`` is the tokenizer's vocabulary size.
 
+The tokenizer is a file or directory (:func:`fedsim.data.tokenizer.load_tokenizer`), or with ``tokenizer="train"``
+one trained on the training rows alone (their prompts and responses; a classifier's texts), never on the test rows
+(:class:`fedsim.data.tokenizer.TokenizerTraining`).
+
 :func:`jsonl_classification` (``data=jsonl_classification``, for ``model=hf_seq_cls``) reads lines holding a text
 and a label column instead: ``x`` is the text's first ``seq_len`` tokens (padded on the right), ``y`` one class id
 per example. Labels are class ids (integers from 0; ``num_classes`` is the largest plus one) or class names (the
@@ -32,7 +36,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,47 +43,12 @@ import numpy as np
 import torch
 
 from fedsim.core.checks import integer, within
-from fedsim.core.extras import require
 from fedsim.data.reading import read_utf8
 from fedsim.data.tensor_data import DataSplit, TensorData
+from fedsim.data.tokenizer import Tokenizer, TokenizerTraining, tokenizer_for
 
 IGNORE = -100
 """The label of a position that takes no loss (prompt and padding), PyTorch's ``ignore_index``."""
-
-
-@dataclass(frozen=True)
-class Tokenizer:
-    """What the loader needs of a tokenizer: ``encode`` (text to ids, no special tokens), the vocabulary size, the
-    pad id (any id: padded positions are never scored) and the end-of-sequence id (None: none is appended)."""
-
-    encode: Callable[[str], list[int]]
-    vocab_size: int
-    pad_id: int
-    eos_id: int | None
-
-
-def load_tokenizer(path: str, eos_token: str = "<|endoftext|>") -> Tokenizer:
-    """A tokenizer from ``path``: a ``tokenizer.json`` file of the ``tokenizers`` library, or a local directory a
-    ``transformers`` ``AutoTokenizer`` reads (``local_files_only``). For a ``tokenizer.json``, ``eos_token`` names
-    the end-of-sequence token (not appended when the vocabulary lacks it)."""
-    where = Path(path).expanduser()
-    if where.is_file():
-        tokenizers = require("tokenizers", "data=jsonl_instructions", "llm")
-        raw = tokenizers.Tokenizer.from_file(str(where))
-        eos = raw.token_to_id(eos_token)
-        return Tokenizer(
-            lambda text: list(raw.encode(text, add_special_tokens=False).ids), raw.get_vocab_size(), 0, eos
-        )
-    if not where.is_dir():
-        raise FileNotFoundError(f"data.tokenizer={path} is neither a tokenizer.json file nor a tokenizer directory")
-    transformers = require("transformers", "data=jsonl_instructions", "llm")
-    try:
-        auto = transformers.AutoTokenizer.from_pretrained(where, local_files_only=True)
-    except (OSError, ValueError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise FileNotFoundError(f"data.tokenizer={path} holds no readable tokenizer ({first})") from None
-    pad = auto.pad_token_id if auto.pad_token_id is not None else 0
-    return Tokenizer(lambda text: list(auto.encode(text, add_special_tokens=False)), len(auto), pad, auto.eos_token_id)
 
 
 def prompt_of(row: dict[str, Any]) -> str:
@@ -166,6 +134,28 @@ def tokenise(rows: list[dict[str, Any]], tokenizer: Tokenizer, seq_len: int) -> 
     return torch.tensor([p[0] for p in pairs], dtype=torch.int64), torch.tensor([p[1] for p in pairs])
 
 
+def split_rows(
+    rows: list[dict[str, Any]],
+    test_path: str | None,
+    test_fraction: float,
+    read: Callable[[Path], list[dict[str, Any]]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training rows, test rows): the rows of ``test_path`` (read with ``read``) as the test rows, or without one
+    the last ``test_fraction`` of ``rows``."""
+    if test_path is not None:
+        return rows, read(Path(test_path).expanduser())
+    cut = len(rows) - int(round(len(rows) * test_fraction))
+    return rows[:cut], rows[cut:]
+
+
+def user_groups(rows: list[dict[str, Any]], user_column: str | None) -> np.ndarray | None:
+    """Every row's user as an id (the sorted users are 0, 1, ...), or None without a user column."""
+    if user_column is None:
+        return None
+    names = [str(row[user_column]) for row in rows]
+    return np.unique(np.asarray(names), return_inverse=True)[1].astype(np.int64)
+
+
 def jsonl_instructions(
     *,
     path: str,
@@ -176,25 +166,23 @@ def jsonl_instructions(
     user_column: str | None = None,
     eos_token: str = "<|endoftext|>",
     category_column: str | None = None,
+    tokenizer_kind: str = "bpe",
+    vocab_size: int = 8000,
+    tokenizer_file: str | None = None,
 ) -> DataSplit:
     """Instruction data of the JSON Lines file ``path`` (see the module's docstring), tokenised with ``tokenizer``
-    (:func:`load_tokenizer`). The centralized test set is ``test_path``, or without one the last ``test_fraction``
-    of the rows. ``user_column``: the field naming each row's user, which ``partition=natural`` makes clients of;
-    ``category_column``: the field whose sorted values are the training rows' categories (:func:`category_ids`),
-    which ``partition=dirichlet`` and ``shards`` split by."""
+    (:func:`~fedsim.data.tokenizer.load_tokenizer`), or with ``tokenizer="train"`` a ``tokenizer_kind`` tokenizer of
+    at most ``vocab_size`` ids trained on the training rows' prompts and responses and saved to ``tokenizer_file``
+    (:class:`~fedsim.data.tokenizer.TokenizerTraining`). The centralized test set is ``test_path``, or without one
+    the last ``test_fraction`` of the rows. ``user_column``: the field naming each row's user, which
+    ``partition=natural`` makes clients of; ``category_column``: the field whose sorted values are the training
+    rows' categories (:func:`category_ids`), which ``partition=dirichlet`` and ``shards`` split by."""
     integer("data.seq_len", seq_len, 2)
     within("data.test_fraction", test_fraction, "[0, 1)")
-    tok = load_tokenizer(tokenizer, eos_token)
+    training = TokenizerTraining(tokenizer_kind, vocab_size, tokenizer_file)
     rows = read_rows(Path(path).expanduser(), user_column, category_column=category_column)
-    if test_path is not None:
-        test_rows = read_rows(Path(test_path).expanduser(), None)
-    else:
-        cut = len(rows) - int(round(len(rows) * test_fraction))
-        rows, test_rows = rows[:cut], rows[cut:]
-    groups = None
-    if user_column is not None:
-        names = [str(row[user_column]) for row in rows]
-        groups = np.unique(np.asarray(names), return_inverse=True)[1].astype(np.int64)
+    rows, test_rows = split_rows(rows, test_path, test_fraction, lambda file: read_rows(file, None))
+    tok = tokenizer_for(tokenizer, eos_token, training, lambda: (prompt_of(row) + row["output"] for row in rows))
     x, y = tokenise(rows, tok, seq_len)
     test_x, test_y = (
         tokenise(test_rows, tok, seq_len)
@@ -202,7 +190,8 @@ def jsonl_instructions(
         else (torch.zeros(0, seq_len, dtype=torch.int64), torch.zeros(0, seq_len, dtype=torch.int64))
     )
     categories = category_ids(rows, category_column) if category_column is not None else None
-    return DataSplit(TensorData(x, y, tok.vocab_size, groups, categories), TensorData(test_x, test_y, tok.vocab_size))
+    train = TensorData(x, y, tok.vocab_size, user_groups(rows, user_column), categories)
+    return DataSplit(train, TensorData(test_x, test_y, tok.vocab_size))
 
 
 def class_ids(labels: list[Any], where: str) -> tuple[list[int], list[str] | None]:
@@ -244,31 +233,29 @@ def jsonl_classification(
     user_column: str | None = None,
     eos_token: str = "<|endoftext|>",
     category_column: str | None = None,
+    tokenizer_kind: str = "bpe",
+    vocab_size: int = 8000,
+    tokenizer_file: str | None = None,
 ) -> DataSplit:
     """Text classification rows of the JSON Lines file ``path`` (see the module's docstring), tokenised with
-    ``tokenizer`` (:func:`load_tokenizer`; no end-of-sequence token is added). The test set, ``user_column`` and
-    ``category_column`` (partition by it instead of by the label) as :func:`jsonl_instructions`."""
+    ``tokenizer`` (no end-of-sequence token is added; ``"train"``: trained on the training rows' texts). The
+    tokenizer keys, the test set, ``user_column`` and ``category_column`` (partition by it instead of by the label)
+    as :func:`jsonl_instructions`. The data's :attr:`~fedsim.data.tensor_data.TensorData.vocab_size` is the
+    tokenizer's (``model.vocab_size=null`` takes it)."""
     integer("data.seq_len", seq_len, 1)
     within("data.test_fraction", test_fraction, "[0, 1)")
-    tok = load_tokenizer(tokenizer, eos_token)
+    training = TokenizerTraining(tokenizer_kind, vocab_size, tokenizer_file)
     train_file = Path(path).expanduser()
-    rows = read_rows(train_file, user_column, (text_column, label_column), strings=1, category_column=category_column)
+    columns = (text_column, label_column)
+    rows = read_rows(train_file, user_column, columns, strings=1, category_column=category_column)
     test_file = Path(test_path).expanduser() if test_path is not None else train_file
-    if test_path is not None:
-        test_rows = read_rows(test_file, None, (text_column, label_column), strings=1)
-    else:
-        cut = len(rows) - int(round(len(rows) * test_fraction))
-        rows, test_rows = rows[:cut], rows[cut:]
+    rows, test_rows = split_rows(rows, test_path, test_fraction, lambda file: read_rows(file, None, columns, strings=1))
+    tok = tokenizer_for(tokenizer, eos_token, training, lambda: (row[text_column] for row in rows))
     labels, _ = class_ids([r[label_column] for r in rows + test_rows], f"{path} {label_column!r}")
     y = torch.tensor(labels, dtype=torch.int64)
     classes = int(y.max()) + 1
-    groups = None
-    if user_column is not None:
-        names = [str(row[user_column]) for row in rows]
-        groups = np.unique(np.asarray(names), return_inverse=True)[1].astype(np.int64)
     x = encode_texts([r[text_column] for r in rows], tok, seq_len, train_file)
     test_x = encode_texts([r[text_column] for r in test_rows], tok, seq_len, test_file)
     categories = category_ids(rows, category_column) if category_column is not None else None
-    return DataSplit(
-        TensorData(x, y[: len(rows)], classes, groups, categories), TensorData(test_x, y[len(rows) :], classes)
-    )
+    train = TensorData(x, y[: len(rows)], classes, user_groups(rows, user_column), categories, tok.vocab_size)
+    return DataSplit(train, TensorData(test_x, y[len(rows) :], classes, vocab_size=tok.vocab_size))

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from fedsim.core.checks import integer, number, within
+from fedsim.core.progress import progress
 from fedsim.data.finite import check_finite
 from fedsim.data.reading import refuse_beyond_memory
 from fedsim.data.tensor_data import DataSplit, TensorData
@@ -132,19 +134,23 @@ class _Streams:
     x: np.random.Generator
 
 
-def _skip_normals(rng: np.random.Generator, count: int) -> None:
-    """Move ``rng`` past ``count`` standard normals (drawn a chunk at a time and dropped)."""
+def _skip_normals(rng: np.random.Generator, count: int, advance: Callable[[int], None]) -> None:
+    """Move ``rng`` past ``count`` standard normals (drawn a chunk at a time and dropped), telling ``advance`` how
+    many each chunk drew."""
     buffer = np.empty(max(1, min(count, _CHUNK_ELEMENTS)))
     for start in range(0, count, len(buffer)):
         rng.standard_normal(out=buffer[: min(len(buffer), count - start)])
+        advance(min(len(buffer), count - start))
 
 
-def _streams(rng: np.random.Generator, num_devices: int, num_features: int, num_classes: int) -> _Streams:
+def _streams(
+    rng: np.random.Generator, num_devices: int, num_features: int, num_classes: int, advance: Callable[[int], None]
+) -> _Streams:
     """Split the rest of ``rng``'s stream into its three parts (the generator is copied, the draws skipped twice)."""
     v = copy.deepcopy(rng)
-    _skip_normals(rng, num_devices * num_features)
+    _skip_normals(rng, num_devices * num_features, advance)
     models = copy.deepcopy(rng)
-    _skip_normals(rng, num_devices * num_classes * (num_features + 1))
+    _skip_normals(rng, num_devices * num_classes * (num_features + 1), advance)
     return _Streams(v=v, models=models, x=rng)
 
 
@@ -320,26 +326,43 @@ def _generate(cfg: _Config, *, keep_models: bool) -> tuple[DataSplit, list[Devic
     sizes = _device_sizes(rng, cfg.num_devices, cfg.size_mean_log, cfg.size_sigma_log, cfg.min_size, cfg.max_size)
     u = rng.normal(0.0, cfg.alpha, cfg.num_devices)
     big_b = rng.normal(0.0, cfg.beta, cfg.num_devices)
-    streams = _streams(rng, cfg.num_devices, cfg.num_features, cfg.num_classes)
-    num_test = _num_test(sizes, cfg.test_fraction)
-    out = _Output.allocate(sizes, num_test, cfg, keep_models)
-    std = np.arange(1, cfg.num_features + 1, dtype=np.float64) ** -0.6  # sqrt of Σ_jj = j^-1.2
-    remedy = f"data.beta={cfg.beta} is too large for float32 features; lower it"
-    for start, stop in _chunks(sizes, cfg.num_features, cfg.num_classes):
-        w, b, v = _draw_models(streams, u[start:stop], big_b[start:stop], cfg.num_features, cfg.num_classes)
-        chunk_sizes = sizes[start:stop]
-        x = _draw_inputs(streams.x, v, chunk_sizes, std)
-        first_row = np.cumsum(chunk_sizes) - chunk_sizes
-        device = np.repeat(np.arange(start, stop), chunk_sizes)
-        local = np.arange(len(x)) - np.repeat(first_row, chunk_sizes)
-        check_finite(x, "x", owners=device, rows=local, remedy=remedy)
-        y = _logits(x, w, b, chunk_sizes).argmax(axis=1).astype(np.int64, copy=False)
-        out.put(start, stop, x, y, local < np.repeat(chunk_sizes - num_test[start:stop], chunk_sizes))
-        if out.models is not None:
-            for kept, drawn in zip(out.models, (w, b, v), strict=True):
-                kept[start:stop] = drawn
+    per_device = cfg.num_features + cfg.num_classes * (cfg.num_features + 1)  # v_k, then W_k and b_k
+    draws = 2 * cfg.num_devices * per_device + int(sizes.sum()) * cfg.num_features  # skipped, then drawn
+    with progress(f"data: {cfg.num_devices:,} Synthetic devices", draws, "draw") as advance:
+        streams = _streams(rng, cfg.num_devices, cfg.num_features, cfg.num_classes, advance)
+        num_test = _num_test(sizes, cfg.test_fraction)
+        out = _Output.allocate(sizes, num_test, cfg, keep_models)
+        for start, stop in _chunks(sizes, cfg.num_features, cfg.num_classes):
+            _fill_chunk(cfg, streams, (u, big_b, sizes, num_test), out, (start, stop))
+            advance((stop - start) * per_device + int(sizes[start:stop].sum()) * cfg.num_features)
     models = [] if out.models is None else [DeviceModel(w=w, b=b, v=v) for w, b, v in zip(*out.models, strict=True)]
     return out.split(cfg.num_classes), models
+
+
+def _fill_chunk(
+    cfg: _Config,
+    streams: _Streams,
+    drawn: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    out: _Output,
+    devices: tuple[int, int],
+) -> None:
+    """Draw the models and examples of the devices ``start..stop-1`` and write them into ``out``; ``drawn``: every
+    device's ``u``, ``B``, size and test count."""
+    (start, stop), (u, big_b, sizes, num_test) = devices, drawn
+    std = np.arange(1, cfg.num_features + 1, dtype=np.float64) ** -0.6  # sqrt of Σ_jj = j^-1.2
+    w, b, v = _draw_models(streams, u[start:stop], big_b[start:stop], cfg.num_features, cfg.num_classes)
+    chunk_sizes = sizes[start:stop]
+    x = _draw_inputs(streams.x, v, chunk_sizes, std)
+    first_row = np.cumsum(chunk_sizes) - chunk_sizes
+    device = np.repeat(np.arange(start, stop), chunk_sizes)
+    local = np.arange(len(x)) - np.repeat(first_row, chunk_sizes)
+    remedy = f"data.beta={cfg.beta} is too large for float32 features; lower it"
+    check_finite(x, "x", owners=device, rows=local, remedy=remedy)
+    y = _logits(x, w, b, chunk_sizes).argmax(axis=1).astype(np.int64, copy=False)
+    out.put(start, stop, x, y, local < np.repeat(chunk_sizes - num_test[start:stop], chunk_sizes))
+    if out.models is not None:
+        for kept, values in zip(out.models, (w, b, v), strict=True):
+            kept[start:stop] = values
 
 
 def synthetic_with_models(

@@ -29,7 +29,9 @@ class TensorData:
     ``groups`` optionally gives the natural owner of every example (e.g. the device of the FedProx
     Synthetic data); the ``natural`` partitioner uses it. ``categories`` optionally gives every example a class id
     to partition by in place of ``y`` (e.g. the topic of an instruction: ``data.category_column``), so that
-    ``dirichlet`` and ``shards`` work on token labels; training and evaluation never read it.
+    ``dirichlet`` and ``shards`` work on token labels; training and evaluation never read it. ``vocab_size``
+    optionally gives the number of token ids of ``x`` when the labels are not tokens (a text classifier's data: the
+    tokenizer's vocabulary, which ``model.vocab_size=null`` takes); a language model's is ``num_classes``.
     """
 
     x: torch.Tensor
@@ -37,6 +39,7 @@ class TensorData:
     num_classes: int
     groups: np.ndarray | None = None
     categories: np.ndarray | None = None
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.x.shape[0] != self.y.shape[0]:

@@ -2,7 +2,7 @@
 (``data=shakespeare_lm``).
 
 A corpus is a list of documents. Each is tokenised once, with the run's tokenizer
-(:func:`fedsim.data.instructions.load_tokenizer`) or, with ``tokenizer=null``, LEAF's character vocabulary
+(:func:`fedsim.data.tokenizer.load_tokenizer`) or, with ``tokenizer=null``, LEAF's character vocabulary
 (:func:`character_tokenizer`: no file needed), and cut into windows of ``seq_len`` positions by :func:`windows`:
 window ``k`` reads tokens ``k*L .. k*L+L-1`` and its label at every position is the next token. Windows do not
 overlap and never cross a document; a document's last window is padded on the right (the pad id in ``x``, -100 in
@@ -17,7 +17,11 @@ is all of them. Any other partitioner divides the training windows only.
   a whole file (``document=file``) or a paragraph, the text between blank lines (``document=paragraph``); an
   end-of-sequence token closes each document when the tokenizer has one. The last ``test_fraction`` of each
   document's windows (rounded, at least one left for training) are its test windows; or ``test_path`` names other
-  files as the centralized test set.
+  files as the centralized test set. With ``tokenizer="train"`` (:class:`fedsim.data.tokenizer.TokenizerTraining`)
+  the tokenizer learns from the training text alone: without ``test_path``, each document is held out by characters
+  instead (its last ``test_fraction`` of characters, rounded, at least one left for training, are its test text),
+  the tokenizer is trained on the training parts, and each part is cut into windows on its own; with ``test_path``
+  it is trained on every document of ``path``.
 * :func:`shakespeare_lm`: LEAF's Shakespeare JSON (Caldas et al., "LEAF: A Benchmark for Federated Settings", 2018;
   read by :mod:`fedsim.data.leaf`), whose examples are 80-character windows sliding by one character over each
   role's lines. The role's text is rebuilt from them (an example whose window continues the text so far adds its
@@ -37,9 +41,10 @@ import torch
 
 from fedsim.core.checks import integer, within
 from fedsim.data import leaf, text
-from fedsim.data.instructions import IGNORE, Tokenizer, load_tokenizer
+from fedsim.data.instructions import IGNORE
 from fedsim.data.reading import read_utf8
 from fedsim.data.tensor_data import DataSplit, TensorData, pooled_split
+from fedsim.data.tokenizer import TRAIN, Tokenizer, TokenizerTraining, load_tokenizer, tokenizer_for
 
 DOCUMENTS = ("file", "paragraph")
 """What one document of :func:`text_corpus` is."""
@@ -60,7 +65,7 @@ def character_tokenizer() -> Tokenizer:
 
 
 def corpus_tokenizer(tokenizer: str | None, eos_token: str) -> Tokenizer:
-    """:func:`character_tokenizer` for ``None``, else :func:`fedsim.data.instructions.load_tokenizer`."""
+    """:func:`character_tokenizer` for ``None``, else :func:`fedsim.data.tokenizer.load_tokenizer`."""
     return character_tokenizer() if tokenizer is None else load_tokenizer(tokenizer, eos_token)
 
 
@@ -140,6 +145,25 @@ def held_out(piece: Piece, fraction: float) -> tuple[Piece, Piece]:
     return (piece[0][:cut], piece[1][:cut]), (piece[0][cut:], piece[1][cut:])
 
 
+def held_out_text(text: str, fraction: float) -> tuple[str, str]:
+    """The document ``text`` split at a character into (train, test): the last ``round(n * fraction)`` of its ``n``
+    characters are test, at least one is train."""
+    cut = len(text) - min(int(round(len(text) * fraction)), len(text) - 1)
+    return text[:cut], text[cut:]
+
+
+def _trained_split(
+    docs: list[str], training: TokenizerTraining, eos_token: str, seq_len: int, fraction: float
+) -> tuple[list[Piece], list[Piece], Tokenizer]:
+    """Each document's training and test windows, cut from its two parts of :func:`held_out_text`, and the tokenizer
+    trained on the training parts alone (``data.tokenizer=train`` without ``test_path``)."""
+    halves = [held_out_text(d, fraction) for d in docs]
+    tok = training.train((train for train, _ in halves), eos_token)
+    eos = [tok.eos_id] if tok.eos_id is not None else []
+    train = [windows(tok.encode(part), seq_len, tok.pad_id) for part, _ in halves]
+    return train, [windows(tok.encode(part) + eos, seq_len, tok.pad_id) for _, part in halves], tok
+
+
 def text_corpus(
     *,
     path: str,
@@ -149,27 +173,42 @@ def text_corpus(
     test_path: str | None = None,
     test_fraction: float = 0.1,
     eos_token: str = "<|endoftext|>",
+    tokenizer_kind: str = "bpe",
+    vocab_size: int = 8000,
+    tokenizer_file: str | None = None,
 ) -> DataSplit:
     """The text corpus ``path`` (a ``.txt`` file or a folder of them) as next-token windows; see the module's
-    docstring. ``tokenizer``: a ``tokenizer.json`` or local ``transformers`` tokenizer directory, or ``None`` for
-    LEAF's characters. ``test_path`` (files or a folder, whole files are documents) replaces the per-document test
-    windows with a centralized test set."""
+    docstring. ``tokenizer``: a ``tokenizer.json`` or local ``transformers`` tokenizer directory, ``None`` for
+    LEAF's characters, or ``"train"`` for one trained on the training text alone (``tokenizer_kind``,
+    ``vocab_size`` and ``tokenizer_file`` as :class:`~fedsim.data.tokenizer.TokenizerTraining`; without
+    ``test_path`` each document is then held out by characters, see the module's docstring). ``test_path`` (files
+    or a folder, whole files are documents) replaces the per-document test windows with a centralized test set."""
     integer("data.seq_len", seq_len, 1)
     within("data.test_fraction", test_fraction, "[0, 1)")
-    tok = corpus_tokenizer(tokenizer, eos_token)
+    training = TokenizerTraining(tokenizer_kind, vocab_size, tokenizer_file)
     docs = read_documents(path, document)
     test_docs = read_documents(test_path, "file", "data.test_path") if test_path is not None else []
+    if tokenizer == TRAIN and test_path is None:
+        train, test, tok = _trained_split(docs, training, eos_token, seq_len, test_fraction)
+        _some_window(train, path)
+        return pooled_windows(range(len(docs)), train, test, tok.vocab_size, seq_len)
+    tok = character_tokenizer() if tokenizer is None else tokenizer_for(tokenizer, eos_token, training, lambda: docs)
     eos = [tok.eos_id] if tok.eos_id is not None else []
     pieces = [windows(tok.encode(d) + eos, seq_len, tok.pad_id) for d in docs]
-    if not any(len(p[0]) for p in pieces):
-        raise ValueError(f"data.path={path} has no document of 2 or more tokens; give it more text")
+    _some_window(pieces, path)
     if test_path is None:
-        train, test = zip(*(held_out(p, test_fraction) for p in pieces), strict=True)
-        return pooled_windows(range(len(docs)), list(train), list(test), tok.vocab_size, seq_len)
+        train, test = (list(half) for half in zip(*(held_out(p, test_fraction) for p in pieces), strict=True))
+        return pooled_windows(range(len(docs)), train, test, tok.vocab_size, seq_len)
     x, y = _stack(pieces, seq_len)
     groups = np.repeat(np.arange(len(docs)), [len(p[0]) for p in pieces])
     test_x, test_y = _stack([windows(tok.encode(d) + eos, seq_len, tok.pad_id) for d in test_docs], seq_len)
     return DataSplit(TensorData(x, y, tok.vocab_size, groups), TensorData(test_x, test_y, tok.vocab_size))
+
+
+def _some_window(pieces: list[Piece], path: str) -> None:
+    """One line naming ``data.path`` when no document gave a training window."""
+    if not any(len(p[0]) for p in pieces):
+        raise ValueError(f"data.path={path} has no document of 2 or more tokens; give it more text")
 
 
 def role_text(xs: list, ys: list, where: object) -> list[str]:

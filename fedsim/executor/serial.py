@@ -8,6 +8,7 @@ import torch
 
 from fedsim.core.checks import integer
 from fedsim.core.params import fixed_state
+from fedsim.core.progress import progress
 from fedsim.core.threads import torch_threads
 from fedsim.core.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.executor.base import Executor, Workload, run_task
@@ -31,7 +32,7 @@ class SerialExecutor(Executor):
 
     def start(self, workload: Workload) -> None:
         self._workload = workload
-        with torch.random.fork_rng(devices=[]):  # a throwaway initialisation must not advance the caller's RNG
+        with torch.random.fork_rng(devices=[]), progress("building the model", None, "step"):  # the caller's RNG stays
             self._model = workload.model_factory().to(self.device)
         self._fixed = fixed_state(self._model)
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from fedsim.core.extras import require
 from fedsim.core.seeding import init_seed
+from fedsim.models.precision import check_precision, prepare, trainable_in_float32
 
 _HOW_TO_GET = (
     "download one on a machine with internet (e.g. `huggingface-cli download gpt2 --local-dir DIR`), copy DIR here "
@@ -47,9 +48,9 @@ class CausalLM(nn.Module):
         self.lm = lm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits for every position of ``x``."""
+        """Logits for every position of ``x``, in float32 (also of a half-precision base: the loss is in float32)."""
         logits: torch.Tensor = self.lm(input_ids=x).logits
-        return logits
+        return logits.float()
 
 
 @dataclass(frozen=True)
@@ -112,14 +113,18 @@ def hf_causal_lm(
     context_length: int | None = None,
     dropout: float = 0.0,
     seed: int = 0,
+    dtype: str = "float32",
+    gradient_checkpointing: bool = False,
 ) -> CausalLM:
     """A causal LM from the local pretrained directory ``path`` (``from_pretrained(..., local_files_only=True)``),
     or with ``path=None`` a ``model_type`` model of the given size, initialised from ``seed`` only (every worker
     builds the same weights). ``vocab_size`` defaults to the data's ``num_classes`` (the tokenizer's vocabulary),
     ``context_length`` to the data's sequence length ``input_shape[0]``; ``dropout`` sets the model's dropouts
-    (residual, embedding, attention) for a randomly initialised model."""
+    (residual, embedding, attention) for a randomly initialised model. ``dtype`` and ``gradient_checkpointing``:
+    :mod:`fedsim.models.precision` (a seeded model is initialised in float32, then cast)."""
+    wanted = check_precision(dtype, gradient_checkpointing)
     if path is not None:
-        return CausalLM(_pretrained(path))
+        return CausalLM(prepare(_pretrained(path, wanted), wanted, gradient_checkpointing))
     data_needs = {"vocab_size": (vocab_size, num_classes), "context_length": (context_length, int(input_shape[0]))}
     for key, (value, data) in data_needs.items():  # the data's token ids, its positions
         if value is not None and value < data:
@@ -129,22 +134,29 @@ def hf_causal_lm(
     config = size.config(transformers, context_length or int(input_shape[0]))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return CausalLM(transformers.AutoModelForCausalLM.from_config(config))
+        lm = transformers.AutoModelForCausalLM.from_config(config)
+    return CausalLM(prepare(lm, wanted, gradient_checkpointing))
 
 
-def _pretrained(path: str) -> nn.Module:
+def _pretrained(path: str, dtype: torch.dtype = torch.float32) -> nn.Module:
     """The model saved in the directory ``path``; one line naming ``model.path`` and how to get a model otherwise."""
     if not Path(path).expanduser().is_dir():
         raise FileNotFoundError(f"model.path={path} is not a directory; {_HOW_TO_GET}")
     transformers = require("transformers", "model=hf_causal_lm", "llm")
     try:
         model: nn.Module = transformers.AutoModelForCausalLM.from_pretrained(
-            Path(path).expanduser(), local_files_only=True
+            Path(path).expanduser(), local_files_only=True, **_loaded_in(dtype)
         )
     except (OSError, ValueError, KeyError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise FileNotFoundError(f"model.path={path} holds no readable model ({first}); {_HOW_TO_GET}") from None
     return model
+
+
+def _loaded_in(dtype: torch.dtype) -> dict[str, Any]:
+    """``from_pretrained``'s argument that reads the weights straight into ``dtype`` (none for float32, the default:
+    no float32 copy of a half-precision base is ever made)."""
+    return {} if dtype == torch.float32 else {"dtype": dtype}
 
 
 @dataclass(frozen=True)
@@ -199,6 +211,7 @@ class LoRA:
             raise ValueError(f"adapter.target_modules={list(self.target_modules)}: {error}") from None
         if not self.train_a:
             _freeze_lora_a(model)
+        trainable_in_float32(model)  # a half-precision base (model.dtype) keeps float32 adapters and head
         return model
 
 
@@ -236,9 +249,9 @@ class SequenceClassifier(nn.Module):
         self.pad_token_id = pad_token_id
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Class scores of every row of ``x``."""
+        """Class scores of every row of ``x``, in float32."""
         logits: torch.Tensor = self.lm(input_ids=x, attention_mask=(x != self.pad_token_id).long()).logits
-        return logits
+        return logits.float()
 
 
 def hf_seq_cls(
@@ -255,12 +268,15 @@ def hf_seq_cls(
     dropout: float = 0.0,
     pad_token_id: int = 0,
     seed: int = 0,
+    dtype: str = "float32",
+    gradient_checkpointing: bool = False,
 ) -> SequenceClassifier:
     """An ``AutoModelForSequenceClassification`` with ``num_classes`` outputs (the data's classes), from the local
     pretrained directory ``path`` (its new classification head initialised from ``seed``) or, with ``path=None``,
     a ``model_type`` model of the given size initialised from ``seed`` only; ``vocab_size`` (the tokenizer's) is
     then required. ``pad_token_id`` must be the data's padding id (0 for a ``tokenizer.json``, see
-    :func:`fedsim.data.instructions.load_tokenizer`). Other keys as :func:`hf_causal_lm`."""
+    :func:`fedsim.data.tokenizer.load_tokenizer`). Other keys as :func:`hf_causal_lm`."""
+    wanted = check_precision(dtype, gradient_checkpointing)
     if pad_token_id < 0:
         raise ValueError(f"model.pad_token_id must be >= 0, the data's padding id (got {pad_token_id})")
     transformers = require("transformers", "model=hf_seq_cls", "llm")
@@ -271,16 +287,20 @@ def hf_seq_cls(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if path is not None:
-            return SequenceClassifier(_pretrained_classifier(path, num_classes, pad_token_id), pad_token_id)
-        assert vocab_size is not None  # refused above without one
-        size = _Size(model_type, vocab_size, num_layers, hidden_size, num_heads, dropout)
-        config = size.config(
-            transformers, context_length or int(input_shape[0]), num_labels=num_classes, pad_token_id=pad_token_id
-        )
-        return SequenceClassifier(transformers.AutoModelForSequenceClassification.from_config(config), pad_token_id)
+            lm = _pretrained_classifier(path, num_classes, pad_token_id, wanted)
+        else:
+            assert vocab_size is not None  # refused above without one
+            size = _Size(model_type, vocab_size, num_layers, hidden_size, num_heads, dropout)
+            config = size.config(
+                transformers, context_length or int(input_shape[0]), num_labels=num_classes, pad_token_id=pad_token_id
+            )
+            lm = transformers.AutoModelForSequenceClassification.from_config(config)
+    return SequenceClassifier(prepare(lm, wanted, gradient_checkpointing), pad_token_id)
 
 
-def _pretrained_classifier(path: str, num_classes: int, pad_token_id: int) -> nn.Module:
+def _pretrained_classifier(
+    path: str, num_classes: int, pad_token_id: int, dtype: torch.dtype = torch.float32
+) -> nn.Module:
     """The model saved in ``path`` with a classification head of ``num_classes``; one line naming ``model.path``
     otherwise."""
     if not Path(path).expanduser().is_dir():
@@ -288,7 +308,11 @@ def _pretrained_classifier(path: str, num_classes: int, pad_token_id: int) -> nn
     transformers = require("transformers", "model=hf_seq_cls", "llm")
     try:
         model: nn.Module = transformers.AutoModelForSequenceClassification.from_pretrained(
-            Path(path).expanduser(), local_files_only=True, num_labels=num_classes, pad_token_id=pad_token_id
+            Path(path).expanduser(),
+            local_files_only=True,
+            num_labels=num_classes,
+            pad_token_id=pad_token_id,
+            **_loaded_in(dtype),
         )
     except (OSError, ValueError, KeyError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

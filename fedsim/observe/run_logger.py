@@ -132,15 +132,15 @@ class RunLogger:
 
     def rounds(self, first: int, last: int) -> Iterator[int]:
         """Iterate rounds ``first..last`` under a progress bar; log lines go above the bar, at the console's
-        level (tqdm's handler would print everything: ``logger=quiet`` shows only warnings)."""
+        level and through its filters (tqdm's handler would print everything: ``logger=quiet`` shows only warnings,
+        and third-party lines stay in ``run.log``)."""
         root = logging.getLogger()
         console = [
-            h.level
-            for h in root.handlers
-            if isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.stderr)
+            h for h in root.handlers if isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.stderr)
         ]
         with logging_redirect_tqdm(loggers=[root]):
-            root.handlers[-1].setLevel(console[0] if console else logging.NOTSET)  # tqdm's, in place of the console's
+            root.handlers[-1].setLevel(console[0].level if console else logging.NOTSET)  # tqdm's, for the console's
+            root.handlers[-1].filters = list(console[0].filters) if console else []  # what it kept off the console
             disable = None if self.progress is None else not self.progress
             self._bar = tqdm(range(first, last + 1), desc="rounds", unit="round", disable=disable)
             yield from self._bar

@@ -36,6 +36,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from fedsim.client.base import Client
 from fedsim.core.checks import number, within
+from fedsim.core.params import checkpoints_activations
 from fedsim.core.seeding import dpsgd_noise_seed
 from fedsim.data.tensor_data import TensorData
 from fedsim.privacy.accountant import accounting_library
@@ -66,6 +67,11 @@ class DPSGDClient(Client):
                 "set client.epochs instead"
             )
         super().__init__(client_id, train_indices, test_indices, **kwargs)
+        if self.autocast is not None:
+            raise ValueError(
+                "client.autocast: DP-SGD's per-example gradients (torch.func) run outside Client.objective, so "
+                "autocast would not apply; leave it null"
+            )
         number("client.noise_multiplier", noise_multiplier, at_least=0, hint="; 0 is clip-only, ε = inf")
         number("client.clip_norm", clip_norm, above=0)
         within("client.sampling_rate", sampling_rate, "(0, 1]")
@@ -193,8 +199,8 @@ class LocalLedger:
 
 
 def local_ledger(clients: Any, model: nn.Module) -> LocalLedger | None:
-    """The ledger of a run whose clients do DP-SGD (None otherwise); one line refuses mixed or unequal settings and
-    BatchNorm models."""
+    """The ledger of a run whose clients do DP-SGD (None otherwise); one line refuses mixed or unequal settings,
+    BatchNorm models and gradient checkpointing."""
     private = [c for c in clients if isinstance(c, DPSGDClient)]
     if not private:
         return None
@@ -208,6 +214,11 @@ def local_ledger(clients: Any, model: nn.Module) -> LocalLedger | None:
         raise ValueError(
             f"client=dpsgd: the model has {norms[0]}, whose batch statistics make per-example gradients "
             "undefined; use a model without BatchNorm (e.g. GroupNorm)"
+        )
+    if checkpoints_activations(model):
+        raise ValueError(
+            "client=dpsgd cannot use gradient checkpointing (its per-example gradients are torch.func transforms, "
+            "which do not recompute activations); set model.gradient_checkpointing=false"
         )
     ((rate, z, delta),) = settings
     if z == 0:

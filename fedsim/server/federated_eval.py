@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from fedsim.client.evaluation import eval_tasks, summary
 from fedsim.client.local_training import personalises
-from fedsim.core.types import ClientFailure, ClientScore
+from fedsim.core.progress import progress
+from fedsim.core.types import ClientFailure, ClientScore, EvalResult, EvalTask
 from fedsim.server.exchange import task_state
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def evaluate_clients(
         return {}
     scores: list[ClientScore] = []
     failed = 0
-    for result in parts.executor.evaluate(params, tasks):
+    for result in _results(parts, params, tasks):
         if isinstance(result, ClientFailure):
             parts.logger.log_text("client_eval/failure", f"{result.error}\n{result.traceback}", round_num)
             failed += 1
@@ -40,3 +41,19 @@ def evaluate_clients(
             scores.extend(result.scores)
     parts.logger.log_client_scores(round_num, scores, personal)
     return summary(scores, personal) | ({"eval_global/failed_tasks": float(failed)} if failed else {})
+
+
+TASKS_PER_CALL = 64
+"""Evaluation tasks handed to the executor at once when there are more: the progress shows after each call."""
+
+
+def _results(parts: RoundParts, params: torch.Tensor, tasks: list[EvalTask]) -> Iterator[EvalResult | ClientFailure]:
+    """The executor's results of ``tasks``, :data:`TASKS_PER_CALL` tasks a call, with the clients scored so far
+    as progress (:mod:`fedsim.core.progress`). The tasks are in client order and results come back sorted by
+    client, so the calls' results, one after the other, are what one call would return."""
+    clients = sum(len(task.client_ids) for task in tasks)
+    with progress(f"scoring {clients:,} clients", clients, "client") as advance:
+        for start in range(0, len(tasks), TASKS_PER_CALL):
+            batch = tasks[start : start + TASKS_PER_CALL]
+            yield from parts.executor.evaluate(params, batch)
+            advance(sum(len(task.client_ids) for task in batch))

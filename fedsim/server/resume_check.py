@@ -28,6 +28,11 @@ ADDED_LATER = {
     "attack.fraction": 0.2,
     "attack.per_round": False,
     "round.extra": [],
+    "data.tokenizer_kind": "bpe",  # the text readers' data.tokenizer=train keys: unused with a tokenizer file
+    "data.vocab_size": 8000,
+    "model.dtype": "float32",  # a language model's precision keys (fedsim.models.precision, client.autocast)
+    "model.gradient_checkpointing": False,
+    "client.autocast": None,
     "client.local_steps": None,
     "client.lr_schedule._target_": "fedsim.client.LrSchedule",
     "client.lr_schedule.kind": "constant",
@@ -36,6 +41,9 @@ ADDED_LATER = {
     "client.lr_schedule.min_lr": 0.0,
     "client.lr_schedule.num_rounds": None,
 }
+TOKENIZER_HASH = "data.tokenizer_sha256"
+"""A setting that is no config key: the SHA-256 of ``<run dir>/tokenizer.json`` in a run with
+``data.tokenizer=train`` (:mod:`fedsim.cli.run_tokenizer`), so that a resume with another file is refused."""
 FREE_KEYS = {
     "resume",
     "resume_allow_changes",
@@ -70,6 +78,11 @@ def check_changes(
         k: [saved.get(k), current.get(k)] for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)
     }
     refused = [k for k in changes if k not in set(allowed)]
+    if TOKENIZER_HASH in refused:
+        raise CheckpointError(
+            f"resume from {checkpoint}: the run directory's tokenizer.json is not the tokenizer the run trained "
+            "(data.tokenizer=train; its SHA-256 differs); put the run's own tokenizer.json back, or start a new run"
+        )
     if refused:
         listed = ", ".join(f"{k} ({_show(changes[k][0])} -> {_show(changes[k][1])})" for k in refused)
         raise CheckpointError(

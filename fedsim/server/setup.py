@@ -18,6 +18,7 @@ from fedsim.client.federation import representatives, train_sizes
 from fedsim.client.local_training import LocalTraining, overrides_on_batch
 from fedsim.client.state import ClientStateStore
 from fedsim.core.params import ParamLayout
+from fedsim.core.progress import progress
 from fedsim.core.seeding import init_seed
 from fedsim.executor.base import Executor
 from fedsim.observe.run_logger import RunLogger
@@ -181,7 +182,7 @@ def run_context(parts: RoundParts, model: nn.Module, start_round: int) -> RunCon
 
 def initial_model(model_factory: Callable[[], nn.Module], seed: int) -> nn.Module:
     """The round-0 global model, from the run seed only (the caller's global RNG is left as it was)."""
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), progress("building the model", None, "step"):
         torch.manual_seed(init_seed(seed))
         return model_factory()
 

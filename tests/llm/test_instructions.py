@@ -9,7 +9,8 @@ import torch
 from cli_runner import run_cli
 
 from fedsim.client.base import Client
-from fedsim.data.instructions import IGNORE, encode_example, jsonl_instructions, load_tokenizer, prompt_of
+from fedsim.data.instructions import IGNORE, encode_example, jsonl_instructions, prompt_of
+from fedsim.data.tokenizer import load_tokenizer
 
 
 def test_only_response_positions_are_labelled() -> None:

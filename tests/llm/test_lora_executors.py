@@ -1,5 +1,6 @@
 """FedIT (FedAvg on the LoRA adapters) and FedSA-LoRA (each client's B in its client state) give bitwise the same
-adapters, client states and metrics under the serial, process and Ray executors."""
+adapters, client states and metrics under the serial, process and Ray executors; so does FedIT on a bfloat16 base
+with gradient checkpointing and autocast (serial and Ray)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ EXECUTORS = {
 }
 
 
-def run(files: dict[str, Path], strategy: str, executor: str) -> tuple[Server, list[dict[str, Any]]]:
+def run(files: dict[str, Path], strategy: str, executor: str, *extra: str) -> tuple[Server, list[dict[str, Any]]]:
     """2 rounds of 2 of the 4 users, 2 local epochs (so that A moves as well as B), every client evaluated."""
-    overrides = fedsa_args(files, f"strategy={strategy}", "client.epochs=2", "evaluate_clients=all")
+    overrides = fedsa_args(files, f"strategy={strategy}", "client.epochs=2", "evaluate_clients=all", *extra)
     server = build_server(compose([*overrides, "client_test_fraction=0.25", *EXECUTORS[executor]]))
     history = server.run().history
     return server, [{k: v for k, v in r.items() if not k.startswith(("time/", "system/"))} for r in history]
@@ -51,3 +52,17 @@ def test_serial_process_and_ray_are_bitwise_equal(strategy: str, llm_files: dict
         for cid, entries in kept.items():
             assert entries.keys() == theirs[cid].keys()
             assert all(torch.equal(value, theirs[cid][name]) for name, value in entries.items()), (executor, cid)
+
+
+@pytest.mark.slow
+def test_a_bfloat16_base_with_checkpointing_and_autocast_is_bitwise_equal_on_ray(
+    llm_files: dict[str, Path], local_ray: Any
+) -> None:
+    """model.dtype, model.gradient_checkpointing and client.autocast (tests/llm/test_precision.py: serial =
+    process) on Ray actors too."""
+    knobs = ("model.dtype=bfloat16", "model.gradient_checkpointing=true", "client.autocast=bfloat16")
+    reference, reference_history = run(llm_files, "fedavg", "serial", *knobs)
+    server, history = run(llm_files, "fedavg", "ray", *knobs)
+    assert torch.equal(server.params, reference.params) and history == reference_history
+    plain, _ = run(llm_files, "fedavg", "serial")
+    assert not torch.equal(plain.params, reference.params)  # the knobs were in force

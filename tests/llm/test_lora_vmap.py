@@ -16,7 +16,7 @@ from test_seq_cls import write_rows
 
 from fedsim.cli.run import build_data, build_model_factory, compose, run_config
 from fedsim.core.params import ParamLayout, flatten
-from fedsim.data.instructions import load_tokenizer
+from fedsim.data.tokenizer import load_tokenizer
 from fedsim.executor import VmapUnsupportedError
 from fedsim.executor.vmap.executor import batchable_forward, check_model
 from fedsim.executor.vmap.train import ChunkModel, split_state, stack

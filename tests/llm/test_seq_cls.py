@@ -14,7 +14,8 @@ from conftest import WORDS, train_tokenizer
 
 from fedsim.core.checkpoint import load_checkpoint
 from fedsim.core.params import ParamLayout, flatten, frozen_hash
-from fedsim.data.instructions import jsonl_classification, load_tokenizer
+from fedsim.data.instructions import jsonl_classification
+from fedsim.data.tokenizer import load_tokenizer
 from fedsim.models.hf_lm import LoRA, hf_seq_cls
 
 SEQ_LEN, HIDDEN, CLASSES = 8, 32, 3

@@ -23,6 +23,7 @@ from torch import nn
 
 from fedsim.core.checks import integer
 from fedsim.core.params import flatten
+from fedsim.core.progress import progress
 from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
 from fedsim.executor.placement import physical_cores, plan_workers, resolve_devices
@@ -91,7 +92,7 @@ class ProcessExecutor(Executor):
     def start(self, workload: Workload) -> None:
         began = time.perf_counter()
         check_sendable(workload)
-        with torch.random.fork_rng(devices=[]):  # a throwaway initialisation must not advance the caller's RNG
+        with torch.random.fork_rng(devices=[]), progress("building the model", None, "step"):  # the caller's RNG stays
             model = workload.model_factory()
             numel, self._frozen = flatten(model).numel(), shared_frozen_base(model)
             del model
@@ -101,10 +102,12 @@ class ProcessExecutor(Executor):
         self._global = torch.zeros(numel).share_memory_()
         launched: list[WorkerHandle] = []
         try:
-            launched = self._launch_all(workload)
-            for worker in launched:
-                self._workers.append(self._ready_or_restart(worker))
-                check_frozen_base(self._workers[-1], workload)
+            with progress("starting process workers (each builds the model)", len(self.plan), "worker") as ready:
+                launched = self._launch_all(workload)
+                for worker in launched:
+                    self._workers.append(self._ready_or_restart(worker))
+                    check_frozen_base(self._workers[-1], workload)
+                    ready(1)
             log.info("%d process workers ready in %.2f s", len(self._workers), time.perf_counter() - began)
         except BaseException:
             for worker in launched[len(self._workers) :]:  # started, never awaited

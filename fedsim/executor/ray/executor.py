@@ -37,6 +37,7 @@ from fedsim.core.checks import integer, number
 from fedsim.core.errors import WorkerStartupError
 from fedsim.core.extras import missing_text, require
 from fedsim.core.params import NO_FROZEN_WEIGHTS, frozen_hash
+from fedsim.core.progress import progress
 from fedsim.core.types import ClientFailure, EvalResult, EvalTask, FitTask, TaskResult
 from fedsim.executor.base import MAX_FAILED_STARTS, Executor, Workload, retry_or_fail
 from fedsim.executor.placement import physical_cores
@@ -162,8 +163,11 @@ class RayExecutor(Executor):
                 self._reload(slot, actor)
             for slot in self._slots[len(warm) :]:
                 self._launch(slot)
-            while any(slot.starting is not None for slot in self._slots):
-                self._wait({}, deque(), {}, all_needed=True)
+            with progress("starting Ray workers (each builds the model)", len(self._slots), "worker") as ready:
+                while any(slot.starting is not None for slot in self._slots):
+                    before = sum(slot.starting is None for slot in self._slots)
+                    self._wait({}, deque(), {}, all_needed=True)
+                    ready(max(0, sum(slot.starting is None for slot in self._slots) - before))
         except BaseException:
             self.close()
             raise

@@ -35,7 +35,8 @@ from fedsim.client.base import Client
 from fedsim.client.federation import representatives
 from fedsim.client.local_training import LocalTraining, overrides_on_batch
 from fedsim.core.checks import integer
-from fedsim.core.params import ParamLayout, flatten
+from fedsim.core.params import ParamLayout, checkpoints_activations, flatten
+from fedsim.core.progress import progress
 from fedsim.core.state_values import copy_state
 from fedsim.core.threads import torch_threads
 from fedsim.core.types import ClientFailure, ClientUpdate, EvalResult, EvalTask, FitTask, TaskResult
@@ -90,7 +91,7 @@ class VmapExecutor(Executor):
         vectorised_local(workload.local)
 
     def start(self, workload: Workload) -> None:
-        with torch.random.fork_rng(devices=[]):  # a throwaway initialisation must not advance the caller's RNG
+        with torch.random.fork_rng(devices=[]), progress("building the model", None, "step"):  # the caller's RNG stays
             models = [workload.model_factory().to(device) for device in self.devices]
         check_model(models[0])
         warn_unbatched_layers(models[0])
@@ -235,11 +236,17 @@ def _run_chunk(ctx: ChunkModel, global_params: torch.Tensor, chunk: list[ClientP
 
 
 def check_model(model: nn.Module) -> None:
-    """Refuse BatchNorm: its batch statistics would mix padded examples in and its running statistics
-    cannot be vectorised per client. Refuse dropout in a model that federates only its trainable parameters (a
-    language model, :mod:`fedsim.models.hf_lm`; vmap has no per-client random numbers), naming its keys; other
-    models' random ops are caught by :func:`probe_vectorisation`. Such a model's frozen base is not vectorised:
-    only its federated entries (the adapters) are stacked per client, see :mod:`fedsim.executor.vmap.train`."""
+    """Refuse BatchNorm: its batch statistics would mix padded examples in and its running statistics cannot be
+    vectorised per client. Refuse transformers' gradient checkpointing (``model.gradient_checkpointing``). Refuse
+    dropout in a model that federates only its trainable parameters (a language model, :mod:`fedsim.models.hf_lm`;
+    vmap has no per-client random numbers), naming its keys; other models' random ops are caught by
+    :func:`probe_vectorisation`. Such a model's frozen base is not vectorised: only its federated entries (the
+    adapters) are stacked per client, see :mod:`fedsim.executor.vmap.train`."""
+    if checkpoints_activations(model):
+        raise VmapUnsupportedError(
+            "executor=vmap cannot run gradient checkpointing (torch.func transforms do not recompute activations): "
+            "set model.gradient_checkpointing=false, or use executor=process"
+        )
     if getattr(model, "federates_trainable_only", False):
         for name, module in model.named_modules():
             if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
@@ -272,6 +279,12 @@ def warn_unbatched_layers(model: nn.Module) -> None:
 def check_clients(clients: Sequence[Client]) -> None:
     """Refuse client classes that replace the built-in training loop or loss (DP-SGD's, for a
     :class:`~fedsim.privacy.local.DPSGDClient`: :mod:`fedsim.executor.vmap.dpsgd` vectorises it)."""
+    for client in representatives(clients):
+        if getattr(client, "autocast", None) is not None:
+            raise VmapUnsupportedError(
+                f"executor=vmap cannot apply client.autocast={client.autocast} (its vectorised loop calls no "
+                "Client.objective); set client.autocast=null, or use executor=process"
+            )
     for cls in {type(c) for c in representatives(clients)}:
         private = issubclass(cls, DPSGDClient)
         reference = DPSGDClient if private else Client
