@@ -56,7 +56,6 @@ os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import argparse  # noqa: E402
-import dataclasses  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import statistics  # noqa: E402
@@ -89,8 +88,12 @@ class FedsimRun(wl.FedsimContender):
     """``workload.FedsimContender`` with ``TimedClient`` clients (a plain ``Client`` that stamps the wall-clock
     start and end of its ``fit``); keeps each round's metrics and updates, and splits each round."""
 
-    def __init__(self, name: str, bench: wl.Bench, executor: Any, log_dir: Path) -> None:
-        super().__init__(name, bench, executor, log_dir, client_cls=wl.TimedClient, keep_updates=True)
+    def __init__(
+        self, name: str, bench: wl.Bench, executor: Any, log_dir: Path, server_threads: int | None = 1
+    ) -> None:
+        super().__init__(
+            name, bench, executor, log_dir, client_cls=wl.TimedClient, keep_updates=True, server_threads=server_threads
+        )
         self.timeline: list[dict[str, Any]] = []
 
     def run_round(self, round_num: int) -> None:
@@ -266,9 +269,8 @@ def make_contender(name: str, bench: wl.Bench, model: str, data_path: Path, args
     if name == "process_w2":
         return FedsimRun(name, bench, ProcessExecutor(devices="cpu", workers=2, threads=1), tmp / model / name)
     if name == "process_w2_default_server_threads":
-        run = FedsimRun(name, bench, ProcessExecutor(devices="cpu", workers=2, threads=1), tmp / model / name)
-        run.server.parts.schedule = dataclasses.replace(run.server.parts.schedule, threads=None)
-        return run
+        executor = ProcessExecutor(devices="cpu", workers=2, threads=1)
+        return FedsimRun(name, bench, executor, tmp / model / name, server_threads=None)
     if name == "serial_t1":
         return FedsimRun(name, bench, SerialExecutor(threads=1), tmp / model / name)
     if name == "flower":
