@@ -240,7 +240,9 @@ def make_contender(name: str, bench: Bench, args: argparse.Namespace, log_dir: P
     if name.startswith("process_w"):
         workers, parent_threads = int(name[len("process_w")]), (1 if name.endswith("_pt1") else None)
         executor = ProcessExecutor(devices="cpu", workers=workers, threads=1)
-        return FedsimContender(name, bench, executor, log_dir / name, parent_threads=parent_threads)
+        return FedsimContender(
+            name, bench, executor, log_dir / name, parent_threads=parent_threads, server_threads=None
+        )  # the server's threads: torch's default, or 1 for *_pt1
     if name == "naive_fork":
         return NaiveContender(name, bench, "fork", None, args.fork_timeout)
     if name == "naive_spawn":

@@ -34,7 +34,9 @@ shared with the other benchmarks. The Flower side (ClientApp, ServerApp, ``Flowe
 start and end of ``fit``) and the Flower client stamps its own start and end, so every round is also split
 into head (round start to first client), tail (last client to round end), idle gaps between clients on a
 worker or actor, and time inside the clients. ``--flower-poll-s`` is a diagnostic that changes Flower's
-two 0.1 s polling intervals (see ``flower_app.set_flower_polling``).
+two 0.1 s polling intervals (see ``flower_app.set_flower_polling``). Ray starts its workers, Flower's actors, at
+nice 15 (its ``worker_niceness``): on a busy machine they yield to every other process, fedsim's workers (nice 0)
+do not; ``--ray-worker-niceness 0`` is the diagnostic that gives both the same share.
 The ``flower`` contender needs Flower, which is not a fedsim dependency: run it in its own virtual
 environment (see experiments/bench/README.md, "fedsim vs Flower"); the fedsim contenders alone
 (``--contenders process_w2,serial_t1``) also run in fedsim's::
@@ -77,14 +79,21 @@ from fedsim.executor import ProcessExecutor  # noqa: E402
 from fedsim.params import flatten, load_flat  # noqa: E402
 
 CONTENDERS = ("process_w2", "serial_t1", "flower")
+# DIAGNOSTIC: process_w2 with the server's work on torch's default thread count (Schedule(threads=None)), as
+# Server.run_round ran it before it applied schedule.threads itself
+DIAGNOSTIC_CONTENDERS = ("process_w2_default_server_threads",)
 
 
 class FedsimRun(wl.FedsimContender):
     """``workload.FedsimContender`` with ``TimedClient`` clients (a plain ``Client`` that stamps the wall-clock
     start and end of its ``fit``); keeps each round's metrics and updates, and splits each round."""
 
-    def __init__(self, name: str, bench: wl.Bench, executor: Any, log_dir: Path) -> None:
-        super().__init__(name, bench, executor, log_dir, client_cls=wl.TimedClient, keep_updates=True)
+    def __init__(
+        self, name: str, bench: wl.Bench, executor: Any, log_dir: Path, server_threads: int | None = 1
+    ) -> None:
+        super().__init__(
+            name, bench, executor, log_dir, client_cls=wl.TimedClient, keep_updates=True, server_threads=server_threads
+        )
         self.timeline: list[dict[str, Any]] = []
 
     def run_round(self, round_num: int) -> None:
@@ -161,12 +170,13 @@ def report_model(
     for name, res in results.items():
         if "params" in res:
             quality[name] = evaluate_flat(bench, res["params"], test)
-    ref = results.get("serial_t1", {}).get("params")
+    ref_name = "serial_t1" if "serial_t1" in results else "process_w2"
+    ref = results.get(ref_name, {}).get("params")
     diffs = {}
-    for name in ("process_w2", "flower"):
-        if ref is not None and "params" in results.get(name, {}):
+    for name in ("process_w2", *DIAGNOSTIC_CONTENDERS, "flower"):
+        if ref is not None and name != ref_name and "params" in results.get(name, {}):
             delta = (results[name]["params"] - ref).abs()
-            diffs[f"{name} vs serial_t1"] = {
+            diffs[f"{name} vs {ref_name}"] = {
                 "bitwise_equal": bool(torch.equal(results[name]["params"], ref)),
                 "max_abs_diff": float(delta.max()),
                 "rel_l2_diff": float(delta.norm() / ref.norm()),
@@ -228,7 +238,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     wl.add_workload_args(p, models="2nn,cnn")
     p.add_argument(
-        "--contenders", default=",".join(CONTENDERS), help="comma-separated subset of: " + ",".join(CONTENDERS)
+        "--contenders",
+        default=",".join(CONTENDERS),
+        help="comma-separated subset of: " + ",".join(CONTENDERS + DIAGNOSTIC_CONTENDERS),
     )
     harness.add_common_args(p, repeats=("--rounds", 8, "timed rounds per contender (CNN)"), warmup=1)
     p.add_argument(
@@ -243,12 +255,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="DIAGNOSTIC: poll interval of Flower's engine instead of its built-in 0.1 s (see set_flower_polling)",
     )
     p.add_argument("--idle-s", type=float, default=5.0, help="seconds to measure Flower's idle CPU after start-up")
+    p.add_argument(
+        "--ray-worker-niceness",
+        type=int,
+        default=None,
+        help="DIAGNOSTIC: nice value of Ray's worker processes (Flower's actors) instead of Ray's default 15 "
+        "(sets RAY_worker_niceness); 0 gives them the fair share of fedsim's workers on a busy machine",
+    )
     return p.parse_args(argv)
 
 
 def make_contender(name: str, bench: wl.Bench, model: str, data_path: Path, args: argparse.Namespace, tmp: Path) -> Any:
     if name == "process_w2":
         return FedsimRun(name, bench, ProcessExecutor(devices="cpu", workers=2, threads=1), tmp / model / name)
+    if name == "process_w2_default_server_threads":
+        executor = ProcessExecutor(devices="cpu", workers=2, threads=1)
+        return FedsimRun(name, bench, executor, tmp / model / name, server_threads=None)
     if name == "serial_t1":
         return FedsimRun(name, bench, SerialExecutor(threads=1), tmp / model / name)
     if name == "flower":
@@ -273,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     data, shares = wl.mnist_clients(args)
     test = held_out(args.num_examples, args.test_examples, args.seed)
+    if args.ray_worker_niceness is not None:  # read by Ray's raylet when it starts, which inherits our environment
+        os.environ["RAY_worker_niceness"] = str(args.ray_worker_niceness)  # noqa: SIM112  (Ray spells it so)
     if args.flower_poll_s is not None:
         import flower_app  # needs Flower
 

@@ -47,7 +47,9 @@ class TimelineContender(wl.FedsimContender):
             if name == "serial_t1"
             else ProcessExecutor(devices="cpu", workers=int(name[-1]), threads=1)
         )
-        super().__init__(name, bench, executor, log_dir, client_cls=TimedClient, keep_updates=True)
+        super().__init__(  # the server's threads: --parent-threads or torch's default
+            name, bench, executor, log_dir, client_cls=TimedClient, keep_updates=True, server_threads=None
+        )
         self.records: list[dict[str, Any]] = []
 
     def run_round(self, round_num: int) -> None:

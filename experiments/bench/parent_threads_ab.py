@@ -58,7 +58,8 @@ class AlternatingParent(wl.FedsimContender):
     """``ProcessExecutor(workers=2, threads=1)``; round 1 at torch's default, then A (default) / B (1 thread)."""
 
     def __init__(self, bench: wl.Bench, log_dir: Path, conditions: dict[str, int]) -> None:
-        super().__init__("process_w2", bench, ProcessExecutor(devices="cpu", workers=2, threads=1), log_dir)
+        executor = ProcessExecutor(devices="cpu", workers=2, threads=1)
+        super().__init__("process_w2", bench, executor, log_dir, server_threads=None)  # the A/B sets the threads
         self.conditions, self.default = conditions, torch.get_num_threads()
         self.per_thread: list[list[float]] = []
 

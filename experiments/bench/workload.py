@@ -176,6 +176,8 @@ class FedsimContender:
     """fedsim's Server + an executor, driven as ``Server.run`` drives it (start, run_round..., close).
 
     ``parent_threads``: the server process's own intra-op threads during each round (see ``*_pt1``);
+    ``server_threads``: ``Schedule.threads``, the budget ``Server.run_round`` applies to the server's work (fedsim's
+    default 1; ``None`` leaves it to ``parent_threads`` or the caller's setting, as before ``run_round`` applied it);
     ``keep_updates``: keep each round's ``ClientUpdate``s (``self.updates``) and metrics (``self.metrics``).
     """
 
@@ -188,6 +190,7 @@ class FedsimContender:
         parent_threads: int | None = None,
         client_cls: type[Client] = Client,
         keep_updates: bool = False,
+        server_threads: int | None = 1,
     ) -> None:
         self.name, self.bench, self.executor, self.log_dir = name, bench, executor, log_dir
         self.parent_threads = parent_threads
@@ -201,7 +204,7 @@ class FedsimContender:
             federation=Federation(clients=self.clients, train_data=bench.data, test_data=None),
             strategy=FedAvg(),
             executor=executor,
-            schedule=Schedule(num_rounds=bench.total_rounds, clients_per_round=bench.per_round),
+            schedule=Schedule(num_rounds=bench.total_rounds, clients_per_round=bench.per_round, threads=server_threads),
             seed=bench.seed,
         )
         self.updates: list[ClientUpdate] = []

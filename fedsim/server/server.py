@@ -203,10 +203,12 @@ class Server:
 
     def run_round(self, round_num: int) -> dict[str, float]:
         """One round (:attr:`stages`) from the current weights: its client rows are logged, its metrics returned. The
-        weights move on to those the round got to, also when a later stage fails."""
+        weights move on to those the round got to, also when a later stage fails. The server's work runs on
+        ``schedule.threads`` here too, not only under :meth:`run`, for a caller that drives the rounds itself."""
         record = RoundRecord(round_num, self.params, time.perf_counter(), self.params)
         try:
-            run_stages(self.stages, record)
+            with torch_threads(self.parts.schedule.threads):
+                run_stages(self.stages, record)
         finally:
             self.params = record.params
         record.metrics["time/round_s"] = time.perf_counter() - record.start_s

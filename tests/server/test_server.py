@@ -308,3 +308,23 @@ def test_server_work_runs_on_its_thread_budget_and_the_callers_setting_comes_bac
     finally:
         torch.set_num_threads(previous)
     assert torch.equal(one.params, other.params), "the weights do not depend on the server's thread count"
+
+
+def test_rounds_driven_one_by_one_run_on_the_same_thread_budget_as_run() -> None:
+    """A caller that starts the executor and calls ``run_round`` itself (as the benchmarks do) gets the server's
+    thread budget too, its own setting back after each round, and the weights of ``run()``."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        whole = _server().run()
+        strategy = _ThreadsSeen()
+        server = _server(strategy=strategy)
+        server.parts.executor.start(server.workload())  # as Server.run does
+        for round_num in (1, 2, 3):
+            server.run_round(round_num)
+            assert torch.get_num_threads() == 3
+        server.parts.executor.close()
+    finally:
+        torch.set_num_threads(previous)
+    assert strategy.seen == [1, 1, 1]
+    assert torch.equal(server.params, whole.params)
