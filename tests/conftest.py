@@ -60,6 +60,8 @@ RAY_FILES = frozenset(
 )
 # the files that took longest outside the Ray unit (per-file totals of a whole run, 2026-12-06), longest first: handed
 # out first, so that the run does not end waiting on one of them
+# the Ray files that shut the suite's local Ray down (a cluster of their own): run last, after every test that shares it
+RAY_LAST = frozenset({"tests/executor/ray/test_ray_cluster.py"})
 LONGEST_FILES = (
     "tests/core/test_checkpoint.py",
     "tests/core/test_run_dir_lock.py",
@@ -116,7 +118,7 @@ def local_ray(_ray_shut_down_at_the_end: None) -> Any:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Refuse, in one line, two modules of one name under tests/ (see the module's docstring), and a name in
-    :data:`RAY_FILES` or :data:`LONGEST_FILES` that is no file (a test file moved or renamed)."""
+    :data:`RAY_FILES`, :data:`RAY_LAST` or :data:`LONGEST_FILES` that is no file (a test file moved or renamed)."""
     tests = Path(__file__).resolve().parent
     seen: dict[str, list[str]] = {}
     for path in sorted(tests.rglob("*.py")):
@@ -126,17 +128,21 @@ def pytest_configure(config: pytest.Config) -> None:
     clashes = [" and ".join(paths) for paths in seen.values() if len(paths) > 1]
     if clashes:
         raise pytest.UsageError(f"{'; '.join(clashes)} share a name: rename one (tests import modules by name)")
-    stale = sorted(name for name in RAY_FILES | set(LONGEST_FILES) if not (tests.parent / name).is_file())
+    stale = sorted(name for name in RAY_FILES | RAY_LAST | set(LONGEST_FILES) if not (tests.parent / name).is_file())
     if stale:
         raise pytest.UsageError(f"{', '.join(stale)} in tests/conftest.py's RAY_FILES or LONGEST_FILES is no file")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse a file that asks for ``local_ray`` and is not in :data:`RAY_FILES`; move the tests of
+    :data:`RAY_LAST` to the end (they shut the shared local Ray down: after them, the next test that needs it would
+    start it, and its actors, again)."""
     strays = sorted(
         {item.nodeid.split("::")[0] for item in items if "local_ray" in getattr(item, "fixturenames", ())} - RAY_FILES
     )
     if strays:
         raise pytest.UsageError(f"{', '.join(strays)} start Ray: add them to RAY_FILES in tests/conftest.py")
+    items.sort(key=lambda item: item.nodeid.split("::")[0] in RAY_LAST)  # stable: the order is kept otherwise
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
