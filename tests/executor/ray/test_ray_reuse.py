@@ -73,6 +73,7 @@ def test_a_run_without_reuse_kills_the_kept_actors_first(tmp_path: Path) -> None
     assert torch.equal(fresh.params, serial_reference())
     assert not kept & worker_pids(tmp_path / "fresh") and _gone(kept)
     assert release_warm_actors() == 0, "a run without reuse keeps nothing"
+    assert ray.is_initialized(), "an executor that joined Ray (and killed its actors) must not shut it down"
 
 
 def test_kept_actors_of_another_shape_are_killed_not_left_holding_cpus(tmp_path: Path) -> None:
