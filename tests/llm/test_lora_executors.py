@@ -4,6 +4,7 @@ with gradient checkpointing and autocast (serial and Ray)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,20 @@ def run(files: dict[str, Path], strategy: str, executor: str, *extra: str) -> tu
     return server, [{k: v for k, v in r.items() if not k.startswith(("time/", "system/"))} for r in history]
 
 
+@pytest.fixture(scope="module")
+def serial_run(llm_files: dict[str, Path]) -> Callable[[str], tuple[Server, list[dict[str, Any]]]]:
+    """The serial run of a strategy (without extra settings), run once per module: the reference of the executors'
+    test and the plain run the bfloat16 test differs from."""
+    runs: dict[str, tuple[Server, list[dict[str, Any]]]] = {}
+
+    def get(strategy: str) -> tuple[Server, list[dict[str, Any]]]:
+        if strategy not in runs:
+            runs[strategy] = run(llm_files, strategy, "serial")
+        return runs[strategy]
+
+    return get
+
+
 def states(server: Server) -> dict[int, dict[str, torch.Tensor]]:
     """Every client's kept entries (FedSA-LoRA's B), by client id."""
     return {cid: server.parts.client_states.get(cid).get(STATE_KEY, {}) for cid in server.parts.client_states.clients()}
@@ -39,8 +54,10 @@ def states(server: Server) -> dict[int, dict[str, torch.Tensor]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fedavg", "fedsa_lora"])
-def test_serial_process_and_ray_are_bitwise_equal(strategy: str, llm_files: dict[str, Path], local_ray: Any) -> None:
-    reference, reference_history = run(llm_files, strategy, "serial")
+def test_serial_process_and_ray_are_bitwise_equal(
+    strategy: str, llm_files: dict[str, Path], serial_run: Callable, local_ray: Any
+) -> None:
+    reference, reference_history = serial_run(strategy)
     kept = states(reference)
     assert bool(kept) == (strategy == "fedsa_lora")  # FedIT keeps nothing on its clients
     for executor in ("process", "ray"):
@@ -56,7 +73,7 @@ def test_serial_process_and_ray_are_bitwise_equal(strategy: str, llm_files: dict
 
 @pytest.mark.slow
 def test_a_bfloat16_base_with_checkpointing_and_autocast_is_bitwise_equal_on_ray(
-    llm_files: dict[str, Path], local_ray: Any
+    llm_files: dict[str, Path], serial_run: Callable, local_ray: Any
 ) -> None:
     """model.dtype, model.gradient_checkpointing and client.autocast (tests/llm/test_precision.py: serial =
     process) on Ray actors too."""
@@ -64,5 +81,5 @@ def test_a_bfloat16_base_with_checkpointing_and_autocast_is_bitwise_equal_on_ray
     reference, reference_history = run(llm_files, "fedavg", "serial", *knobs)
     server, history = run(llm_files, "fedavg", "ray", *knobs)
     assert torch.equal(server.params, reference.params) and history == reference_history
-    plain, _ = run(llm_files, "fedavg", "serial")
+    plain, _ = serial_run("fedavg")
     assert not torch.equal(plain.params, reference.params)  # the knobs were in force

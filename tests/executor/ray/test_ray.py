@@ -55,21 +55,22 @@ def _on_local_ray(local_ray) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_bitwise_equal_to_serial(workers: int) -> None:
+    """(That an executor that joined Ray without keeping its actors leaves it up: test_ray_reuse.py's
+    test_a_run_without_reuse_kills_the_kept_actors_first.)"""
     reference = serial_reference()
-    result = run(RayExecutor(workers=workers))
+    result = run(RayExecutor(workers=workers, reuse_actors=True))  # the actors serve the tests below
     assert torch.equal(result.params, reference)
     used = {c["worker"] for r in result.history for c in r["clients"]}
     assert used <= {f"r{i}" for i in range(workers)}
     if workers > 1:
         assert len(used) > 1, "tasks should spread over actors"
-    assert ray.is_initialized(), "an executor that joined Ray must not shut it down"
 
 
 def test_char_lstm_bitwise_equal_to_serial() -> None:
     """The McMahan et al. character LSTM on Shakespeare-like token rows (test_text_executors.py's federation)."""
     import test_text_executors as text
 
-    result = text.run(RayExecutor(workers=1, reuse_actors=True))
+    result = text.run(RayExecutor(workers=2, reuse_actors=True))
     assert torch.equal(result.params, text.serial_reference("char_lstm").params)
 
 
@@ -208,12 +209,12 @@ def test_failure_carries_the_traceback() -> None:
     clients = make_clients(data, functools.partial(fault_clients.RaisingClient, bad_ids=(1,), epochs=1, batch_size=8))
     factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)
     params = torch.cat([p.detach().flatten() for p in factory().parameters()])
-    with RayExecutor(workers=1, reuse_actors=True) as executor:
+    with RayExecutor(workers=2, reuse_actors=True) as executor:
         executor.start(Workload(factory, clients, data.train))
         results = executor.fit(params, [FitTask(1, 1, 11), FitTask(0, 1, 10)])
     assert [r.client_id for r in results] == [0, 1]
-    failure = results[1]
-    assert isinstance(failure, ClientFailure) and failure.worker == "r0"
+    failure = results[1]  # the second idle actor gets the second task in client order
+    assert isinstance(failure, ClientFailure) and failure.worker == "r1"
     assert "Traceback" in failure.traceback and "fails on purpose" in failure.traceback
 
 
@@ -230,46 +231,12 @@ def test_sigkilled_actor_is_replaced_and_result_unchanged(tmp_path: Path) -> Non
     assert torch.equal(result.params, serial_reference())
 
 
-def test_sigkilled_actor_without_retries_says_possibly_out_of_memory(tmp_path: Path) -> None:
-    executor = RayExecutor(workers=1, max_retries=0, reuse_actors=True)
-    with pytest.raises(RoundFailedError, match=r"Ray worker r0 was killed or crashed \(possibly out of memory"):
-        run(executor, fault_clients.KillOnceClient, victim=first_sampled_client(), marker=str(tmp_path / "killed"))
-
-
-def test_tasks_queued_behind_a_dying_client_are_not_charged_a_retry(tmp_path: Path) -> None:
-    """One actor gets client 0 and, queued behind it, client 1; client 0 kills the actor. Client 1
-    never started, so it is run again on the replacement without using up a retry."""
-    data = federation_data()
-    kill = functools.partial(
-        fault_clients.KillOnceClient, victim=0, marker=str(tmp_path / "killed"), epochs=1, batch_size=8
-    )
-    factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)
-    params = torch.cat([p.detach().flatten() for p in factory().parameters()])
-    tasks = [FitTask(0, 1, 10), FitTask(1, 1, 11)]
-    with RayExecutor(workers=1, max_retries=0, reuse_actors=True) as executor:
-        executor.start(Workload(factory, make_clients(data, kill), data.train))
-        dead, trained = executor.fit(params, tasks)
-    assert isinstance(dead, ClientFailure) and "killed or crashed" in dead.error and dead.attempts == 1
-    with SerialExecutor() as serial:
-        serial.start(
-            Workload(factory, make_clients(data, functools.partial(Client, epochs=1, batch_size=8)), data.train)
-        )
-        reference = serial.fit(params, tasks)[1]
-    assert isinstance(trained, ClientUpdate) and torch.equal(trained.params, reference.params)
-
-
 def test_client_that_hangs_once_is_timed_out_retried_and_result_unchanged(tmp_path: Path) -> None:
     marker = tmp_path / "hung"
-    executor = RayExecutor(workers=2, client_timeout_s=3, reuse_actors=True)
+    executor = RayExecutor(workers=2, client_timeout_s=1.5, reuse_actors=True)
     result = run(executor, fault_clients.HangClient, victim=first_sampled_client(), marker=str(marker))
     assert marker.exists(), "the victim never ran"
     assert torch.equal(result.params, serial_reference())
-
-
-def test_always_hanging_client_times_out_after_bounded_retries(tmp_path: Path) -> None:
-    executor = RayExecutor(workers=1, client_timeout_s=1, max_retries=1, reuse_actors=True)
-    with pytest.raises(RoundFailedError, match=r"1 of 4 clients failed .*timed out"):
-        run(executor, fault_clients.HangClient, victim=first_sampled_client(), marker=str(tmp_path / "m"), always=True)
 
 
 def test_actor_logs_are_tagged_and_prints_stay_out_of_ray_output(tmp_path: Path) -> None:
@@ -287,160 +254,6 @@ def test_actor_logs_are_tagged_and_prints_stay_out_of_ray_output(tmp_path: Path)
         p.read_text(errors="replace") for p in ray_logs.glob("worker-*.*") if p.suffix in (".out", ".err")
     )
     assert "hello from client" not in streamed
-
-
-OOM = """
-import functools, logging, os, sys, time
-import torch
-from fedsim.client.base import Client
-from fedsim.client.federation import federate, make_clients
-from fedsim.data.partition import natural
-from fedsim.data.synthetic import synthetic
-from fedsim.executor import RayExecutor, SerialExecutor
-from fedsim.executor.base import Workload
-from fedsim.models import LogisticRegression
-from fedsim.core.types import ClientUpdate, FitTask
-
-GIB = 2**30
-
-class HogOnceClient(Client):
-    \"\"\"The first time it trains (tracked by a marker file) it takes memory, 256 MiB at a time, until killed.\"\"\"
-    def __init__(self, *args, marker="", **kwargs):
-        super().__init__(*args, **kwargs)
-        self.marker = marker
-    def fit(self, model, data, **kwargs):
-        if not os.path.exists(self.marker):
-            open(self.marker, "w").close()
-            blocks = []
-            for _ in range(32):  # at most 8 GiB, every page touched
-                blocks.append(torch.ones(GIB // 16))
-                time.sleep(0.05)
-            time.sleep(10)
-            raise RuntimeError(f"took {len(blocks) / 4:g} GiB and was not killed")
-        return super().fit(model, data, **kwargs)
-
-class Warnings(logging.Handler):
-    messages = []
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-def used_bytes():
-    info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in open("/proc/meminfo")}
-    return info["MemTotal"], info["MemTotal"] - info["MemAvailable"]
-
-if __name__ == "__main__":
-    data = federate(
-        synthetic(num_devices=2, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.2, seed=0
-    )
-    clients = make_clients(data, functools.partial(HogOnceClient, marker=sys.argv[1], epochs=1, batch_size=8))
-    factory = functools.partial(LogisticRegression, (60,), 10)
-    total, used = used_bytes()  # Ray and one actor add about 1 GiB; the hog must pass the rest
-    os.environ["RAY_memory_usage_threshold"] = f"{(used + 4 * GIB) / total:.4f}"
-    os.environ["RAY_memory_monitor_refresh_ms"] = "100"
-    warnings = Warnings()
-    logging.getLogger("fedsim").addHandler(warnings)
-    with RayExecutor(workers=1, max_retries=1) as executor:  # starts its own Ray, with the low threshold
-        executor.start(Workload(factory, clients, data.train))
-        [result] = executor.fit(torch.zeros(610), [FitTask(0, 1, 5)])
-    with SerialExecutor() as serial:
-        serial.start(Workload(factory, clients, data.train))
-        [reference] = serial.fit(torch.zeros(610), [FitTask(0, 1, 5)])
-    assert isinstance(result, ClientUpdate), result
-    assert torch.equal(result.params, reference.params)
-    print("warnings:", warnings.messages)
-"""
-
-
-def test_actor_killed_by_rays_memory_monitor_is_reported_as_out_of_memory_and_retried(tmp_path: Path) -> None:
-    """A real OOM kill: a Ray of its own with a memory threshold 4 GiB above what the machine uses
-    now (headroom for other programs on the machine: the threshold is the whole machine's), and a client that takes
-    memory until Ray's memory monitor kills its actor."""
-    script = tmp_path / "oom.py"
-    script.write_text(OOM)
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "hogged")], capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Ray worker r0 was killed by Ray's memory monitor: out of memory; replacing" in done.stdout, done.stdout
-
-
-MISSING = """
-import sys
-sys.modules["ray"] = None  # as if Ray were not installed
-from fedsim.executor import RayExecutor
-try:
-    RayExecutor()
-except ImportError as error:
-    print(str(error))
-    sys.exit(3)
-"""
-
-
-def test_missing_ray_gives_one_clear_line() -> None:
-    done = subprocess.run([sys.executable, "-c", MISSING], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 3, done.stderr
-    assert (
-        done.stdout.strip()
-        == MISSING_RAY
-        == "executor=ray needs the ray package: pip install 'fedsim-torch[ray]' (in a source checkout: "
-        "pip install -e '.[ray]'; or pip install ray)"
-    )
-
-
-OWNED = """
-import functools, os, sys, time
-from pathlib import Path
-import ray, torch
-from fedsim.data.synthetic import synthetic
-from fedsim.client.federation import federate, make_clients
-from fedsim.data.partition import natural
-from fedsim.client.base import Client
-from fedsim.executor import RayExecutor
-from fedsim.executor.base import Workload
-from fedsim.models import LogisticRegression
-from fedsim.core.types import ClientUpdate, FitTask
-
-def descendants(root):
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents[int(stat.parent.name)] = int(fields[1])
-        except (OSError, IndexError, ValueError):
-            pass
-    found, frontier = set(), {root}
-    while frontier:
-        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
-        found |= frontier
-    return found
-
-if __name__ == "__main__":
-    data = federate(
-        synthetic(num_devices=4, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.2, seed=0
-    )
-    factory = functools.partial(LogisticRegression, (60,), 10)
-    executor = RayExecutor(workers=1)  # address=None and no Ray yet: this executor starts (and owns) one
-    executor.start(Workload(factory, make_clients(data, Client), data.train))
-    [result] = executor.fit(torch.zeros(610), [FitTask(0, 1, 5)])
-    assert isinstance(result, ClientUpdate), result
-    started = descendants(os.getpid())
-    assert ray.is_initialized() and started
-    executor.close()
-    executor.close()  # safe twice
-    assert not ray.is_initialized()
-    deadline = time.monotonic() + 20
-    while (alive := {p for p in started if Path(f"/proc/{p}").exists()}) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    print("left behind:", sorted(alive))
-"""
-
-
-def test_executor_that_starts_ray_shuts_it_down_and_leaves_nothing(tmp_path: Path) -> None:
-    script = tmp_path / "owned.py"
-    script.write_text(OWNED)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "left behind: []" in done.stdout, done.stdout
 
 
 # --- issue #16's algorithms and every-client evaluation: Ray actors give the serial executor's answers -----------
@@ -513,3 +326,185 @@ def _same_states(a: object, b: object) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return a.dtype == b.dtype and torch.equal(a, b)
     return a == b
+
+
+# --- one actor (workers=1): last in this file, so that the tests above (two actors each) share the two kept actors
+# instead of starting new ones whenever the count changes ------------------------------------------------------------
+
+
+def test_sigkilled_actor_without_retries_says_possibly_out_of_memory(tmp_path: Path) -> None:
+    executor = RayExecutor(workers=1, max_retries=0, reuse_actors=True)
+    with pytest.raises(RoundFailedError, match=r"Ray worker r0 was killed or crashed \(possibly out of memory"):
+        run(executor, fault_clients.KillOnceClient, victim=first_sampled_client(), marker=str(tmp_path / "killed"))
+
+
+def test_tasks_queued_behind_a_dying_client_are_not_charged_a_retry(tmp_path: Path) -> None:
+    """One actor gets client 0 and, queued behind it, client 1; client 0 kills the actor. Client 1
+    never started, so it is run again on the replacement without using up a retry."""
+    data = federation_data()
+    kill = functools.partial(
+        fault_clients.KillOnceClient, victim=0, marker=str(tmp_path / "killed"), epochs=1, batch_size=8
+    )
+    factory = functools.partial(MLP2NN, input_shape=(60,), num_classes=10, hidden=32)
+    params = torch.cat([p.detach().flatten() for p in factory().parameters()])
+    tasks = [FitTask(0, 1, 10), FitTask(1, 1, 11)]
+    with RayExecutor(workers=1, max_retries=0, reuse_actors=True) as executor:
+        executor.start(Workload(factory, make_clients(data, kill), data.train))
+        dead, trained = executor.fit(params, tasks)
+    assert isinstance(dead, ClientFailure) and "killed or crashed" in dead.error and dead.attempts == 1
+    with SerialExecutor() as serial:
+        serial.start(
+            Workload(factory, make_clients(data, functools.partial(Client, epochs=1, batch_size=8)), data.train)
+        )
+        reference = serial.fit(params, tasks)[1]
+    assert isinstance(trained, ClientUpdate) and torch.equal(trained.params, reference.params)
+
+
+def test_always_hanging_client_times_out_after_bounded_retries(tmp_path: Path) -> None:
+    executor = RayExecutor(workers=1, client_timeout_s=1, max_retries=1, reuse_actors=True)
+    with pytest.raises(RoundFailedError, match=r"1 of 4 clients failed .*timed out"):
+        run(executor, fault_clients.HangClient, victim=first_sampled_client(), marker=str(tmp_path / "m"), always=True)
+
+
+# --- a Ray of the test's own: subprocesses ----------------------------------------------------------------------------
+
+OWN_RAY = """
+import functools, logging, os, sys, time
+from pathlib import Path
+import ray, torch
+from fedsim.client.base import Client
+from fedsim.client.federation import federate, make_clients
+from fedsim.data.partition import natural
+from fedsim.data.synthetic import synthetic
+from fedsim.executor import RayExecutor, SerialExecutor
+from fedsim.executor.base import Workload
+from fedsim.models import LogisticRegression
+from fedsim.core.types import ClientUpdate, FitTask
+
+GIB = 2**30
+
+class HogOnceClient(Client):
+    \"\"\"The first time it trains (tracked by a marker file) it takes memory, 256 MiB at a time, until killed.\"\"\"
+    def __init__(self, *args, marker="", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.marker = marker
+    def fit(self, model, data, **kwargs):
+        if not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            blocks = []
+            for _ in range(32):  # at most 8 GiB, every page touched
+                blocks.append(torch.ones(GIB // 16))
+                time.sleep(0.05)
+            time.sleep(10)
+            raise RuntimeError(f"took {len(blocks) / 4:g} GiB and was not killed")
+        return super().fit(model, data, **kwargs)
+
+class Warnings(logging.Handler):
+    messages = []
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+def used_bytes():
+    info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in open("/proc/meminfo")}
+    return info["MemTotal"], info["MemTotal"] - info["MemAvailable"]
+
+def descendants(root):
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+if __name__ == "__main__":
+    data = federate(
+        synthetic(num_devices=2, min_size=20, max_size=40, seed=1), natural, client_test_fraction=0.2, seed=0
+    )
+    clients = make_clients(data, functools.partial(HogOnceClient, marker=sys.argv[1], epochs=1, batch_size=8))
+    factory = functools.partial(LogisticRegression, (60,), 10)
+    total, used = used_bytes()  # Ray and one actor add about 1 GiB; the hog must pass the rest
+    os.environ["RAY_memory_usage_threshold"] = f"{(used + 4 * GIB) / total:.4f}"
+    os.environ["RAY_memory_monitor_refresh_ms"] = "100"
+    warnings = Warnings()
+    logging.getLogger("fedsim").addHandler(warnings)
+    assert not ray.is_initialized()
+    executor = RayExecutor(workers=1, max_retries=1)  # address=None and no Ray yet: it starts (and owns) one
+    executor.start(Workload(factory, clients, data.train))
+    [result] = executor.fit(torch.zeros(610), [FitTask(0, 1, 5)])
+    started = descendants(os.getpid())
+    print("ray up while it ran:", ray.is_initialized() and bool(started))
+    executor.close()
+    executor.close()  # safe twice
+    print("ray up after close:", ray.is_initialized())
+    with SerialExecutor() as serial:
+        serial.start(Workload(factory, clients, data.train))
+        [reference] = serial.fit(torch.zeros(610), [FitTask(0, 1, 5)])
+    same = isinstance(result, ClientUpdate) and torch.equal(result.params, reference.params)
+    print("retried update equal to serial:", same, result)
+    print("warnings:", warnings.messages)
+    deadline = time.monotonic() + 20
+    while (alive := {p for p in started if Path(f"/proc/{p}").exists()}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    print("left behind:", sorted(alive))
+"""
+
+
+@pytest.fixture(scope="module")
+def own_ray(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """One script (Ray takes seconds to start), two subjects: a RayExecutor with no Ray to join starts a Ray of its
+    own, with a memory threshold 4 GiB above what the machine uses now (headroom for other programs on the machine:
+    the threshold is the whole machine's); its client takes memory until Ray's memory monitor kills the actor; its
+    close shuts that Ray down and leaves no process behind."""
+    folder = tmp_path_factory.mktemp("own_ray")
+    script = folder / "own_ray.py"
+    script.write_text(OWN_RAY)
+    done = subprocess.run(
+        [sys.executable, str(script), str(folder / "hogged")], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_actor_killed_by_rays_memory_monitor_is_reported_as_out_of_memory_and_retried(
+    own_ray: subprocess.CompletedProcess[str],
+) -> None:
+    assert "retried update equal to serial: True" in own_ray.stdout, own_ray.stdout
+    assert "Ray worker r0 was killed by Ray's memory monitor: out of memory; replacing" in own_ray.stdout, (
+        own_ray.stdout
+    )
+
+
+def test_executor_that_starts_ray_shuts_it_down_and_leaves_nothing(own_ray: subprocess.CompletedProcess[str]) -> None:
+    assert "ray up while it ran: True" in own_ray.stdout and "ray up after close: False" in own_ray.stdout, (
+        own_ray.stdout
+    )
+    assert "left behind: []" in own_ray.stdout, own_ray.stdout
+
+
+MISSING = """
+import sys
+sys.modules["ray"] = None  # as if Ray were not installed
+from fedsim.executor import RayExecutor
+try:
+    RayExecutor()
+except ImportError as error:
+    print(str(error))
+    sys.exit(3)
+"""
+
+
+def test_missing_ray_gives_one_clear_line() -> None:
+    done = subprocess.run([sys.executable, "-c", MISSING], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert (
+        done.stdout.strip()
+        == MISSING_RAY
+        == "executor=ray needs the ray package: pip install 'fedsim-torch[ray]' (in a source checkout: "
+        "pip install -e '.[ray]'; or pip install ray)"
+    )

@@ -68,15 +68,17 @@ def test_a_kept_actor_that_died_while_it_waited_is_replaced(tmp_path: Path) -> N
 def test_a_run_without_reuse_kills_the_kept_actors_first(tmp_path: Path) -> None:
     run(RayExecutor(workers=2, reuse_actors=True), run_dir=tmp_path / "first")
     kept = worker_pids(tmp_path / "first")
-    # the local Ray has 2 CPUs, both held by the kept actors: this run's actors could not start beside them
-    fresh = run(RayExecutor(workers=2, start_timeout_s=60), run_dir=tmp_path / "fresh")
+    # the local Ray has 2 CPUs, both held by the kept actors: this run's actor could not start beside them
+    fresh = run(RayExecutor(workers=1, start_timeout_s=60), run_dir=tmp_path / "fresh")
     assert torch.equal(fresh.params, serial_reference())
     assert not kept & worker_pids(tmp_path / "fresh") and _gone(kept)
     assert release_warm_actors() == 0, "a run without reuse keeps nothing"
+    assert ray.is_initialized(), "an executor that joined Ray (and killed its actors) must not shut it down"
 
 
 def test_kept_actors_of_another_shape_are_killed_not_left_holding_cpus(tmp_path: Path) -> None:
-    run(RayExecutor(workers=2, reuse_actors=True), run_dir=tmp_path / "one_thread")
+    # one kept actor holds one of the local Ray's 2 CPUs: the two-thread actor could not start beside it
+    run(RayExecutor(workers=1, reuse_actors=True), run_dir=tmp_path / "one_thread")
     kept = worker_pids(tmp_path / "one_thread")
     run(RayExecutor(workers=1, threads=2, reuse_actors=True, start_timeout_s=60), run_dir=tmp_path / "two_threads")
     assert not kept & worker_pids(tmp_path / "two_threads") and _gone(kept)
