@@ -194,10 +194,10 @@ def build_server(cfg: DictConfig, run_dir: str | Path | None = None) -> Server:
             cfg, run_dir, tensorboard=cfg.logger.tensorboard, progress=cfg.logger.progress, client_rows_in_memory=False
         )
         on_failure.append(logger.close)
-        logger.log_label_distribution(label_counts(data))
         server = Server(logger=logger, **parts)
         on_failure.append(server.parts.executor.close)  # the workers Server started building models (prepare)
         prepare_secagg(parts["stages"].extra, server.params.numel())  # distributed DP's z, before any round
+        logger.log_label_distribution(label_counts(data))  # drawn once the round's checks above have passed
         server.settings = computation_settings(flat_hparams(cfg)) | tokenizer_setting(cfg, run_dir)
         resume = resume_target(cfg.resume, run_dir)
         if resume is not None:

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from cli_runner import run_cli
+from composed import composed
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -144,7 +145,7 @@ TOKEN_LABELS = {  # options whose labels are a token per position ([N, T]): thei
 def _with_data(overrides: list[str], root: Path, n_train: int, n_test: int) -> list[str] | None:
     """``overrides`` plus what makes their dataset loadable here (tiny files under ``root``);
     ``None`` when the dataset is neither synthetic nor one we can write."""
-    cfg = compose(overrides)
+    cfg = composed(overrides)
     target = cfg.data._target_
     if target in GENERATED:
         return list(overrides)
@@ -157,6 +158,24 @@ def _with_data(overrides: list[str], root: Path, n_train: int, n_test: int) -> l
     if "verify_checksums" in cfg.data:
         extra.append("data.verify_checksums=false")  # hand-made files cannot match the official md5s
     return [*overrides, *extra]
+
+
+DataFiles = Callable[[list[str], int, int], "list[str] | None"]
+
+
+@pytest.fixture(scope="module")
+def data_files(tmp_path_factory: pytest.TempPathFactory) -> DataFiles:
+    """:func:`_with_data` for the module: the files of each (overrides, sizes) written once, in a folder of their
+    own, so that the tests of one option read the same files through the same composition."""
+    made: dict[tuple[tuple[str, ...], int, int], list[str] | None] = {}
+
+    def files(overrides: list[str], n_train: int, n_test: int) -> list[str] | None:
+        key = (tuple(overrides), n_train, n_test)
+        if key not in made:
+            made[key] = _with_data(list(overrides), tmp_path_factory.mktemp("data"), n_train, n_test)
+        return None if made[key] is None else list(made[key])
+
+    return files
 
 
 def _options(group: str) -> list[str]:
@@ -389,15 +408,15 @@ CHECKS = {
 
 
 @pytest.mark.parametrize(("group", "option"), [p for p in ALL_OPTIONS if p[0] != "experiment"])
-def test_every_group_option_composes_and_instantiates(group: str, option: str, tmp_path: Path) -> None:
+def test_every_group_option_composes_and_instantiates(group: str, option: str, data_files: DataFiles) -> None:
     overrides = [f"{group}={option}"]
     if group == "data":
-        overrides = _with_data(overrides, tmp_path, 60, 20) or pytest.fail(f"no tiny files for data={option}")
+        overrides = data_files(overrides, 60, 20) or pytest.fail(f"no tiny files for data={option}")
     if group == "clock" and option == "trace":
         overrides.append(f"clock.path={EXAMPLE_TRACE}")
     if group == "model" and option == "hf_seq_cls":
         overrides.append("model.vocab_size=30")  # a randomly initialised classifier needs its tokenizer's vocabulary
-    cfg = compose(overrides)
+    cfg = composed(overrides)
     assert cfg[group] is not None
     CHECKS[group](cfg, option)
 
@@ -406,12 +425,12 @@ SHRUNK = {"million_devices": ["data.num_devices=1000"]}  # built here smaller: t
 
 
 @pytest.mark.parametrize("option", _options("experiment"))
-def test_every_experiment_composes_and_builds(option: str, tmp_path: Path) -> None:
-    base = compose([f"experiment={option}"])
-    overrides = _with_data([f"experiment={option}", *SHRUNK.get(option, [])], tmp_path, 1200, 100)
+def test_every_experiment_composes_and_builds(option: str, data_files: DataFiles) -> None:
+    base = composed([f"experiment={option}"])
+    overrides = data_files([f"experiment={option}", *SHRUNK.get(option, [])], 600, 60)
     if overrides is None:
         return  # composes; its dataset cannot be made here
-    cfg = compose(overrides)
+    cfg = composed(overrides)
     server = build_server(cfg)
     assert isinstance(server, Server)
     assert server.num_rounds == base.num_rounds and server.parts.schedule.clients_per_round == base.clients_per_round
@@ -434,11 +453,11 @@ def test_the_million_devices_preset_is_the_recipe_of_the_performance_page() -> N
 
 
 @pytest.mark.parametrize("option", _options("data"))
-def test_every_data_option_trains_one_round_on_its_files(option: str, tmp_path: Path) -> None:
+def test_every_data_option_trains_one_round_on_its_files(option: str, data_files: DataFiles) -> None:
     """Composed as on the command line, read from tiny real-format files, one round: natural clients where the data
     has owners (else 3 IID clients); logistic regression on features, a bag of words on token ids."""
-    overrides = _with_data([f"data={option}"], tmp_path, 60, 20) or pytest.fail(f"no tiny files for data={option}")
-    split = instantiate(compose(overrides).data)
+    overrides = data_files([f"data={option}"], 60, 20) or pytest.fail(f"no tiny files for data={option}")
+    split = instantiate(composed(overrides).data)
     partition = (
         ["partition=natural"] if split.train.groups is not None else ["partition=iid", "partition.num_clients=3"]
     )
@@ -458,6 +477,11 @@ REFERENCE_EXPERIMENTS = {  # the published setting each preset must keep: (clien
 }
 
 
+# rows written (train, test): the LEAF presets' 12 users get 10 training rows each (a few batches of the round);
+# CIFAR-100's pachinko partition spreads the rows over 500 clients, and 600 gives each at least one
+REFERENCE_ROWS = {"cifar100_resnet": (600, 60)}
+
+
 @pytest.mark.parametrize(
     "option",
     [
@@ -465,11 +489,11 @@ REFERENCE_EXPERIMENTS = {  # the published setting each preset must keep: (clien
         for option in sorted(REFERENCE_EXPERIMENTS)
     ],
 )  # the ResNet: over 5 s
-def test_reference_experiments_train_one_round_on_tiny_files(option: str, tmp_path: Path) -> None:
-    base = compose([f"experiment={option}"])
+def test_reference_experiments_train_one_round_on_tiny_files(option: str, data_files: DataFiles) -> None:
+    base = composed([f"experiment={option}"])
     setting = (base.clients_per_round, base.client.epochs, base.client.batch_size, base.client.optimizer.lr)
     assert setting == REFERENCE_EXPERIMENTS[option]
-    overrides = _with_data([f"experiment={option}"], tmp_path, 600, 60) or pytest.fail(f"no tiny files for {option}")
+    overrides = data_files([f"experiment={option}"], *REFERENCE_ROWS.get(option, (120, 24))) or pytest.fail(option)
     result = build_server(compose([*overrides, "num_rounds=1", "logger=quiet"])).run()
     [round_one] = result.history
     assert round_one["client/num_aggregated"] == 10 and math.isfinite(round_one["train/loss"])
@@ -477,7 +501,7 @@ def test_reference_experiments_train_one_round_on_tiny_files(option: str, tmp_pa
 
 
 def test_experiment_presets_set_their_groups() -> None:
-    cfg = compose(["experiment=mnist_cnn"])
+    cfg = composed(["experiment=mnist_cnn"])
     assert cfg.data._target_.endswith(".mnist") and cfg.model._target_.endswith("McMahanCNN")
     assert cfg.partition._target_.endswith(".shards") and cfg.client.epochs == 5
     assert compose(["experiment=mnist_cnn", "num_rounds=7"]).num_rounds == 7  # the command line wins

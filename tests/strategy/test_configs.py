@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
+from composed import composed
 from hydra.utils import get_method, instantiate
 
 from fedsim.cli.run import CONFIG_DIR, build_server, compose
@@ -74,26 +75,22 @@ OVERRIDES: dict[str, tuple[str, object]] = {
 }
 
 
-def _keys(option: str) -> list[str]:
-    return [k for k in compose([f"strategy={option}"]).strategy if k != "_target_"]
-
-
 def test_every_strategy_of_the_issue_has_a_config() -> None:
     assert set(OPTIONS) >= ISSUE_4
 
 
 @pytest.mark.parametrize("option", OPTIONS)
 def test_config_lists_every_constructor_parameter_with_its_default(option: str) -> None:
-    cfg = compose([f"strategy={option}"])
+    cfg = composed([f"strategy={option}"])
     params = inspect.signature(get_method(cfg.strategy._target_)).parameters
-    assert set(_keys(option)) == set(params)
+    assert {key for key in cfg.strategy if key != "_target_"} == set(params)
     assert all(cfg.strategy[name] == p.default for name, p in params.items())
     assert isinstance(instantiate(cfg.strategy), Strategy)
 
 
 @pytest.mark.parametrize("option", OPTIONS)
 def test_every_parameter_is_overridable_from_the_command_line(option: str) -> None:
-    defaults = compose([f"strategy={option}"]).strategy
+    defaults = composed([f"strategy={option}"]).strategy
     for key in sorted(set(defaults) - {"_target_"}):
         assert key in OVERRIDES, f"add a non-default value for strategy.{key} to OVERRIDES"
         text, value = OVERRIDES[key]
