@@ -298,24 +298,16 @@ def test_under_the_submitit_launcher_each_job_process_locks_its_directory(tmp_pa
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the test extra installs it")
     sweep_dir = tmp_path / "sweep"
     proc = holder(sweep_dir / "job0")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fedsim",
-            "-m",
-            *FAST,
-            "num_rounds=1",
-            "seed=0,1",
-            "hydra/launcher=submitit_local",
-            f"hydra.sweep.dir={sweep_dir}",
-            "hydra.sweep.subdir=job${hydra:job.num}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    _job_refused(done, sweep_dir, proc.pid)
+    args = [
+        "-m",
+        *FAST,
+        "num_rounds=1",
+        "seed=0,1",
+        "hydra/launcher=submitit_local",
+        f"hydra.sweep.dir={sweep_dir}",
+        "hydra.sweep.subdir=job${hydra:job.num}",
+    ]
+    _job_refused(run_cli(args), sweep_dir, proc.pid)  # the jobs run in submitit's own processes
 
 
 # --- the report -----------------------------------------------------------------------------------------------
