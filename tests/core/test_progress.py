@@ -27,7 +27,7 @@ from fedsim.core.progress import configure, progress
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP = [
-    "data.num_devices=3000",
+    "data.num_devices=1000",
     "+data.size_mean_log=0",
     "+data.size_sigma_log=0",
     "+data.min_size=9",
@@ -36,7 +36,7 @@ STARTUP = [
     "evaluate_clients=all",
     "logger.progress_after=0",
 ]
-STEPS = ("data: 3,000 Synthetic devices", "partitioning 24,000 rows", "scoring 3,000 clients")  # 8 of 10 rows train
+STEPS = ("data: 1,000 Synthetic devices", "partitioning 8,000 rows", "scoring 1,000 clients")  # 8 of 10 rows train
 
 
 @pytest.fixture(autouse=True)
@@ -101,7 +101,7 @@ def test_a_run_off_a_terminal_logs_its_start_up_progress_to_run_log_and_never_to
     log = (tmp_path / "run" / "run.log").read_text()
     for step in STEPS:
         assert f"{step}: done" in log, (step, log)
-    assert re.search(r"data: 3,000 Synthetic devices: [\d,]+/[\d,]+ draws \(\d+%\), [\d,]+ draws/s", log)
+    assert re.search(rf"{STEPS[0]}: [\d,]+/[\d,]+ draws \(\d+%\), [\d,]+ draws/s", log)
     assert not any(step in done.stdout + done.stderr for step in STEPS)  # run.log's alone: the console is no terminal
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
     assert metrics and not any(step.split(":")[0] in metrics for step in STEPS) and "draws" not in metrics
@@ -173,9 +173,9 @@ def test_scoring_in_several_executor_calls_gives_the_one_call_scores(monkeypatch
 
 @pytest.mark.slow
 def test_the_million_devices_preset_shows_its_start_up_although_its_rounds_are_quiet(tmp_path: Path) -> None:
-    """experiment=million_devices (logger=quiet with logger.progress=null) on 3,000 devices: the start-up's progress
+    """experiment=million_devices (logger=quiet with logger.progress=null) on 1,000 devices: the start-up's progress
     is a bar on a terminal and lines in run.log elsewhere, while the console has no round line."""
-    preset = ["experiment=million_devices", "data.num_devices=3000", "num_rounds=1", "logger.progress_after=0"]
+    preset = ["experiment=million_devices", "data.num_devices=1000", "num_rounds=1", "logger.progress_after=0"]
     done = run_cli([*preset, f"hydra.run.dir={tmp_path / 'log'}"])
     assert done.returncode == 0, done.stderr
     log = (tmp_path / "log" / "run.log").read_text()
