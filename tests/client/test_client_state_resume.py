@@ -21,7 +21,7 @@ from fedsim.client.state import ClientStateStore
 from fedsim.core.checkpoint import list_checkpoints, load_latest
 from fedsim.core.state_values import states_equal
 
-ROUNDS = 12
+ROUNDS = 8  # a kill after round 2, 3 or 4: the run is still going (4 or more rounds left) when it comes
 MEASURED = ("time/", "system/")  # wall-clock and memory readings differ between any two runs
 HERE = Path(__file__).parent
 
@@ -79,7 +79,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _kill_at_random_round(run_dir: Path, seed: int) -> int:
-    kill_after = random.Random(seed).randint(5, 9)
+    kill_after = random.Random(seed).randint(2, 4)
     proc = subprocess.Popen(
         [sys.executable, "-m", "fedsim", *_args(run_dir)],
         env=_env(),
@@ -111,28 +111,38 @@ def _assert_same_run(resumed: Path, full: Path) -> None:
     assert _final_entry_bytes(resumed) == _final_entry_bytes(full)  # the personal states, byte for byte
 
 
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run killed with SIGKILL after a random round; each test works on a copy of it."""
+    run_dir = tmp_path_factory.mktemp("killed") / "run"
+    _kill_at_random_round(run_dir, seed=int(time.time()))
+    return run_dir
+
+
 @pytest.mark.slow
-def test_resume_from_the_newest_and_from_an_older_checkpoint(tmp_path: Path, uninterrupted: Path) -> None:
-    killed = tmp_path / "killed"
-    _kill_at_random_round(killed, seed=int(time.time()))
-    kept = list_checkpoints(killed / "checkpoints")
-    assert len(kept) >= 2 and load_latest(killed / "checkpoints")[1]["round"] < ROUNDS
+def test_resume_from_the_newest_and_from_an_older_checkpoint(tmp_path: Path, killed: Path, uninterrupted: Path) -> None:
+    newest = tmp_path / "killed"
+    shutil.copytree(killed, newest)
+    kept = list_checkpoints(newest / "checkpoints")
+    assert len(kept) >= 2 and load_latest(newest / "checkpoints")[1]["round"] < ROUNDS
     older = tmp_path / "older"
     shutil.copytree(killed, older)
 
     oldest = list_checkpoints(older / "checkpoints")[0]
-    _run(killed, "resume=true")  # the newest good checkpoint
+    _run(newest, "resume=true")  # the newest good checkpoint
     _run(older, f"resume={oldest}")  # rounds after it ran once: their states must not leak in
-    _assert_same_run(killed, uninterrupted)
+    _assert_same_run(newest, uninterrupted)
     _assert_same_run(older, uninterrupted)
     names = [p.name for p in list_checkpoints(older / "checkpoints")]
     assert names == [p.name for p in list_checkpoints(uninterrupted / "checkpoints")]  # no stale later checkpoint kept
 
 
 @pytest.mark.slow
-def test_resume_from_another_run_directory_copies_the_states_it_needs(tmp_path: Path, uninterrupted: Path) -> None:
+def test_resume_from_another_run_directory_copies_the_states_it_needs(
+    tmp_path: Path, killed: Path, uninterrupted: Path
+) -> None:
     source = tmp_path / "source"
-    _kill_at_random_round(source, seed=int(time.time()) + 1)
+    shutil.copytree(killed, source)
     checkpoint = list_checkpoints(source / "checkpoints")[-1]
     _run(tmp_path / "continued", f"resume={checkpoint}")
     full_records = _metrics(uninterrupted)

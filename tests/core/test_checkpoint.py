@@ -102,7 +102,8 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one_usable(tmp_pat
 
 # --- end to end through the CLI ----------------------------------------------------------------
 
-ROUNDS = 15  # the latest kill comes after round 11: a few rounds are left to resume
+ROUNDS = 8  # every kill comes by round 4: the server and client state of several rounds is lost, and 4 or more
+# rounds are left for the run to still be running when the signal comes, and to resume
 
 
 def _args(run_dir: Path, *overrides: str) -> list[str]:
@@ -189,8 +190,8 @@ PRIVATE_COMPRESSED = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("strategy", "kill_after"), [("fedavg", 2), ("ditto", 3), ("fedadam", 11), ("fedbuff", 4), ("private", 5)]
-)
+    ("strategy", "kill_after"), [("ditto", 3), ("fedadam", 4), ("fedbuff", 4), ("private", 3)]
+)  # plain FedAvg: test_resume_auto_starts_fresh_then_continues_a_killed_run_bitwise
 def test_sigkilled_run_resumes_bitwise(
     strategy: str, kill_after: int, tmp_path: Path, uninterrupted: dict[str, Path]
 ) -> None:
@@ -237,6 +238,7 @@ def test_resume_auto_starts_fresh_then_continues_a_killed_run_bitwise(
     assert again.returncode == 0, again.stderr
     assert torch.equal(_final_params(tmp_path), _final_params(uninterrupted["fedavg"]))
     assert _metrics(tmp_path) == _metrics(uninterrupted["fedavg"])
+    _assert_one_value_per_round(tmp_path)
     finished = run_cli(command)
     assert finished.returncode == 0 and "nothing to do" in finished.stderr
 

@@ -3,18 +3,15 @@ the same way for every extra; a package that is installed but fails to import sa
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 
 from fedsim.cli.config import ConfigError
 from fedsim.core.extras import MissingExtraError, missing_text, require
-
-REPO = Path(__file__).resolve().parents[2]
 
 # case -> (overrides, the module made missing, the line's start, the extra)
 CASES = {
@@ -24,42 +21,19 @@ CASES = {
     "wandb": (["tracker=wandb"], "wandb", "tracker=wandb", "wandb"),
 }
 
-# `python -m fedsim ARGS` with one package missing, as if it were not installed
-WITHOUT = (
-    "import runpy, sys; sys.modules[{module!r}] = None; sys.argv = ['fedsim', *{args!r}]; "
-    "runpy.run_module('fedsim', run_name='__main__')"
-)
 
-
-def _run_without(module: str, overrides: list[str], run_dir: Path) -> subprocess.CompletedProcess[str]:
-    args = [*overrides, "num_rounds=1", f"hydra.run.dir={run_dir}"]
-    return subprocess.run(
-        [sys.executable, "-c", WITHOUT.format(module=module, args=args)],
-        cwd=run_dir.parent,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
-    base = tmp_path_factory.mktemp("extras")
-    for name in CASES:
-        (base / name).mkdir()
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {
-            name: pool.submit(_run_without, module, overrides, base / name / "run")
-            for name, (overrides, module, _, _) in CASES.items()
-        }
-        return {name: (future.result(), base / name / "run") for name, future in futures.items()}
-
-
-@pytest.mark.slow  # four fresh interpreters that import torch
+@pytest.mark.slow  # the first case pays the command line's imports (Hydra, torch)
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_missing_extra_stops_the_run_in_one_line_before_any_work(case: str, runs: dict) -> None:
-    proc, run_dir = runs[case]
-    _, module, needed_by, extra = CASES[case]
+def test_a_missing_extra_stops_the_run_in_one_line_before_any_work(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fedsim ARGS`` with one package missing, as if it were not installed (``None`` in ``sys.modules``: any
+    import of it fails, whether or not this process imported it before; every extra is imported through
+    :func:`require`, at each call)."""
+    overrides, module, needed_by, extra = CASES[case]
+    monkeypatch.setitem(sys.modules, module, None)
+    run_dir = tmp_path / "run"
+    proc = run_cli([*overrides, "num_rounds=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr

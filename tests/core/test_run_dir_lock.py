@@ -231,31 +231,27 @@ def long_run(tmp_path: Path) -> Iterator[functools.partial[subprocess.Popen[str]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("resume", ["true", "auto"])
-def test_a_resume_while_the_original_still_runs_is_refused_before_writing(
-    tmp_path: Path, long_run, resume: str
+def test_a_resume_while_the_original_still_runs_is_refused_before_writing_and_after_its_kill_9_proceeds(
+    tmp_path: Path, long_run
 ) -> None:
-    run_dir = tmp_path / "run"
-    proc = long_run(run_dir)
-    _wait_for_rounds(run_dir, 2, proc)
-    overrides = (run_dir / ".hydra" / "overrides.yaml").read_bytes()
-    done = run_cli([*FAST, "num_rounds=100000", f"resume={resume}", f"hydra.run.dir={run_dir}"])
-    assert done.returncode == 2
-    _one_line_naming(done.stderr, run_dir, proc.pid)
-    assert (run_dir / ".hydra" / "overrides.yaml").read_bytes() == overrides  # Hydra did not rewrite it either
-    assert proc.poll() is None  # the original goes on
-
-
-@pytest.mark.slow
-def test_after_kill_9_of_a_run_its_resume_proceeds_at_once(tmp_path: Path, long_run) -> None:
+    """resume=true and resume=auto, each refused while the run goes on; once it is killed with SIGKILL (its lock
+    file left behind), the resume proceeds at once: one run shows both, a fresh interpreter less."""
     run_dir = tmp_path / "run"
     proc = long_run(run_dir)
     _wait_for_rounds(run_dir, 3, proc)
+    overrides = (run_dir / ".hydra" / "overrides.yaml").read_bytes()
+    for resume in ("true", "auto"):
+        done = run_cli([*FAST, "num_rounds=100000", f"resume={resume}", f"hydra.run.dir={run_dir}"])
+        assert done.returncode == 2, (resume, done.stderr)
+        _one_line_naming(done.stderr, run_dir, proc.pid)
+        assert (run_dir / ".hydra" / "overrides.yaml").read_bytes() == overrides  # Hydra did not rewrite it either
+        assert proc.poll() is None  # the original goes on
     _kill9(proc)
     assert read_holder(run_dir).pid == proc.pid  # the dead run's details stay in the file, its lock does not
-    done = run_cli([*FAST, "num_rounds=6", "resume=true", f"hydra.run.dir={run_dir}"])
+    rounds = load_latest(run_dir / "checkpoints")[1]["round"] + 2  # the run went on while the resumes were refused
+    done = run_cli([*FAST, f"num_rounds={rounds}", "resume=true", f"hydra.run.dir={run_dir}"])
     assert done.returncode == 0, done.stderr
-    assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 6
+    assert json.loads((run_dir / "summary.json").read_text())["rounds"] == rounds
     assert not (run_dir / LOCK_NAME).exists()
 
 
@@ -302,24 +298,16 @@ def test_under_the_submitit_launcher_each_job_process_locks_its_directory(tmp_pa
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the test extra installs it")
     sweep_dir = tmp_path / "sweep"
     proc = holder(sweep_dir / "job0")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fedsim",
-            "-m",
-            *FAST,
-            "num_rounds=1",
-            "seed=0,1",
-            "hydra/launcher=submitit_local",
-            f"hydra.sweep.dir={sweep_dir}",
-            "hydra.sweep.subdir=job${hydra:job.num}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    _job_refused(done, sweep_dir, proc.pid)
+    args = [
+        "-m",
+        *FAST,
+        "num_rounds=1",
+        "seed=0,1",
+        "hydra/launcher=submitit_local",
+        f"hydra.sweep.dir={sweep_dir}",
+        "hydra.sweep.subdir=job${hydra:job.num}",
+    ]
+    _job_refused(run_cli(args), sweep_dir, proc.pid)  # the jobs run in submitit's own processes
 
 
 # --- the report -----------------------------------------------------------------------------------------------
