@@ -19,7 +19,7 @@ import pytest
 TESTS = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 240
 SWEEPS = {
-    "serial": (6, ["executor=serial"]),
+    "serial": (3, ["executor=serial"]),
     "process": (3, ["executor=process", "executor.devices=cpu", "executor.workers=2"]),
 }
 
@@ -39,6 +39,8 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str
             "-m",
             f"seed=range(0,{jobs})",
             "num_rounds=1",
+            "data.num_devices=10",
+            "clients_per_round=4",
             "logger.progress=false",
             *overrides,
             f"hydra.sweep.dir={root / name}",
