@@ -90,5 +90,7 @@ def test_no_worker_process_outlives_its_job(samples: dict[str, list[dict[str, An
             if "multiprocessing.resource_tracker" not in cmd and "multiprocessing.forkserver" not in cmd
         ]
         assert workers == [], f"job {job}: children still running: {workers}"
+        # the workers themselves are the forkserver's children
+        assert record["grandchildren"] == [], f"job {job}: workers still running: {record['grandchildren']}"
         forkservers.update(cmd for cmd in record["children"] if "multiprocessing.forkserver" in cmd)
     assert len(forkservers) <= 1, f"one forkserver for the whole sweep: {forkservers}"
