@@ -3,7 +3,8 @@ is one line before any work (Krum by the round's declarations, central DP, uplin
 a bad key, distributed DP's bad settings, a target ε no noise reaches, a budget one round exceeds); a SecAgg+ run with
 dropouts recovers and its comm/ totals add up; a round with too few survivors stops the run in one line with the
 last good round's checkpoint; distributed DP's budget stops a run before it is exceeded; a run with SecAgg+ and
-distributed DP killed with kill -9 resumes exactly (Skellam on the simulated clock, with the process executor)."""
+distributed DP killed with kill -9 resumes exactly (Skellam on the simulated clock, with the process executor), and
+one with the discrete Gaussian resumes exactly from a checkpoint."""
 
 from __future__ import annotations
 
@@ -232,3 +233,33 @@ def test_a_run_with_secure_aggregation_and_distributed_dp_resumes_exactly_after_
     resumed_rows, whole_rows = ([[r[k] for k in keys] for r in _history(d)] for d in (run_dir, tmp_path / "whole"))
     assert resumed_rows == whole_rows and len(whole_rows) == 12
     assert sum(r["secagg/dropped"] for r in _history(run_dir)) > 0  # the recoveries were resumed too
+
+
+@pytest.mark.slow
+def test_a_run_with_the_discrete_gaussian_resumes_exactly_from_a_checkpoint(tmp_path: Path) -> None:
+    """The discrete Gaussian's side of the kill -9 test above, in this process: a run resumed from its round-3
+    checkpoint (into a directory of its own) ends with the weights, the stage's checkpoint entry (its ledger) and
+    the secagg/ metrics of the run that was never stopped."""
+    rounds = [
+        "num_rounds=6",
+        "checkpoint_every=1",
+        "keep_checkpoints=10",
+        "secagg=secagg_plus",
+        "secagg.degree=4",
+        "secagg.dropout=0.1",
+        "secagg.threshold=0.4",
+        "secagg.dp.mechanism=ddg",
+        "secagg.dp.noise_multiplier=0.5",
+    ]
+    whole = _cli(tmp_path / "whole", *rounds)
+    assert whole.returncode == 0, whole.stderr
+    third = tmp_path / "whole" / "checkpoints" / "round-000003.ckpt"
+    resumed = _cli(tmp_path / "resumed", *rounds, f"resume={third}")
+    assert resumed.returncode == 0, resumed.stderr
+    final, reference = (load_latest(tmp_path / d / "checkpoints")[1] for d in ("resumed", "whole"))
+    assert torch.equal(final["params"], reference["params"])
+    assert final["stage/secagg"] == reference["stage/secagg"]
+    keys = [k for k in _history(tmp_path / "whole")[0] if k.startswith("secagg/")]
+    assert "secagg/dp/epsilon" in keys
+    rows = {d: {r["round"]: [r[k] for k in keys] for r in _history(tmp_path / d)} for d in ("resumed", "whole")}
+    assert {n: rows["whole"][n] for n in rows["resumed"]} == rows["resumed"] and set(rows["resumed"]) >= {4, 5, 6}
