@@ -1,5 +1,6 @@
 """A Hydra callback for tests/cli/test_multirun_leaks.py: after every multirun job it appends one JSON line
-describing the launcher process (open fds, child processes, live fedsim objects, SIGINT handler) to ``out``."""
+describing the launcher process (open fds, child and grandchild processes, live fedsim objects, SIGINT handler) to
+``out``."""
 
 from __future__ import annotations
 
@@ -15,16 +16,30 @@ from hydra.experimental.callback import Callback
 WATCHED = ("Server", "RunLogger", "RunResult", "FederatedData", "SerialExecutor", "ProcessExecutor")
 
 
-def child_commands() -> list[str]:
-    """Command lines of the processes (alive or zombie) whose parent is this process."""
-    me, found = str(os.getpid()), []
+def _processes() -> dict[int, tuple[int, str, str]]:
+    """Every process of this machine: pid -> (parent pid, state letter, command line)."""
+    found = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if stat.read_text().rsplit(")", 1)[1].split()[1] == me:
-                found.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except (OSError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            found[int(stat.parent.name)] = (int(fields[1]), fields[0], command)
+        except (OSError, IndexError, ValueError):
             pass  # exited meanwhile
     return found
+
+
+def child_commands() -> list[str]:
+    """Command lines of the processes (alive or zombie) whose parent is this process."""
+    return [command for parent, _, command in _processes().values() if parent == os.getpid()]
+
+
+def grandchild_commands() -> list[str]:
+    """Command lines of the live processes whose parent is a child of this process: process workers, which
+    multiprocessing's forkserver (a child) forks, so that they are not children of this process themselves."""
+    processes = _processes()
+    children = {pid for pid, (parent, _, _) in processes.items() if parent == os.getpid()}
+    return [command for parent, state, command in processes.values() if parent in children and state != "Z"]
 
 
 def live_fedsim_objects() -> dict[str, int]:
@@ -48,6 +63,7 @@ class Probe(Callback):
         record = {
             "fds": len(os.listdir("/proc/self/fd")),
             "children": child_commands(),
+            "grandchildren": grandchild_commands(),
             "live": live_fedsim_objects(),
             "sigint": _name(handler),
             "sigint_before": self.sigint_before,

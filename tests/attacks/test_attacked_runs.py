@@ -25,11 +25,10 @@ def alie_reference():
     return build_server(compose(ALIE)).run()
 
 
-@pytest.mark.parametrize("workers", [1, 3])
-def test_an_omniscient_attack_gives_the_serial_weights_under_process_workers(workers: int, alie_reference) -> None:  # noqa: ANN001
-    result = build_server(
-        compose([*ALIE, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])
-    ).run()
+# three workers for more clients than that: one worker trains several clients in turn (all that a single
+# worker would show) while the others' results arrive in any order
+def test_an_omniscient_attack_gives_the_serial_weights_under_process_workers(alie_reference) -> None:  # noqa: ANN001
+    result = build_server(compose([*ALIE, "executor=process", "executor.devices=cpu", "executor.workers=3"])).run()
     assert torch.equal(result.params, alie_reference.params)
     assert _measured_free(result.history) == _measured_free(alie_reference.history)
 

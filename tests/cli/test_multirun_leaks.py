@@ -19,7 +19,7 @@ import pytest
 TESTS = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 240
 SWEEPS = {
-    "serial": (6, ["executor=serial"]),
+    "serial": (3, ["executor=serial"]),
     "process": (3, ["executor=process", "executor.devices=cpu", "executor.workers=2"]),
 }
 
@@ -39,6 +39,8 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str
             "-m",
             f"seed=range(0,{jobs})",
             "num_rounds=1",
+            "data.num_devices=10",
+            "clients_per_round=4",
             "logger.progress=false",
             *overrides,
             f"hydra.sweep.dir={root / name}",
@@ -88,5 +90,7 @@ def test_no_worker_process_outlives_its_job(samples: dict[str, list[dict[str, An
             if "multiprocessing.resource_tracker" not in cmd and "multiprocessing.forkserver" not in cmd
         ]
         assert workers == [], f"job {job}: children still running: {workers}"
+        # the workers themselves are the forkserver's children
+        assert record["grandchildren"] == [], f"job {job}: workers still running: {record['grandchildren']}"
         forkservers.update(cmd for cmd in record["children"] if "multiprocessing.forkserver" in cmd)
     assert len(forkservers) <= 1, f"one forkserver for the whole sweep: {forkservers}"

@@ -1,8 +1,9 @@
-"""Real Hydra multirun sweeps, each in a fresh Python process, and ``python -m fedsim.report`` over one.
+"""Real Hydra multirun sweeps and ``python -m fedsim.report`` (a fresh Python process) over one.
 
 Two sweeps run side by side in a module fixture: a 2x2 grid (strategy x partition.alpha) over two seeds, every
-client evaluated, with TensorBoard on the serial executor, and two seeds on one CPU worker process (to look for
-leftovers).
+client evaluated, with TensorBoard on the serial executor, in this process (tests/cli_runner.py: what is checked
+of it does not depend on a fresh process); and two seeds on one CPU worker process, from a fresh ``python -m
+fedsim`` whose environment tags its workers (to look for leftovers).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_runner import run_cli
 from matplotlib import image as mpimg
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -63,26 +65,35 @@ def _fedsim(args: list[str], cwd: Path, tag: str) -> subprocess.Popen[str]:
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The two sweeps, then the report over the grid one."""
+    """The two sweeps (the process one in a fresh process, the grid meanwhile in this one), then the report over
+    the grid one."""
     cwd, tag = tmp_path_factory.mktemp("sweeps"), uuid.uuid4().hex
-    grid = ["strategy=fedavg,ditto", "partition.alpha=0.1,1.0", "seed=0,1", *FIXED]
-    procs = {
-        "grid": _fedsim([*grid, f"hydra.sweep.dir={cwd / 'grid'}"], cwd, tag),
-        "process": _fedsim(
-            [
-                "seed=0,1",
-                "num_rounds=1",
-                "logger=quiet",
-                "executor=process",
-                "executor.devices=cpu",
-                "executor.workers=1",
-                f"hydra.sweep.dir={cwd / 'process'}",
-            ],
-            cwd,
-            tag,
-        ),
-    }
-    outputs = {name: proc.communicate(timeout=TIMEOUT_S)[0] for name, proc in procs.items()}
+    process = _fedsim(
+        [
+            "seed=0,1",
+            "num_rounds=1",
+            "logger=quiet",
+            "executor=process",
+            "executor.devices=cpu",
+            "executor.workers=1",
+            f"hydra.sweep.dir={cwd / 'process'}",
+        ],
+        cwd,
+        tag,
+    )
+    grid = run_cli(
+        [
+            "-m",
+            "strategy=fedavg,ditto",
+            "partition.alpha=0.1,1.0",
+            "seed=0,1",
+            *FIXED,
+            f"hydra.sweep.dir={cwd / 'grid'}",
+        ],
+        cwd=cwd,
+    )
+    outputs = {"grid": grid.stdout + grid.stderr, "process": process.communicate(timeout=TIMEOUT_S)[0]}
+    procs = {"grid": grid, "process": process}
     rep = subprocess.run(
         [sys.executable, "-m", "fedsim.report", str(cwd / "grid")],
         cwd=cwd,

@@ -1,14 +1,14 @@
 """fedsim under the Hydra sweepers and launchers researchers use: a job that fails leaves the others running,
 ``python -m fedsim`` returns its objective to Optuna, and the submitit launcher runs jobs (its local executor).
-Every sweep is a real command line: in this process (tests/cli_runner.py), except submitit's, whose launcher is
-the subject and runs from a fresh process as a user's would."""
+Every sweep is a real command line in this process (tests/cli_runner.py); submitit's launcher starts each of its
+jobs in a fresh process of its own (submitit's local executor), which is what its test looks at."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -87,18 +87,11 @@ def test_submitit_local_launcher_runs_each_job_in_its_own_process(tmp_path: Path
     pytest.importorskip(
         "hydra_plugins.hydra_submitit_launcher", reason="the test extra installs hydra-submitit-launcher"
     )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fedsim",
-            *_args(tmp_path, "hydra/launcher=submitit_local", "client.optimizer.lr=0.05,0.1", "resume=auto"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _sweep(tmp_path, "hydra/launcher=submitit_local", "client.optimizer.lr=0.05,0.1", "resume=auto")
     assert done.returncode == 0, done.stderr[-2000:]
     summaries = _summaries(tmp_path)
     assert sorted(summaries) == ["0", "1"] and all(s["finished"] and s["rounds"] == 2 for s in summaries.values())
-    assert len(list(tmp_path.glob(".submitit/*/*_result.pkl"))) == 2, "submitit ran both jobs"
+    results = list(tmp_path.glob(".submitit/*/*_result.pkl"))
+    assert len(results) == 2, "submitit ran both jobs"
+    # a local job's folder is named by its job id, the pid of the process submitit started for it
+    assert len({p.parent.name for p in results}) == 2 and str(os.getpid()) not in {p.parent.name for p in results}

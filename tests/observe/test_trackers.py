@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 from builders import sgd, tiny_federation, tiny_server
+from cli_runner import run_cli
 
 from fedsim.cli.run import compose
 from fedsim.client.base import Client
@@ -167,6 +169,10 @@ def test_tracker_options_compose_and_a_missing_library_names_its_extra(monkeypat
         make_logger(compose(["tracker=wandb"]), None, tensorboard=False)
 
 
+# what MLflow and W&B read from (or MLflowTracker sets in) the environment: each call of _refused keeps its own
+TRACKER_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE", "WANDB_MODE", "WANDB_DIR", "WANDB_SILENT")
+
+
 def _closed_port() -> int:
     """A port of this machine's loopback that nothing listens on (bound, then released, by this test)."""
     import socket
@@ -177,23 +183,16 @@ def _closed_port() -> int:
 
 
 def _refused(tmp_path: Path, *overrides: str) -> str:
-    """``fedsim`` with ``overrides`` in a subprocess that must end on its own within a minute (a tracker that cannot
-    be reached used to retry for about 4 minutes): exit status 2 and one line, which is returned."""
+    """``fedsim`` with ``overrides`` (tests/cli_runner.py: in this process; the environment variables a tracker
+    reads or sets are put back after it), which must end on its own within a minute (a tracker that cannot be
+    reached used to retry for about 4 minutes): exit status 2 and one line, which is returned."""
     run_dir = tmp_path / "run"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fedsim",
-            *overrides,
-            "num_rounds=2",
-            "logger.progress=false",
-            f"hydra.run.dir={run_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    start = time.monotonic()
+    done = run_cli(
+        [*overrides, "num_rounds=2", "logger.progress=false", f"hydra.run.dir={run_dir}"],
+        env={name: os.environ.get(name) for name in TRACKER_ENV},
     )
+    assert time.monotonic() - start < 60, "the refusal took over a minute"
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "mlruns").exists()

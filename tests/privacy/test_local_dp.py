@@ -71,12 +71,11 @@ def test_each_clients_epsilon_is_the_librarys_for_its_poisson_steps(local_refere
     assert result.history[-1]["dp/local_epsilon_max"] == PrivacyLedger(0.25, 1.0, 1e-5).epsilon(max(steps.values()))
 
 
-@pytest.mark.parametrize("workers", [1, 3])
-def test_process_workers_give_the_serial_weights(workers: int, local_reference) -> None:  # noqa: ANN001
+# three workers for more clients than that: one worker trains several clients in turn (all that a single
+# worker would show) while the others' results arrive in any order
+def test_process_workers_give_the_serial_weights(local_reference) -> None:  # noqa: ANN001
     _, reference = local_reference
-    result = build_server(
-        compose([*SHORT, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])
-    ).run()
+    result = build_server(compose([*SHORT, "executor=process", "executor.devices=cpu", "executor.workers=3"])).run()
     assert torch.equal(result.params, reference.params)
     assert [r["dp/local_epsilon_max"] for r in result.history] == [r["dp/local_epsilon_max"] for r in reference.history]
 

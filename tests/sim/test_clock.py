@@ -210,11 +210,10 @@ def test_the_reference_run_exercises_every_rule(clocked_reference) -> None:  # n
     assert clocked_reference.history[0]["sim/online"] < 30
 
 
-@pytest.mark.parametrize("workers", [1, 3])
-def test_process_workers_give_the_same_metrics_and_simulated_times(workers: int, clocked_reference) -> None:  # noqa: ANN001
-    result = build_server(
-        compose([*CLOCKED, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])
-    ).run()
+# three workers for more clients than that: one worker trains several clients in turn (all that a single
+# worker would show) while the others' results arrive in any order
+def test_process_workers_give_the_same_metrics_and_simulated_times(clocked_reference) -> None:  # noqa: ANN001
+    result = build_server(compose([*CLOCKED, "executor=process", "executor.devices=cpu", "executor.workers=3"])).run()
     assert _sim(result.history) == _sim(clocked_reference.history)
     assert torch.equal(result.params, clocked_reference.params)
 

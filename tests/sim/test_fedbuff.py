@@ -68,11 +68,10 @@ def _sim(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "system/"))} for r in history]
 
 
-@pytest.mark.parametrize("workers", [1, 3])
-def test_process_workers_give_the_serial_metrics_and_times(workers: int, buffered_reference) -> None:  # noqa: ANN001
-    result = build_server(
-        compose([*BUFFERED, "executor=process", "executor.devices=cpu", f"executor.workers={workers}"])
-    ).run()
+# three workers for more clients than that: one worker trains several clients in turn (all that a single
+# worker would show) while the others' results arrive in any order
+def test_process_workers_give_the_serial_metrics_and_times(buffered_reference) -> None:  # noqa: ANN001
+    result = build_server(compose([*BUFFERED, "executor=process", "executor.devices=cpu", "executor.workers=3"])).run()
     assert _sim(result.history) == _sim(buffered_reference.history)
     assert torch.equal(result.params, buffered_reference.params)
 
