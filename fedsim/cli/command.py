@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from fedsim.cli.dir_lock import release_command_line_leases
 from fedsim.cli.hydra_entry import fail, run_hydra_entry
+from fedsim.cli.hydra_mode import mode_read_from_the_command_line
 from fedsim.cli.library_output import library_output_to_run_log
 from fedsim.cli.objective import objective_value
 from fedsim.cli.run import CONFIG_DIR, build_server
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.argv = [sys.argv[0], *sweep_arguments(sys.argv[1:])]
         except ConfigError as error:
             fail(str(error), 2)
-        run_hydra_entry(_hydra_main)
+        with mode_read_from_the_command_line(sys.argv[1:]):  # one composition, not two (fedsim/cli/hydra_mode.py)
+            run_hydra_entry(_hydra_main)
     finally:
         sys.argv = saved
         release_command_line_leases()  # the run's and the sweep's directories (fedsim.cli.dir_lock)
